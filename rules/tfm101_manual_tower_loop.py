@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from tfmigrate.devices import describe_device, module_tower_loops
+from tfmigrate.rule import FixSafety, Invalid, Rule
+
+
+class ManualTowerLoop(Rule):
+    code = "TFM101"
+    name = "manual-tower-loop"
+    summary = "A loop builds one model replica ('tower') per GPU under tf.device"
+    triggers = ("device",)
+    fix_safety = FixSafety.UNSAFE
+
+    what_it_finds = """
+        A `for` loop whose body opens a `tf.device(...)` scope that depends on the loop
+        variable and builds ops in it: the hand-written data parallelism of TensorFlow 1.
+        Every spelling of the device counts: `'/gpu:%d' % i`, `'/gpu:{}'.format(i)`,
+        f-strings, `'/device:GPU:%d'`, `'/gpu:' + str(i)`, `tf.DeviceSpec(device_type='GPU',
+        device_index=i)`, a list of device names, and device functions such as
+        `assign_to_device('/gpu:%d' % i, ps_device='/cpu:0')`.
+        A loop that only lists GPUs, or places everything on one fixed device, is not reported.
+    """
+    why = """
+        Tower loops tie the program to TF1 graph mode, hard-code the replica count, and leave
+        gradient averaging, variable sharing and input splitting to hand-written code that is
+        easy to get subtly wrong. `tf.distribute.MirroredStrategy` does all of it: it mirrors
+        variables on every device, runs the step function once per replica, all-reduces the
+        gradients and splits each global batch across replicas.
+    """
+    example = """
+        tower_grads = []
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i):
+                with tf.name_scope('tower_%d' % i) as scope:
+                    loss = tower_loss(scope, images, labels)
+                    tf.get_variable_scope().reuse_variables()
+                    tower_grads.append(opt.compute_gradients(loss))
+        train_op = opt.apply_gradients(average_gradients(tower_grads), global_step=global_step)
+    """
+    use_instead = """
+        strategy = tf.distribute.MirroredStrategy()
+        with strategy.scope():
+            opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+
+            def step_fn(images, labels):
+                per_example_loss = model_loss(images, labels)
+                loss = tf.nn.compute_average_loss(per_example_loss, global_batch_size=batch_size)
+                train_op = opt.minimize(loss, global_step=global_step)
+                with tf.control_dependencies([train_op]):
+                    return tf.identity(loss)
+
+            per_replica_loss = strategy.run(step_fn, args=next_batch)
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+    """
+    fix_notes = """
+        Unsafe: rewriting the loop changes the structure of the program (variable creation,
+        loss scaling, input distribution). Run `tfmigrate verify old.py new.py` on the result.
+        When the loop does not have a shape that can be rewritten mechanically, there is no
+        fix and the message says what blocks it.
+    """
+
+    valid = [
+        """
+        import tensorflow as tf
+        strategy = tf.distribute.MirroredStrategy()
+        with strategy.scope():
+            model = build_model()
+        """,
+        """
+        import tensorflow as tf
+        gpus = [d for d in tf.config.list_physical_devices('GPU')]
+        for gpu in gpus:
+            print(gpu.name)
+        """,
+        """
+        import tensorflow as tf
+        for i in range(3):
+            with tf.device('/cpu:0'):
+                x = tf.constant(i)
+        """,
+    ]
+    invalid = [
+        Invalid(
+            """
+            import tensorflow as tf
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    out = model(x)
+            """,
+            line=2,
+        ),
+        Invalid(
+            """
+            import tensorflow.compat.v1 as tf
+            for i, dev in enumerate(['/gpu:0', '/gpu:1']):
+                with tf.device(dev):
+                    out = model(x)
+            """,
+            line=2,
+        ),
+    ]
+
+    def visit_For(self, node: cst.For) -> None:
+        for tower in module_tower_loops(self.context):
+            if tower.loop is node:
+                device = describe_device(tower.scopes[0].device, self.context.module)
+                self.report(
+                    node,
+                    f"tower loop: one model replica per device under `tf.device({device})`; "
+                    "use tf.distribute.MirroredStrategy, which replicates the model, splits "
+                    "the batch and all-reduces the gradients",
+                )

@@ -1,0 +1,226 @@
+"""The `tfmigrate` command line: check, fix, rules, explain, verify."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.table import Table
+
+from tfmigrate import __version__
+from tfmigrate.config import TARGETS, Config, ConfigError, load_config
+from tfmigrate.discovery import discover
+from tfmigrate.registry import all_rules, rule_by_code
+from tfmigrate.reporters import FORMATS, render_text, statistics_table, summary_line, write_machine
+from tfmigrate.runner import FileResult, check_file
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+
+app = typer.Typer(
+    name="tfmigrate",
+    help="Find hand-rolled TensorFlow multi-GPU code and migrate it to tf.distribute and tf.data.",
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+def _stdout() -> Console:
+    return Console(soft_wrap=True)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, soft_wrap=True)
+
+
+def _split_codes(values: Optional[List[str]]) -> list[str]:
+    codes: list[str] = []
+    for value in values or []:
+        codes += [c.strip().upper() for c in value.split(",") if c.strip()]
+    return codes
+
+
+def _known_prefix(code: str) -> bool:
+    return any(rule.code.startswith(code) for rule in all_rules())
+
+
+def build_config(
+    paths: list[str], select: Optional[List[str]], ignore: Optional[List[str]], config_file: Optional[str],
+    target: Optional[str] = None,
+) -> Config:
+    """Config from pyproject.toml, with the command line on top (``--select`` replaces,
+    ``--ignore`` adds, as in ruff). Raises ConfigError on nonsense."""
+    config = load_config(paths, config_file)
+    selected, ignored = _split_codes(select), _split_codes(ignore)
+    for code in selected + ignored + config.select + config.ignore:
+        if not _known_prefix(code):
+            raise ConfigError(f"unknown rule code or prefix: {code} (see `tfmigrate rules`)")
+    if selected:
+        config.select = selected
+    config.ignore = config.ignore + ignored
+    if target is not None:
+        if target not in TARGETS:
+            raise ConfigError(f"--target must be one of {', '.join(TARGETS)}")
+        config.target = target
+    return config
+
+
+def run_files(files: list[str], config: Config, work, *, quiet: bool, label: str = "Checking") -> list:
+    """Run ``work(path, config)`` over the files, with a progress bar on a terminal only."""
+    show_progress = not quiet and sys.stderr.isatty() and len(files) > 1
+    if not show_progress:
+        return [work(path, config) for path in files]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    results = []
+    with Progress(
+        TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=_stderr(), transient=True,
+    ) as progress:
+        task = progress.add_task(label, total=len(files))
+        for path in files:
+            results.append(work(path, config))
+            progress.advance(task)
+    return results
+
+
+PathsArg = typer.Argument(None, help="Files or folders to check (default: the current folder).")
+SelectOpt = typer.Option(None, "--select", help="Only these codes or prefixes (e.g. TFM1,TFM201).")
+IgnoreOpt = typer.Option(None, "--ignore", help="Skip these codes or prefixes.")
+ConfigOpt = typer.Option(None, "--config", help="Read this pyproject.toml instead of the nearest one.")
+ForceExcludeOpt = typer.Option(
+    False, "--force-exclude", help="Apply `exclude` to files named on the command line too (pre-commit)."
+)
+
+
+@app.command()
+def check(
+    paths: Optional[List[str]] = PathsArg,
+    output_format: str = typer.Option("text", "--format", help=f"One of: {', '.join(FORMATS)}."),
+    select: Optional[List[str]] = SelectOpt,
+    ignore: Optional[List[str]] = IgnoreOpt,
+    statistics: bool = typer.Option(False, "--statistics", help="Count findings per code instead of listing them."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print findings only, no source lines or summary."),
+    show_source: bool = typer.Option(True, "--show-source/--no-show-source", help="Show the offending line."),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
+    target: Optional[str] = typer.Option(None, "--target", help="Migration target: compat or tf2."),
+    config_file: Optional[str] = ConfigOpt,
+    force_exclude: bool = ForceExcludeOpt,
+) -> None:
+    """Report legacy multi-GPU and queue-input patterns."""
+    paths = paths or ["."]
+    err = _stderr()
+    if output_format not in FORMATS:
+        err.print(f"error: --format must be one of {', '.join(FORMATS)}")
+        raise typer.Exit(EXIT_ERROR)
+    try:
+        config = build_config(paths, select, ignore, config_file, target)
+    except ConfigError as exc:
+        err.print(f"error: {exc}", highlight=False)
+        raise typer.Exit(EXIT_ERROR)
+    found = discover(paths, config, force_exclude=force_exclude)
+    results: list[FileResult] = run_files(found.files, config, check_file, quiet=quiet or output_format != "text")
+    findings = sorted((f for r in results for f in r.findings), key=lambda f: f.sort_key())
+    errors = [(path, "no such file or directory") for path in found.missing]
+    errors += [(r.path, r.error) for r in results if r.error]
+
+    if output_format != "text":
+        write_machine(output_format, findings, errors, sys.stdout)
+        for path, message in errors:  # one line each on stderr as well: CI logs show them
+            err.print(f"{path}: error: {message}", highlight=False, markup=False)
+    elif statistics:
+        out = _stdout()
+        if findings:
+            out.print(statistics_table(findings))
+        for path, message in errors:
+            err.print(f"{path}: error: {message}", highlight=False, markup=False)
+    else:
+        out = _stdout()
+        render_text(findings, [], out, show_source=show_source and not quiet)
+        for path, message in errors:
+            err.print(f"{path}: error: {message}", highlight=False, markup=False)
+        if not quiet:
+            out.print(summary_line(findings, errors, len(found.files)), highlight=False, markup=False)
+
+    if errors:
+        raise typer.Exit(EXIT_ERROR)
+    if any(not f.informational for f in findings) and not exit_zero:
+        raise typer.Exit(EXIT_FINDINGS)
+    raise typer.Exit(EXIT_CLEAN)
+
+
+@app.command("rules")
+def list_rules(
+    output_format: str = typer.Option("text", "--format", help="text or json."),
+) -> None:
+    """List every rule: code, name, fix safety, summary."""
+    if output_format == "json":
+        import json
+
+        json.dump([
+            {"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix_safety.value,
+             "informational": r.informational}
+            for r in all_rules()
+        ], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    table = Table(box=None, header_style="bold")
+    table.add_column("code")
+    table.add_column("name")
+    table.add_column("fix")
+    table.add_column("summary")
+    for rule in all_rules():
+        table.add_row(rule.code, rule.name, rule.fix_safety.value, rule.summary)
+    _stdout().print(table)
+
+
+@app.command()
+def explain(code: str = typer.Argument(..., help="A rule code (TFM101) or name (manual-tower-loop).")) -> None:
+    """Show a rule's documentation, with its before/after example."""
+    rule = rule_by_code(code)
+    if rule is None:
+        _stderr().print(f"error: unknown rule: {code} (see `tfmigrate rules`)", highlight=False)
+        raise typer.Exit(EXIT_ERROR)
+    out = _stdout()
+    if out.is_terminal:
+        out.print(Markdown(rule.documentation()))
+    else:
+        sys.stdout.write(rule.documentation())
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        print(f"tfmigrate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version."),
+) -> None:
+    pass
+
+
+def _register_optional_commands() -> None:
+    """Commands that live in their own modules (none of them imports TensorFlow at load)."""
+    import importlib
+
+    for module_name in ("tfmigrate.fixer_cli", "tfmigrate.verify.cli"):
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        module.register(app)
+
+
+_register_optional_commands()
+
+
+def main() -> None:
+    app()

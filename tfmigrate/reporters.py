@@ -1,0 +1,225 @@
+"""Output formats for `check`: text (rich), json (ruff's shape), github, sarif, statistics."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from typing import Iterable, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tfmigrate import __version__
+from tfmigrate.registry import all_rules, rule_by_code
+from tfmigrate.rule import Finding, FixSafety
+
+DOCS_URL = "https://github.com/tfmigrate/tfmigrate/blob/main/docs/rules.md#{code}"
+FORMATS = ("text", "json", "github", "sarif")
+
+
+def rule_url(code: str) -> str:
+    return DOCS_URL.format(code=code.lower())
+
+
+def _source_line(f: Finding, cache: dict) -> str | None:
+    """The line a finding starts on; ``cache`` maps a path (or (path, cell)) to its lines."""
+    key = f.path if f.cell is None else (f.path, f.cell)
+    if key not in cache:
+        try:
+            with open(f.path, "rb") as handle:
+                cache[key] = handle.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            cache[key] = []
+    lines = cache[key]
+    return lines[f.start.row - 1] if 0 < f.start.row <= len(lines) else None
+
+
+def _marker(finding: Finding) -> str:
+    if finding.fix_title is None:
+        return ""
+    return " [*]" if finding.fix_safety == FixSafety.SAFE else " [*unsafe]"
+
+
+def render_text(
+    findings: list[Finding], errors: list[tuple[str, str]], console: Console, *, show_source: bool = True,
+    lines_of: dict | None = None,
+) -> None:
+    """``lines_of`` supplies the lines of sources not on disk as plain text (notebook cells)."""
+    cache: dict = dict(lines_of or {})
+    for f in findings:
+        where = f"{f.path}:{'cell ' + str(f.cell) + ':' if f.cell else ''}{f.start.row}:{f.start.column}"
+        style = "cyan" if f.informational else "bold red"
+        console.print(
+            f"[bold]{escape(where)}[/]: [{style}]{f.code}[/]{escape(_marker(f))} {escape(f.message)}",
+            highlight=False,
+        )
+        if not show_source:
+            continue
+        line = _source_line(f, cache)
+        if line is None:
+            continue
+        gutter = str(f.start.row)
+        # Keep tabs in the padding so the marker lines up under the same characters.
+        padding = "".join(c if c == "\t" else " " for c in line[: f.start.column - 1])
+        width = (f.end.column - f.start.column) if f.end.row == f.start.row else len(line) - f.start.column + 1
+        console.print(f"[blue]{' ' * len(gutter)} |[/]", highlight=False)
+        console.print(f"[blue]{gutter} |[/] {escape(line)}", highlight=False)
+        console.print(
+            f"[blue]{' ' * len(gutter)} |[/] {padding}[{style}]{'^' * max(1, width)}[/]",
+            highlight=False,
+        )
+        console.print()
+    for path, message in errors:
+        console.print(f"[bold]{escape(path)}[/]: [bold red]error[/]: {escape(message)}", highlight=False)
+
+
+def summary_line(findings: list[Finding], errors: list[tuple[str, str]], files: int) -> str:
+    counted = [f for f in findings if not f.informational]
+    info = len(findings) - len(counted)
+    if not findings and not errors:
+        return f"All checks passed ({files} file{'s' if files != 1 else ''} checked)."
+    parts = []
+    if findings:
+        safe = sum(1 for f in findings if f.fixable and f.fix_safety == FixSafety.SAFE)
+        unsafe = sum(1 for f in findings if f.fixable and f.fix_safety == FixSafety.UNSAFE)
+        text = f"Found {len(counted)} finding{'s' if len(counted) != 1 else ''}"
+        if info:
+            text += f" and {info} note{'s' if info != 1 else ''}"
+        text += f" ({files} file{'s' if files != 1 else ''} checked)."
+        parts.append(text)
+        if safe:
+            parts.append(f"[*] {safe} fixable with `tfmigrate fix --write`.")
+        if unsafe:
+            parts.append(f"{unsafe} more with `tfmigrate fix --write --unsafe-fixes`.")
+    if errors:
+        parts.append(f"{len(errors)} file{'s' if len(errors) != 1 else ''} could not be checked.")
+    return " ".join(parts)
+
+
+def _location(row: int, column: int) -> dict:
+    return {"column": column, "row": row}
+
+
+def json_findings(findings: list[Finding], errors: list[tuple[str, str]]) -> list[dict]:
+    """ruff's JSON shape, so tools that read ruff's output read ours."""
+    out = []
+    for f in findings:
+        out.append({
+            "cell": f.cell,
+            "code": f.code,
+            "name": f.name,
+            "message": f.message,
+            "filename": os.path.abspath(f.path),
+            "location": _location(f.start.row, f.start.column),
+            "end_location": _location(f.end.row, f.end.column),
+            "fix": None if f.fix_title is None else {
+                "applicability": f.fix_safety.value,
+                "message": f.fix_title,
+            },
+            "noqa_row": f.start.row,
+            "url": rule_url(f.code),
+            "severity": "info" if f.informational else "error",
+        })
+    for path, message in errors:
+        out.append({
+            "cell": None, "code": None, "name": "error", "message": message,
+            "filename": os.path.abspath(path), "location": _location(1, 1), "end_location": _location(1, 1),
+            "fix": None, "noqa_row": None, "url": None, "severity": "error",
+        })
+    return out
+
+
+def _github_escape(text: str, property_value: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if property_value:
+        text = text.replace(":", "%3A").replace(",", "%2C")
+    return text
+
+
+def github_lines(findings: list[Finding], errors: list[tuple[str, str]]) -> Iterable[str]:
+    for f in findings:
+        level = "notice" if f.informational else "error"
+        props = (
+            f"title={_github_escape('tfmigrate (' + f.code + ')', True)},file={_github_escape(f.path, True)},"
+            f"line={f.start.row},col={f.start.column},endLine={f.end.row},endColumn={f.end.column}"
+        )
+        yield f"::{level} {props}::{_github_escape(f.code + ' ' + f.message)}"
+    for path, message in errors:
+        yield f"::error title=tfmigrate,file={_github_escape(path, True)}::{_github_escape(message)}"
+
+
+def sarif_document(findings: list[Finding], errors: list[tuple[str, str]]) -> dict:
+    rules = list(all_rules())
+    index = {rule.code: i for i, rule in enumerate(rules)}
+    return {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "tfmigrate",
+                "version": __version__,
+                "informationUri": "https://github.com/tfmigrate/tfmigrate",
+                "rules": [{
+                    "id": rule.code,
+                    "name": rule.name,
+                    "shortDescription": {"text": rule.summary},
+                    "fullDescription": {"text": " ".join(rule.what_it_finds.split())},
+                    "help": {"text": rule.summary, "markdown": rule.documentation()},
+                    "helpUri": rule_url(rule.code),
+                    "defaultConfiguration": {"level": "note" if rule.informational else "error"},
+                    "properties": {"fixSafety": rule.fix_safety.value},
+                } for rule in rules],
+            }},
+            "results": [{
+                "ruleId": f.code,
+                "ruleIndex": index.get(f.code, -1),
+                "level": "note" if f.informational else "error",
+                "message": {"text": f.message},
+                "locations": [{"physicalLocation": {
+                    "artifactLocation": {"uri": f.path.replace(os.sep, "/")},
+                    "region": {
+                        "startLine": f.start.row, "startColumn": f.start.column,
+                        "endLine": f.end.row, "endColumn": f.end.column,
+                    },
+                }}],
+            } for f in findings],
+            "invocations": [{
+                "executionSuccessful": not errors,
+                "toolExecutionNotifications": [{
+                    "level": "error",
+                    "message": {"text": message},
+                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": path.replace(os.sep, "/")}}}],
+                } for path, message in errors],
+            }],
+        }],
+    }
+
+
+def write_machine(fmt: str, findings: list[Finding], errors: list[tuple[str, str]], stream: TextIO) -> None:
+    if fmt == "json":
+        json.dump(json_findings(findings, errors), stream, indent=2)
+        stream.write("\n")
+    elif fmt == "github":
+        for line in github_lines(findings, errors):
+            stream.write(line + "\n")
+    elif fmt == "sarif":
+        json.dump(sarif_document(findings, errors), stream, indent=2)
+        stream.write("\n")
+    else:  # pragma: no cover - guarded by the CLI
+        raise ValueError(fmt)
+
+
+def statistics_table(findings: list[Finding]) -> Table:
+    counts = Counter(f.code for f in findings)
+    fixable = Counter(f.code for f in findings if f.fixable)
+    table = Table(box=None, show_header=True, header_style="bold")
+    table.add_column("count", justify="right")
+    table.add_column("code")
+    table.add_column("name")
+    table.add_column("fixable")
+    for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        rule = rule_by_code(code)
+        table.add_row(str(count), code, rule.name if rule else "", str(fixable[code]) if fixable[code] else "")
+    return table

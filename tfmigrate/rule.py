@@ -1,0 +1,184 @@
+"""What a rule is: a LibCST visitor that carries its own code, documentation and examples.
+
+Modelled on Fixit's ``LintRule``: one class holds the detection logic, the docs that
+``tfmigrate explain`` prints (in ruff's fixed sections) and the valid/invalid examples that
+the test-suite turns into tests.
+"""
+
+from __future__ import annotations
+
+import enum
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
+
+import libcst as cst
+from libcst.codemod.visitors import ImportItem
+from libcst.metadata import CodeRange, PositionProvider
+
+from tfmigrate.names import ImportTable
+
+
+class FixSafety(str, enum.Enum):
+    SAFE = "safe"  # applied by `fix`
+    UNSAFE = "unsafe"  # applied only with --unsafe-fixes; check the result with `verify`
+    NONE = "none"  # the message says what to do by hand
+
+
+Replacement = Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]
+
+
+@dataclass
+class Edit:
+    """A change a rule proposes; the fix engine applies it.
+
+    ``changes`` maps nodes of the parsed module (by identity) to what replaces them. Imports
+    go through LibCST's ``AddImportsVisitor``/``RemoveImportsVisitor``, so an existing
+    ``import tensorflow as tf`` is reused and an import is only removed when nothing uses it.
+    """
+
+    changes: Mapping[cst.CSTNode, Replacement]
+    title: str
+    add_imports: Sequence[ImportItem] = ()
+    remove_imports: Sequence[ImportItem] = ()
+    safety: FixSafety | None = None  # defaults to the rule's own
+
+
+@dataclass(frozen=True)
+class Location:
+    row: int
+    column: int  # 1-based, like ruff's JSON
+
+
+@dataclass
+class Finding:
+    code: str
+    name: str
+    message: str
+    path: str
+    start: Location
+    end: Location
+    fix_safety: FixSafety  # what fixing this finding needs: safe, unsafe, or none (by hand)
+    fix_title: str | None = None  # set when a fix is available for this occurrence
+    informational: bool = False
+    cell: int | None = None  # notebook cell (1-based) when the file is a notebook
+    url: str | None = None
+
+    @property
+    def fixable(self) -> bool:
+        return self.fix_title is not None
+
+    def sort_key(self) -> tuple:
+        return (self.path, self.cell or 0, self.start.row, self.start.column, self.code)
+
+
+@dataclass
+class Invalid:
+    """An example the rule must report; ``line`` is where, ``fixed`` what `fix` makes of it."""
+
+    code: str
+    line: int | None = None
+    fixed: str | None = None
+    unsafe: bool = False  # the fix needs --unsafe-fixes
+
+
+@dataclass
+class RuleContext:
+    """What a rule knows about the file being checked."""
+
+    path: str
+    module: cst.Module
+    imports: ImportTable
+    target: str = "compat"
+    reports: list[tuple["Rule", Finding, Edit | None]] = field(default_factory=list)
+    _memo: dict[Any, Any] = field(default_factory=dict)
+
+    def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """Share one analysis (say, the module's tower loops) between the rules of a run."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+
+def _dedent(text: str) -> str:
+    return textwrap.dedent(text).strip("\n") + "\n"
+
+
+class Rule(cst.BatchableCSTVisitor):
+    """Base class of every rule in ``tfmigrate.rules``."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    #: Any of these words must appear in a file's text for the rule to possibly fire; a file
+    #: containing none of the enabled rules' words is not even parsed.
+    triggers: ClassVar[tuple[str, ...]]
+    fix_safety: ClassVar[FixSafety] = FixSafety.NONE
+    informational: ClassVar[bool] = False  # reported, but does not fail the run
+
+    # Documentation, in the sections of a ruff rule page.
+    what_it_finds: ClassVar[str]
+    why: ClassVar[str]
+    example: ClassVar[str]
+    use_instead: ClassVar[str]
+    fix_notes: ClassVar[str]
+
+    valid: ClassVar[Sequence[str]] = ()
+    invalid: ClassVar[Sequence[Invalid]] = ()
+
+    def __init__(self, context: RuleContext) -> None:
+        super().__init__()
+        self.context = context
+
+    # --- helpers for rule authors -------------------------------------------------------
+    @property
+    def imports(self) -> ImportTable:
+        return self.context.imports
+
+    def qualified(self, node: cst.CSTNode) -> str | None:
+        """Canonical dotted name of a Name/Attribute (``tensorflow.train.batch``), if imported."""
+        return self.imports.resolve(node)
+
+    def call_name(self, node: cst.CSTNode) -> str | None:
+        if isinstance(node, cst.Call):
+            return self.qualified(node.func)
+        return None
+
+    def position(self, node: cst.CSTNode) -> CodeRange:
+        return self.get_metadata(PositionProvider, node)
+
+    def report(self, node: cst.CSTNode, message: str, *, edit: Edit | None = None) -> None:
+        where = self.position(node)
+        safety = self.fix_safety
+        if edit is not None and edit.safety is not None:
+            safety = edit.safety
+        finding = Finding(
+            code=self.code,
+            name=self.name,
+            message=message,
+            path=self.context.path,
+            start=Location(where.start.line, where.start.column + 1),
+            end=Location(where.end.line, where.end.column + 1),
+            fix_safety=safety if edit is not None else FixSafety.NONE,
+            fix_title=edit.title if edit is not None else None,
+            informational=self.informational,
+        )
+        self.context.reports.append((self, finding, edit))
+
+    # --- documentation ------------------------------------------------------------------
+    @classmethod
+    def documentation(cls) -> str:
+        """The rule page, as Markdown (what `tfmigrate explain CODE` prints)."""
+        return (
+            f"# {cls.code} {cls.name}\n\n{cls.summary}\n\n"
+            f"Fix: {cls.fix_safety.value}"
+            + (" (informational: does not fail the run)" if cls.informational else "")
+            + "\n\n"
+            f"## What it finds\n\n{_dedent(cls.what_it_finds)}\n"
+            f"## Why it matters\n\n{_dedent(cls.why)}\n"
+            f"## Example\n\n```python\n{_dedent(cls.example)}```\n\n"
+            f"## Use instead\n\n```python\n{_dedent(cls.use_instead)}```\n\n"
+            f"## Fix safety\n\n{_dedent(cls.fix_notes)}"
+        )
