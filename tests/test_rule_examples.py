@@ -1,0 +1,61 @@
+"""Every rule's own valid/invalid examples and documentation, as Fixit turns them into tests."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tfmigrate.registry import all_rules
+from tests.conftest import run_check
+
+RULES = all_rules()
+
+
+def _cases(kind: str):
+    for rule in RULES:
+        for index, example in enumerate(getattr(rule, kind)):
+            yield pytest.param(rule, example, id=f"{rule.code}-{kind}-{index}")
+
+
+@pytest.mark.parametrize("rule, code", _cases("valid"))
+def test_valid_example_is_not_reported(rule, code):
+    findings = run_check(code, select=[rule.code])
+    assert findings == [], [f.message for f in findings]
+
+
+@pytest.mark.parametrize("rule, example", _cases("invalid"))
+def test_invalid_example_is_reported(rule, example):
+    findings = run_check(example.code, select=[rule.code])
+    assert findings, f"{rule.code} did not report:\n{textwrap.dedent(example.code)}"
+    assert {f.code for f in findings} == {rule.code}
+    if example.line is not None:
+        assert example.line in {f.start.row for f in findings}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
+def test_rule_is_documented(rule):
+    assert rule.code.startswith("TFM") and len(rule.code) == 6
+    assert rule.name == rule.name.lower() and " " not in rule.name
+    for section in ("summary", "what_it_finds", "why", "example", "use_instead", "fix_notes"):
+        assert getattr(rule, section).strip(), f"{rule.code} has no {section}"
+    assert rule.triggers, f"{rule.code} has no trigger words for the prefilter"
+    assert rule.valid and rule.invalid, f"{rule.code} needs valid and invalid examples"
+    page = rule.documentation()
+    for heading in ("## What it finds", "## Why it matters", "## Example", "## Use instead", "## Fix safety"):
+        assert heading in page
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
+def test_doc_example_is_reported_and_use_instead_is_not(rule):
+    # The docs' example is usually a fragment; give it the import it assumes.
+    prelude = "import tensorflow as tf\nimport keras\n"
+    example = prelude + textwrap.dedent(rule.example)
+    assert any(f.code == rule.code for f in run_check(example, select=[rule.code])), rule.code
+    fixed = prelude + textwrap.dedent(rule.use_instead)
+    assert not any(f.code == rule.code for f in run_check(fixed, select=[rule.code])), rule.code
+
+
+def test_codes_are_unique_and_sorted():
+    codes = [r.code for r in RULES]
+    assert codes == sorted(set(codes))
