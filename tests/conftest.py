@@ -15,8 +15,9 @@ EXPECT = re.compile(r"#\s*expect:\s*(TFM\d+(?:\s*,\s*TFM\d+)*)")
 
 
 def run_check(code: str, **config) -> list:
-    """Findings for a snippet, with every rule enabled (or as ``config`` says)."""
-    return check_text(textwrap.dedent(code), Config(root=ROOT, **config))
+    """Findings for a snippet (dedented; line 1 is its first non-blank line), every rule enabled
+    unless ``config`` says otherwise."""
+    return check_text(textwrap.dedent(code).strip("\n") + "\n", Config(root=ROOT, **config))
 
 
 def expected_markers(text: str) -> set[tuple[int, str]]:

@@ -12,10 +12,12 @@ from tests.conftest import run_check
 RULES = all_rules()
 
 
-def _cases(kind: str):
-    for rule in RULES:
-        for index, example in enumerate(getattr(rule, kind)):
-            yield pytest.param(rule, example, id=f"{rule.code}-{kind}-{index}")
+def _cases(kind: str) -> list:
+    return [
+        pytest.param(rule, example, id=f"{rule.code}-{kind}-{index}")
+        for rule in RULES
+        for index, example in enumerate(getattr(rule, kind))
+    ]
 
 
 @pytest.mark.parametrize("rule, code", _cases("valid"))

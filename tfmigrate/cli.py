@@ -120,7 +120,7 @@ def check(
     try:
         config = build_config(paths, select, ignore, config_file, target)
     except ConfigError as exc:
-        err.print(f"error: {exc}", highlight=False)
+        err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(EXIT_ERROR)
     found = discover(paths, config, force_exclude=force_exclude)
     results: list[FileResult] = run_files(found.files, config, check_file, quiet=quiet or output_format != "text")
@@ -183,7 +183,7 @@ def explain(code: str = typer.Argument(..., help="A rule code (TFM101) or name (
     """Show a rule's documentation, with its before/after example."""
     rule = rule_by_code(code)
     if rule is None:
-        _stderr().print(f"error: unknown rule: {code} (see `tfmigrate rules`)", highlight=False)
+        _stderr().print(f"error: unknown rule: {code} (see `tfmigrate rules`)", highlight=False, markup=False)
         raise typer.Exit(EXIT_ERROR)
     out = _stdout()
     if out.is_terminal:

@@ -7,15 +7,41 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import pkgutil
+import sys
+from pathlib import Path
 
 from tfmigrate.rule import Rule
 
 
+def _rules_package():
+    """``tfmigrate.rules``: installed inside the package, or the checkout's top-level rules/.
+
+    When the tests run from a source checkout, ``tfmigrate`` is imported from the checkout's
+    folder, which has no ``rules`` subpackage: load the sibling ``rules/`` under that name.
+    """
+    try:
+        return importlib.import_module("tfmigrate.rules")
+    except ModuleNotFoundError as exc:
+        if exc.name != "tfmigrate.rules":
+            raise
+    checkout = Path(__file__).resolve().parent.parent / "rules"
+    spec = importlib.util.spec_from_file_location(
+        "tfmigrate.rules", checkout / "__init__.py", submodule_search_locations=[str(checkout)]
+    )
+    if spec is None or spec.loader is None:
+        raise ModuleNotFoundError("tfmigrate.rules: the rule catalog is missing from this installation")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["tfmigrate.rules"] = package
+    spec.loader.exec_module(package)
+    return package
+
+
 @functools.lru_cache(maxsize=None)
 def all_rules() -> tuple[type[Rule], ...]:
-    import tfmigrate.rules as package
+    package = _rules_package()
 
     found: list[type[Rule]] = []
     for info in pkgutil.iter_modules(package.__path__):

@@ -87,6 +87,19 @@ def analyze_source(source: SourceFile, config: Config) -> Analysis | None:
     return analyze_module(module, source.path, rules, config, source.text)
 
 
+def internal_error(exc: BaseException) -> str:
+    """A one-line report of a bug, naming the rule it happened in when there is one."""
+    code = None
+    tb = exc.__traceback__
+    while tb is not None:  # the innermost frame that belongs to a rule
+        owner = tb.tb_frame.f_locals.get("self")
+        if isinstance(owner, Rule):
+            code = owner.code
+        tb = tb.tb_next
+    where = f" in {code}" if code else ""
+    return f"internal error{where} ({type(exc).__name__}: {exc}); please report it"
+
+
 def check_file(path: str, config: Config) -> FileResult:
     result = FileResult(path=path)
     try:
@@ -96,7 +109,7 @@ def check_file(path: str, config: Config) -> FileResult:
         result.error = str(exc)
         return result
     except Exception as exc:  # a bug in a rule must not stop the run over the other files
-        result.error = f"internal error ({type(exc).__name__}: {exc}); please report it"
+        result.error = internal_error(exc)
         return result
     if analysis is not None:
         result.parsed = True

@@ -6,6 +6,7 @@ permissions so that a fix can write it back exactly as it was outside the edited
 
 from __future__ import annotations
 
+import ast
 import codecs
 import io
 import os
@@ -109,21 +110,42 @@ def python2_reason(text: str, line: int) -> str | None:
     return None
 
 
-def parse_source(source: SourceFile) -> cst.Module:
+def _python_syntax_error(source: SourceFile) -> SyntaxError | None:
     try:
-        return cst.parse_module(source.text)
+        compile(source.text, source.path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        return exc
+    except (ValueError, RecursionError, MemoryError):
+        pass
+    return None
+
+
+def _syntax_failure(source: SourceFile, line: int, column: int, message: str) -> SourceError:
+    python2 = python2_reason(source.text, line)
+    if python2:
+        return SourceError(f"Python 2 syntax ({python2}): run it through 2to3 first")
+    return SourceError(f"syntax error at line {line}, column {column}: {message}")
+
+
+def parse_source(source: SourceFile) -> cst.Module:
+    """Parse with LibCST; the file must also be valid Python 3 for the running interpreter.
+
+    LibCST's parser accepts a few things Python 3 does not (``except E, e:``), and Python's own
+    parser words errors better ("expected ':'"), so its verdict is the one reported.
+    """
+    try:
+        module = cst.parse_module(source.text)
     except cst.ParserSyntaxError as exc:
-        python2 = python2_reason(source.text, exc.raw_line)
-        if python2:
-            raise SourceError(
-                f"Python 2 syntax ({python2}): run it through 2to3 first"
-            ) from None
-        message = exc.message.splitlines()[0] if exc.message else "invalid syntax"
-        raise SourceError(
-            f"syntax error at line {exc.raw_line}, column {exc.raw_column + 1}: {message}"
-        ) from None
+        error = _python_syntax_error(source)
+        if error is not None:
+            raise _syntax_failure(source, error.lineno or exc.raw_line, error.offset or 1, error.msg) from None
+        raise _syntax_failure(source, exc.raw_line, exc.raw_column + 1, "invalid syntax") from None
     except RecursionError:
         raise SourceError("too deeply nested to parse") from None
+    error = _python_syntax_error(source)
+    if error is not None:
+        raise _syntax_failure(source, error.lineno or 1, error.offset or 1, error.msg) from None
+    return module
 
 
 def write_atomic(path: str, data: bytes, expected_original: bytes | None = None) -> None:

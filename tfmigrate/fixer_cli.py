@@ -1,0 +1,101 @@
+"""`tfmigrate fix`: preview (a unified diff) by default, ``--write`` to apply."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from typing import List, Optional
+
+import typer
+
+from tfmigrate.config import ConfigError
+from tfmigrate.discovery import discover
+from tfmigrate.fixer import FixResult, fix_file
+from tfmigrate.rule import FixSafety
+
+
+def _summary(results: list[FixResult], missing: list[str], write: bool, unsafe: bool) -> list[str]:
+    fixed = sum(len(r.fixed) for r in results)
+    changed = [r for r in results if r.changed and not r.error]
+    remaining = [f for r in results for f in r.remaining if not f.informational]
+    why = Counter(
+        "need --unsafe-fixes" if f.fixable and f.fix_safety == FixSafety.UNSAFE and not unsafe else "have no automatic fix"
+        for f in remaining
+    )
+    verb = "Fixed" if write else "Would fix"
+    files = f"{len(changed)} file{'s' if len(changed) != 1 else ''}"
+    lines = [f"{verb} {fixed} finding{'s' if fixed != 1 else ''} in {files}."]
+    if remaining:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(why.items()))
+        lines.append(f"{len(remaining)} remain ({reasons}); see `tfmigrate check`.")
+    failed = [r for r in results if r.error] + [None] * len(missing)
+    if failed:
+        lines.append(f"{len(failed)} file{'s' if len(failed) != 1 else ''} skipped (errors above).")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    from tfmigrate.cli import (
+        EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, ConfigOpt, ForceExcludeOpt, IgnoreOpt, PathsArg, SelectOpt,
+        _stderr, build_config, run_files,
+    )
+
+    @app.command()
+    def fix(
+        paths: Optional[List[str]] = PathsArg,
+        write: bool = typer.Option(False, "--write", "-w", help="Apply the fixes (default: only show the diff)."),
+        diff: bool = typer.Option(False, "--diff", help="Show the diff and change nothing (the default)."),
+        unsafe_fixes: bool = typer.Option(False, "--unsafe-fixes", help="Also apply unsafe (structural) fixes."),
+        select: Optional[List[str]] = SelectOpt,
+        ignore: Optional[List[str]] = IgnoreOpt,
+        target: Optional[str] = typer.Option(None, "--target", help="Migration target: compat (default) or tf2."),
+        exit_non_zero_on_fix: bool = typer.Option(
+            False, "--exit-non-zero-on-fix", help="Exit 1 when a file was rewritten (for pre-commit)."
+        ),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Print errors only."),
+        config_file: Optional[str] = ConfigOpt,
+        force_exclude: bool = ForceExcludeOpt,
+    ) -> None:
+        """Rewrite legacy patterns to tf.distribute / tf.data (a diff unless --write)."""
+        paths = paths or ["."]
+        err = _stderr()
+        if write and diff:
+            err.print("error: --write and --diff exclude each other", highlight=False, markup=False)
+            raise typer.Exit(EXIT_ERROR)
+        try:
+            config = build_config(paths, select, ignore, config_file, target)
+        except ConfigError as exc:
+            err.print(f"error: {exc}", highlight=False, markup=False)
+            raise typer.Exit(EXIT_ERROR)
+        found = discover(paths, config, force_exclude=force_exclude)
+        # A file reached through two paths (or a link and its target) is fixed once.
+        files, seen = [], set()
+        for path in found.files:
+            key = os.path.realpath(path)
+            if key not in seen:
+                seen.add(key)
+                files.append(path)
+
+        def work(path, config):
+            return fix_file(path, config, unsafe=unsafe_fixes, write=write)
+
+        results: list[FixResult] = run_files(files, config, work, quiet=quiet, label="Fixing")
+        for path in found.missing:
+            err.print(f"{path}: error: no such file or directory", highlight=False, markup=False)
+        for result in results:
+            if result.error:
+                err.print(f"{result.path}: error: {result.error}", highlight=False, markup=False)
+            elif not write and result.changed and not quiet:
+                sys.stdout.write(result.diff())
+        if not quiet:
+            for line in _summary(results, found.missing, write, unsafe_fixes):
+                err.print(line, highlight=False, markup=False)
+        if found.missing or any(r.error for r in results):
+            raise typer.Exit(EXIT_ERROR)
+        remaining = any(not f.informational for r in results for f in r.remaining)
+        if not write:
+            raise typer.Exit(EXIT_FINDINGS if any(r.changed for r in results) or remaining else EXIT_CLEAN)
+        if remaining or (exit_non_zero_on_fix and any(r.written for r in results)):
+            raise typer.Exit(EXIT_FINDINGS)
+        raise typer.Exit(EXIT_CLEAN)
