@@ -146,6 +146,32 @@ class Rule(cst.BatchableCSTVisitor):
             return self.qualified(node.func)
         return None
 
+    def tf_ref(self, target: str) -> tuple[cst.BaseExpression, list[ImportItem]]:
+        """An expression for a TensorFlow API, reusing the module's own TensorFlow import.
+
+        ``target`` is the full name (``tensorflow.distribute.MirroredStrategy``,
+        ``tensorflow.compat.v1.data.make_one_shot_iterator``). With ``import tensorflow as tf``
+        it becomes ``tf.distribute.MirroredStrategy``; with ``import tensorflow.compat.v1 as tf``
+        the compat prefix is dropped (``tf.data.make_one_shot_iterator``) and plain TF2 names
+        are reached through compat.v1, which re-exports ``data``, ``distribute`` and ``nn``.
+        When TensorFlow is not imported, the import to add is returned too.
+        """
+        assert target.startswith("tensorflow.")
+        rest = target[len("tensorflow."):]
+        bindings = self.imports.bindings
+        for alias, module in bindings.items():
+            if module in ("tensorflow", "tensorflow.compat.v2") and "." not in alias:
+                if module == "tensorflow.compat.v2" and rest.startswith("compat.v1."):
+                    continue
+                return cst.parse_expression(f"{alias}.{rest}"), []
+        for alias, module in bindings.items():
+            if module == "tensorflow.compat.v1":
+                short = rest[len("compat.v1."):] if rest.startswith("compat.v1.") else rest
+                return cst.parse_expression(f"{alias}.{short}"), []
+        alias = "tf" if "tf" not in bindings else "tensorflow"
+        item = ImportItem("tensorflow", alias="tf") if alias == "tf" else ImportItem("tensorflow")
+        return cst.parse_expression(f"{alias}.{rest}"), [item]
+
     def position(self, node: cst.CSTNode) -> CodeRange:
         return self.get_metadata(PositionProvider, node)
 
