@@ -5,6 +5,12 @@ costs ten times the parse on typical files. Legacy TensorFlow code binds its mod
 imports (``import tensorflow as tf``, ``from tensorflow.compat import v1``), so a table of the
 module's imports answers the same question for the names rules care about. The trade-off,
 documented in the README: a local variable that shadows an imported module name is not seen.
+
+Besides imports, the table knows plain module aliases made by assignment (``slim =
+tf.contrib.slim``, ``v1 = tf.compat.v1``): a name assigned a dotted name whose head is itself
+imported, and assigned nothing else anywhere in the module. Names the module binds itself
+(functions, classes, parameters, assignment and loop targets) are never resolved through a
+star import.
 """
 
 from __future__ import annotations
@@ -22,10 +28,15 @@ _CANONICAL_PREFIXES = (
     ("tensorflow.contrib.keras.", "keras."),
     ("tensorflow.keras.", "keras."),
     ("tf_keras.", "keras."),
+    # Keras 2.0.x/2.1.x homes of multi_gpu_model.
+    ("keras.utils.training_utils.", "keras.utils."),
+    ("keras.utils.multi_gpu_utils.", "keras.utils."),
     ("tensorflow.train.queue_runner.", "tensorflow.train."),
     ("tensorflow.python.training.queue_runner_impl.", "tensorflow.train."),
     ("tensorflow.python.training.input.", "tensorflow.train."),
     ("tensorflow.python.training.coordinator.", "tensorflow.train."),
+    ("tensorflow.python.training.queue_runner.", "tensorflow.train."),
+    ("tensorflow.python.training.supervisor.", "tensorflow.train."),
     ("tensorflow.contrib.slim.", "slim."),
     ("tf_slim.", "slim."),
 )
@@ -58,18 +69,33 @@ class ImportTable(cst.CSTVisitor):
     """Maps each name bound by an import anywhere in the module to what it imports.
 
     Imports inside functions, ``try`` blocks and ``if`` branches count too: legacy code often
-    imports ``multi_gpu_model`` conditionally. A later import of the same name wins.
+    imports ``multi_gpu_model`` conditionally. A later import of the same name wins for
+    ``resolve``; ``resolve_all`` answers every import of the name (both arms of a
+    ``try``/``except ImportError``).
     """
 
     def __init__(self) -> None:
         self.bindings: dict[str, str] = {}
+        self.all_bindings: dict[str, list[str]] = {}
         self.star_modules: list[str] = []
+        #: ``slim = tf.contrib.slim``: name -> full dotted target (kept apart from imports).
+        self.aliases: dict[str, str] = {}
+        self._reassigned: set[str] = set()
+        self._local_defs: set[str] = set()
 
     @classmethod
     def from_module(cls, module: cst.Module) -> "ImportTable":
         table = cls()
         module.visit(table)
+        for name in table._reassigned:
+            table.aliases.pop(name, None)
         return table
+
+    def _bind(self, name: str, target: str) -> None:
+        self.bindings[name] = target
+        seen = self.all_bindings.setdefault(name, [])
+        if target not in seen:
+            seen.append(target)
 
     def visit_Import(self, node: cst.Import) -> bool:
         for alias in node.names:
@@ -77,10 +103,10 @@ class ImportTable(cst.CSTVisitor):
             if full is None:
                 continue
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                self.bindings[alias.asname.name.value] = full
+                self._bind(alias.asname.name.value, full)
             else:
                 head = full.split(".", 1)[0]
-                self.bindings[head] = head
+                self._bind(head, head)
         return False
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
@@ -99,29 +125,115 @@ class ImportTable(cst.CSTVisitor):
             bound = imported
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 bound = alias.asname.name.value
-            self.bindings[bound] = f"{module}.{imported}"
+            self._bind(bound, f"{module}.{imported}")
+        return False
+
+    def visit_Assign(self, node: cst.Assign) -> bool:
+        target = node.targets[0].target if len(node.targets) == 1 else None
+        if isinstance(target, cst.Name) and isinstance(node.value, (cst.Name, cst.Attribute)):
+            value = self._full(node.value)
+            earlier = self.aliases.get(target.value)
+            if value is not None and earlier is not None and canonical(value) != canonical(earlier):
+                self._reassigned.add(target.value)  # two different aliases: trust neither
+            elif value is not None:
+                self.aliases[target.value] = value
+                return False
+        for assign_target in node.targets:
+            self._note_assigned(assign_target.target)
+        return False
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> bool:
+        self._note_assigned(node.target)
+        return False
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> bool:
+        self._note_assigned(node.target)
+        return False
+
+    def _note_assigned(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Name):
+            self._reassigned.add(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._note_assigned(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._note_assigned(target.value)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self._local_defs.add(node.name.value)
+        return True
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self._local_defs.add(node.name.value)
+        return True
+
+    def visit_Param(self, node: cst.Param) -> bool:
+        self._local_defs.add(node.name.value)
+        return False
+
+    def visit_For(self, node: cst.For) -> bool:
+        self._note_assigned(node.target)
+        return True
+
+    def visit_AsName(self, node: cst.AsName) -> bool:
+        self._note_assigned(node.name)  # with ... as x, except ... as x (imports return early)
         return False
 
     # The table is all we want; do not descend into expressions.
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
-        return any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in node.body)
+        return any(
+            isinstance(s, (cst.Import, cst.ImportFrom, cst.Assign, cst.AnnAssign, cst.AugAssign))
+            for s in node.body
+        )
 
-    def resolve(self, node: cst.CSTNode) -> str | None:
-        """The canonical qualified name of a Name/Attribute chain, or None if not imported."""
+    def _target(self, head: str) -> str | None:
+        target = self.aliases.get(head)
+        if target is None:
+            target = self.bindings.get(head)
+        return target
+
+    def _full(self, node: cst.CSTNode) -> str | None:
+        """The dotted name a chain refers to, not yet canonicalised; None if not imported."""
         dotted = dotted_name(node)
         if dotted is None:
             return None
         head, _, rest = dotted.partition(".")
-        target = self.bindings.get(head)
+        target = self._target(head)
         if target is None:
-            if not self.star_modules:
+            if not self.star_modules or head in self._local_defs or head in self._reassigned:
                 return None
             target = f"{self.star_modules[-1]}.{head}"
-        full = f"{target}.{rest}" if rest else target
-        return canonical(full)
+        return f"{target}.{rest}" if rest else target
+
+    def resolve(self, node: cst.CSTNode) -> str | None:
+        """The canonical qualified name of a Name/Attribute chain, or None if not imported."""
+        full = self._full(node)
+        return None if full is None else canonical(full)
+
+    def resolve_all(self, node: cst.CSTNode) -> list[str]:
+        """Every canonical name the chain may refer to: one per import of its head (the
+        ``try``/``except ImportError`` arms), else per star import; ``[]`` if not imported."""
+        dotted = dotted_name(node)
+        if dotted is None:
+            return []
+        head, _, rest = dotted.partition(".")
+        if head in self.aliases:
+            targets = [self.aliases[head]]
+        elif head in self.all_bindings:
+            targets = list(self.all_bindings[head])
+        elif head in self._local_defs or head in self._reassigned:
+            targets = []
+        else:
+            targets = [f"{module}.{head}" for module in self.star_modules]
+        found: list[str] = []
+        for target in targets:
+            name = canonical(f"{target}.{rest}" if rest else target)
+            if name not in found:
+                found.append(name)
+        return found
 
     def is_bound(self, name: str) -> bool:
-        return name in self.bindings
+        return name in self.bindings or name in self.aliases
 
     def aliases_of(self, module: str) -> list[str]:
         """Local names bound to exactly ``module`` (canonicalised), e.g. ['tf'] for tensorflow."""

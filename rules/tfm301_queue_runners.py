@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from tfmigrate.rule import FixSafety, Invalid, Rule
+
+from .tfm302_input_producer import PRODUCERS
+from .tfm303_queue_batching import BATCHERS
+from .tfm304_explicit_queue import PREFETCH_QUEUES, QUEUES, STAGING_AREAS
+
+#: Always reported: they exist only to run queue-runner threads.
+QUEUE_RUNNERS = {
+    "tensorflow.train.start_queue_runners": (
+        "`start_queue_runners` starts the threads of a queue-based input pipeline; once the input "
+        "is a tf.data pipeline (TFRecordDataset → map → shuffle → batch → prefetch) nothing needs "
+        "starting: drop the call and its threads"
+    ),
+    "tensorflow.train.QueueRunner": (
+        "`QueueRunner` runs enqueue ops on background threads; produce the data with a tf.data "
+        "pipeline instead (`tf.data.Dataset.from_generator` for a Python producer), which needs "
+        "no threads"
+    ),
+    "tensorflow.train.add_queue_runner": (
+        "`add_queue_runner` registers enqueue threads for `start_queue_runners`; produce the data "
+        "with a tf.data pipeline instead, which needs no threads"
+    ),
+    "slim.queues.QueueRunners": (
+        "slim `queues.QueueRunners` starts and stops the queue-runner threads of a queue-based "
+        "input pipeline; with tf.data input nothing needs starting: drop the context manager"
+    ),
+}
+#: Reported only in a module that also uses queue input (see `what_it_finds`).
+COORDINATORS = {
+    "tensorflow.train.Coordinator": (
+        "`tf.train.Coordinator` here stops the input queue-runner threads; with tf.data input "
+        "it goes, and the end of the data is the iterator's `OutOfRangeError` (or the end of a "
+        "`for` loop over the dataset)"
+    ),
+    "tensorflow.train.Supervisor": (
+        "`tf.train.Supervisor` starts this module's input queue runners implicitly (and is "
+        "deprecated); with tf.data input use `tf.compat.v1.train.MonitoredTrainingSession` or a "
+        "Session with a `tf.train.CheckpointManager`"
+    ),
+}
+QUEUE_INPUT = set(QUEUE_RUNNERS) | set(PRODUCERS) | set(BATCHERS) | set(QUEUES) | PREFETCH_QUEUES | STAGING_AREAS
+
+
+class QueueRunners(Rule):
+    code = "TFM301"
+    name = "queue-runners"
+    summary = "Queue-runner threads (`start_queue_runners`, `QueueRunner`, input `Coordinator`) drive the input"
+    triggers = ("queue_runner", "QueueRunner", "Coordinator", "Supervisor")
+    fix_safety = FixSafety.UNSAFE
+
+    what_it_finds = """
+        The thread scaffolding of TF1 queue-based input: `tf.train.start_queue_runners`,
+        `tf.train.QueueRunner`, `tf.train.add_queue_runner` (also under
+        `tf.train.queue_runner.*` and `tf.compat.v1`), and slim's `queues.QueueRunners(sess)`.
+
+        `tf.train.Coordinator()` and `tf.train.Supervisor(...)` are reported only in a module that
+        also uses queue input (anything above, an input producer (TFM302), a batching queue
+        (TFM303) or an explicit queue (TFM304)). A `Coordinator` is a general helper for stopping
+        Python threads, still part of TF2 as `tf.train.Coordinator`, and is used for threads
+        that have nothing to do with input; a `Supervisor` also does checkpoints and summaries.
+        In a queue-input module, though, they exist to start and stop the queue runners and go
+        away with them. Input built in another module (`cifar10_input.distorted_inputs()`) is
+        still caught through the `start_queue_runners` call that starts it.
+    """
+    why = """
+        Queue runners are Python threads that run enqueue ops in a TF1 `Session`: they do not
+        exist in TF2 and do not work in eager mode, they need a `Coordinator` to stop cleanly,
+        and the end of input shows up as an `OutOfRangeError` from `sess.run`. With `tf.data`
+        the pipeline runs inside the TensorFlow runtime, needs no thread management, and can
+        be handed to `MirroredStrategy.experimental_distribute_dataset` for multi-GPU training.
+    """
+    example = """
+        images, labels = tf.train.shuffle_batch([image, label], 128, 2000, 1000)
+        with tf.Session() as sess:
+            coord = tf.train.Coordinator()
+            threads = tf.train.start_queue_runners(sess=sess, coord=coord)
+            try:
+                while not coord.should_stop():
+                    sess.run(train_op)
+            except tf.errors.OutOfRangeError:
+                pass
+            finally:
+                coord.request_stop()
+            coord.join(threads)
+    """
+    use_instead = """
+        dataset = make_dataset(filenames).shuffle(1000).batch(128, drop_remainder=True)
+        iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+        images, labels = iterator.get_next()
+        with tf.compat.v1.Session() as sess:
+            sess.run(iterator.initializer)
+            try:
+                while True:
+                    sess.run(train_op)
+            except tf.errors.OutOfRangeError:
+                pass
+    """
+    fix_notes = """
+        No automatic fix yet (it will be unsafe): removing the threads is only correct once
+        every queue they fill (TFM302, TFM303, TFM304) has become a `tf.data` pipeline, and the
+        training loop's stop condition moves from `coord.should_stop()` to the end of the
+        dataset. Check the result with `tfmigrate verify`.
+    """
+
+    valid = [
+        """
+        import threading
+        import tensorflow as tf
+        coord = tf.train.Coordinator()
+        workers = [threading.Thread(target=work, args=(coord,)) for _ in range(4)]
+        for w in workers:
+            w.start()
+        coord.join(workers)
+        """,
+        """
+        import tensorflow as tf
+        class Coordinator:
+            def should_stop(self):
+                return False
+        coord = Coordinator()
+        dataset = tf.data.Dataset.range(10).batch(2)
+        """,
+    ]
+    invalid = [
+        Invalid(
+            """
+            import tensorflow as tf
+            sess = tf.Session()
+            threads = tf.train.start_queue_runners(sess=sess)
+            """,
+            line=3,
+        ),
+        Invalid(
+            """
+            import tensorflow.compat.v1 as tf
+            q = tf.FIFOQueue(32, [tf.float32])
+            qr = tf.train.QueueRunner(q, [q.enqueue(x)] * 4)
+            tf.train.add_queue_runner(qr)
+            coord = tf.train.Coordinator()
+            """,
+            line=5,
+        ),
+        Invalid(
+            """
+            import tensorflow as tf
+            images = tf.train.batch([image], 32)
+            sv = tf.train.Supervisor(logdir="/tmp/train")
+            """,
+            line=3,
+        ),
+    ]
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._queue_input = False
+        self._deferred: list[tuple[cst.Call, str]] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qualified = self.call_name(node)
+        if qualified is None:
+            return
+        if qualified in QUEUE_INPUT:
+            self._queue_input = True
+        if qualified in QUEUE_RUNNERS:
+            self.report(node, QUEUE_RUNNERS[qualified])
+        elif qualified in COORDINATORS:
+            self._deferred.append((node, COORDINATORS[qualified]))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        if self._queue_input:
+            for node, message in self._deferred:
+                self.report(node, message)

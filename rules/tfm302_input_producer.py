@@ -1,0 +1,174 @@
+from __future__ import annotations
+
+import libcst as cst
+
+from tfmigrate.rule import FixSafety, Invalid, Rule
+
+#: Canonical name -> the parameters in their positional order (TF 1.15 signatures).
+PRODUCERS: dict[str, tuple[str, ...]] = {
+    "tensorflow.train.string_input_producer": ("string_tensor", "num_epochs", "shuffle"),
+    "tensorflow.train.slice_input_producer": ("tensor_list", "num_epochs", "shuffle"),
+    "tensorflow.train.input_producer": ("input_tensor", "element_shape", "num_epochs", "shuffle"),
+    "tensorflow.train.range_input_producer": ("limit", "num_epochs", "shuffle"),
+}
+
+#: TF1 readers that consume a file-name queue -> how tf.data reads the same files.
+READERS: dict[str, str] = {
+    "tensorflow.TFRecordReader": "`.interleave(tf.data.TFRecordDataset)`",
+    "tensorflow.FixedLengthRecordReader": "`.interleave(lambda f: tf.data.FixedLengthRecordDataset(f, record_bytes))`",
+    "tensorflow.TextLineReader": "`.interleave(tf.data.TextLineDataset)`",
+    "tensorflow.WholeFileReader": "`.map(tf.io.read_file)`",
+}
+
+
+def argument(call: cst.Call, params: tuple[str, ...], keyword: str) -> cst.BaseExpression | None:
+    """The expression passed for ``keyword`` (by keyword or by position), else None."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == keyword:
+            return arg.value
+    if keyword not in params:
+        return None
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    index = params.index(keyword)
+    return positional[index].value if len(positional) > index else None
+
+
+def is_false(node: cst.BaseExpression | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
+class InputProducer(Rule):
+    code = "TFM302"
+    name = "input-producer"
+    summary = "A queue-based input producer (`tf.train.*_input_producer`) feeds the input pipeline"
+    triggers = ("input_producer",)
+    fix_safety = FixSafety.UNSAFE
+
+    what_it_finds = """
+        Calls of the TF1 queue producers `tf.train.string_input_producer`,
+        `tf.train.slice_input_producer`, `tf.train.input_producer` and
+        `tf.train.range_input_producer`, in any spelling (`tf.compat.v1.train...`,
+        `from tensorflow.compat.v1.train import string_input_producer`, ...).
+        Each one creates a queue plus a `QueueRunner` that fills it from a background thread.
+    """
+    why = """
+        Producers only work with queue runners, which TF2 removed (and which never worked in
+        eager mode). They are also the slowest part of many legacy multi-GPU programs: one
+        Python-started thread per queue, and a `Coordinator` to stop them. `tf.data` replaces the
+        whole chain: `tf.data.Dataset.from_tensor_slices(filenames)` (or `tf.data.TFRecordDataset`
+        directly) → `map` → `shuffle` → `batch` → `prefetch`, and `MirroredStrategy` can
+        distribute the dataset to the replicas. Note that every producer *shuffles by default*
+        (`shuffle=True`) and repeats forever unless `num_epochs` is given: the dataset needs
+        `.shuffle(...)` and `.repeat(num_epochs)` to behave the same.
+    """
+    example = """
+        filename_queue = tf.train.string_input_producer(filenames, num_epochs=10)
+        reader = tf.TFRecordReader()
+        _, serialized = reader.read(filename_queue)
+        image, label = decode(serialized)
+    """
+    use_instead = """
+        dataset = (
+            tf.data.Dataset.from_tensor_slices(filenames)
+            .shuffle(len(filenames))
+            .repeat(10)
+            .interleave(tf.data.TFRecordDataset)
+            .map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+        )
+    """
+    fix_notes = """
+        No automatic fix yet (it will be unsafe): the producer, the reader that consumes it
+        (`TFRecordReader`/`FixedLengthRecordReader`/`WholeFileReader` `.read(queue)`), the
+        batching call (TFM303) and the queue-runner scaffolding (TFM301) have to be rewritten
+        together into one `tf.data` pipeline. Keep the shuffling and the epoch count, and
+        compare the runs with `tfmigrate verify`.
+    """
+
+    valid = [
+        """
+        import tensorflow as tf
+        dataset = tf.data.TFRecordDataset(filenames).map(decode).shuffle(1000).batch(32)
+        """,
+        """
+        import tensorflow as tf
+        def string_input_producer(names):
+            return list(names)
+        queue = string_input_producer(["a", "b"])
+        """,
+    ]
+    invalid = [
+        Invalid(
+            """
+            import tensorflow.compat.v1 as tf
+            queue = tf.train.string_input_producer(["a.tfrecord", "b.tfrecord"])
+            """,
+            line=2,
+        ),
+        Invalid(
+            """
+            from tensorflow.compat.v1.train import slice_input_producer
+            image, label = slice_input_producer([images, labels], shuffle=False)
+            """,
+            line=2,
+        ),
+        Invalid(
+            """
+            import tensorflow as tf
+            index = tf.train.range_input_producer(100, num_epochs=1).dequeue()
+            """,
+            line=2,
+        ),
+    ]
+
+    def _code(self, node: cst.CSTNode) -> str:
+        text = self.context.module.code_for_node(node).strip()
+        return text if len(text) <= 40 else "..."
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._found: list[tuple[cst.Call, str]] = []
+        self._readers: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qualified = self.call_name(node)
+        if qualified in PRODUCERS:
+            self._found.append((node, qualified))
+        elif qualified in READERS:
+            self._readers.add(qualified)
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        # Reported at the end, once the module's reader (which names the tf.data source) is known.
+        for node, qualified in self._found:
+            self.report(node, self._message(node, qualified))
+
+    def _message(self, call: cst.Call, qualified: str) -> str:
+        params = PRODUCERS[qualified]
+        short = qualified.rsplit(".", 1)[1]
+        source = argument(call, params, params[0])
+        source_text = self._code(source) if source is not None else params[0]
+        if short == "range_input_producer":
+            dataset = f"tf.data.Dataset.range({source_text})"
+        elif short == "slice_input_producer" and isinstance(source, (cst.List, cst.Tuple)):
+            dataset = f"tf.data.Dataset.from_tensor_slices(({', '.join(self._code(e.value) for e in source.elements)}))"
+        else:
+            dataset = f"tf.data.Dataset.from_tensor_slices({source_text})"
+        if not is_false(argument(call, params, "shuffle")):
+            dataset += ".shuffle(...)"
+        epochs = argument(call, params, "num_epochs")
+        if epochs is None or (isinstance(epochs, cst.Name) and epochs.value == "None"):
+            dataset += ".repeat()"
+        else:
+            dataset += f".repeat({self._code(epochs)})"
+        if short == "string_input_producer":
+            if len(self._readers) == 1:
+                reader = next(iter(self._readers))
+                rest = f", read with {READERS[reader]} (it replaces the `{reader.rsplit('.', 1)[1]}`)"
+            else:
+                rest = (
+                    ", read with `.interleave(tf.data.TFRecordDataset)` (or FixedLengthRecordDataset / "
+                    "TextLineDataset, as the reader was)"
+                )
+            rest += " → map(decode) → shuffle → batch → prefetch"
+        else:
+            rest = " → map → shuffle → batch → prefetch"
+        return f"`{short}` feeds the input through a queue and a queue-runner thread; build it with tf.data: `{dataset}`{rest}"

@@ -1,0 +1,35 @@
+"""Fix goldens: fixtures/<CODE>/<case>.before.py must become <case>.after.py, exactly.
+
+Each pair is fixed with only its own rule selected (unsafe fixes allowed), so a golden shows
+one rule's rewrite. For every pair: the output parses, equals the reviewed golden, a second fix
+changes nothing, and the fixed finding is gone from `check`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from tests.conftest import FIXTURES, ROOT
+from tfmigrate.config import Config
+from tfmigrate.fixer import fix_text
+from tfmigrate.runner import check_text
+
+PAIRS = sorted(FIXTURES.glob("TFM*/*.before.py"))
+
+
+def _config(code: str) -> Config:
+    return Config(root=ROOT, select=[code])
+
+
+@pytest.mark.parametrize("before", PAIRS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_fix_golden(before):
+    code = before.parent.name
+    after = before.with_name(before.name.replace(".before.py", ".after.py"))
+    assert after.exists(), f"{before.name} has no golden {after.name}"
+    fixed = fix_text(before.read_text(encoding="utf-8"), _config(code), unsafe=True)
+    cst.parse_module(fixed)
+    compile(fixed, str(after), "exec")
+    assert fixed == after.read_text(encoding="utf-8")
+    assert fix_text(fixed, _config(code), unsafe=True) == fixed, "a second fix changed the file"
+    assert not [f for f in check_text(fixed, _config(code)) if f.fixable], f"{code} is still fixable after the fix"
