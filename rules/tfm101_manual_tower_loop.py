@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import describe_device, module_tower_loops
+from tfmigrate.devices import describe_device, tower_loop_at
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 
@@ -62,19 +62,19 @@ class ManualTowerLoop(Rule):
     """
 
     valid = [
-        """
+        """\
         import tensorflow as tf
         strategy = tf.distribute.MirroredStrategy()
         with strategy.scope():
             model = build_model()
         """,
-        """
+        """\
         import tensorflow as tf
         gpus = [d for d in tf.config.list_physical_devices('GPU')]
         for gpu in gpus:
             print(gpu.name)
         """,
-        """
+        """\
         import tensorflow as tf
         for i in range(3):
             with tf.device('/cpu:0'):
@@ -83,7 +83,7 @@ class ManualTowerLoop(Rule):
     ]
     invalid = [
         Invalid(
-            """
+            """\
             import tensorflow as tf
             for i in range(2):
                 with tf.device('/gpu:%d' % i):
@@ -92,7 +92,7 @@ class ManualTowerLoop(Rule):
             line=2,
         ),
         Invalid(
-            """
+            """\
             import tensorflow.compat.v1 as tf
             for i, dev in enumerate(['/gpu:0', '/gpu:1']):
                 with tf.device(dev):
@@ -103,12 +103,12 @@ class ManualTowerLoop(Rule):
     ]
 
     def visit_For(self, node: cst.For) -> None:
-        for tower in module_tower_loops(self.context):
-            if tower.loop is node:
-                device = describe_device(tower.scopes[0].device, self.context.module)
-                self.report(
-                    node,
-                    f"tower loop: one model replica per device under `tf.device({device})`; "
-                    "use tf.distribute.MirroredStrategy, which replicates the model, splits "
-                    "the batch and all-reduces the gradients",
-                )
+        tower = tower_loop_at(self.context, node)
+        if tower is not None:
+            device = describe_device(tower.scopes[0].device, self.context.module)
+            self.report(
+                node,
+                f"tower loop: one model replica per device under `tf.device({device})`; "
+                "use tf.distribute.MirroredStrategy, which replicates the model, splits "
+                "the batch and all-reduces the gradients",
+            )

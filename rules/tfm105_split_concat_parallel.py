@@ -1,0 +1,227 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+
+from tfmigrate.devices import TowerLoop, enclosing_tower, names_used, tower_loop_at
+from tfmigrate.rule import FixSafety, Invalid, Rule
+
+SPLITS = {"tensorflow.split", "tensorflow.unstack"}
+CONCATS = {"tensorflow.concat", "tensorflow.stack"}
+
+
+def bound_names(target: cst.CSTNode) -> set[str]:
+    """The names an assignment target binds or fills: `x`, `a, b`, `splits[k]` -> splits."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Subscript, cst.Attribute)):
+        return bound_names(target.value)
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(bound_names(e.value) for e in target.elements))
+    if isinstance(target, cst.StarredElement):
+        return bound_names(target.value)
+    return set()
+
+
+def tower_outputs(tower: TowerLoop) -> set[str]:
+    """Names the tower loop collects results in: `out.append(..)`, `out[i] = ..`, `out += ..`."""
+    found: set[str] = set()
+    collect = m.Call(func=m.Attribute(attr=m.Name("append") | m.Name("extend") | m.Name("insert")))
+    for call in m.findall(tower.loop.body, collect):
+        found |= bound_names(call.func.value)
+    for assign in m.findall(tower.loop.body, m.Assign()):
+        for target in assign.targets:
+            if isinstance(target.target, cst.Subscript):
+                found |= bound_names(target.target)
+    for assign in m.findall(tower.loop.body, m.AugAssign()):
+        found |= bound_names(assign.target)
+    return found
+
+
+@dataclass
+class _Scope:
+    """What one function (or the module) holds, outside nested functions."""
+
+    node: cst.CSTNode
+    splits: list[tuple[cst.Call, set[str]]] = field(default_factory=list)  # call, names it fills
+    concats: list[cst.Call] = field(default_factory=list)
+    towers: list[TowerLoop] = field(default_factory=list)
+    returns: list[cst.Return] = field(default_factory=list)
+    joined: set[str] = field(default_factory=set)  # names assigned from a concat
+
+
+class SplitConcatParallel(Rule):
+    code = "TFM105"
+    name = "split-concat-parallel"
+    summary = "A batch split with tf.split across devices and joined with tf.concat"
+    triggers = ("split",)
+    fix_safety = FixSafety.NONE
+
+    what_it_finds = """
+        Data parallelism by hand in one function or module: a batch cut with `tf.split` (or
+        `tf.unstack`), one piece per device, processed in a tower loop (TFM101), and the
+        towers' outputs joined with `tf.concat` (or `tf.stack`) after the loop — the
+        `make_parallel(fn, num_gpus, **kwargs)` helper and its inline form.
+
+        The finding is at the helper's `def` when the function returns the joined result
+        (it is a `make_parallel`), otherwise at the first `tf.split` that feeds the towers.
+        A `tf.split` without a tower loop, or a tower loop whose outputs are not joined with
+        `tf.concat` (the towers' gradients are averaged instead: TFM102), is not reported.
+    """
+    why = """
+        `tf.distribute.MirroredStrategy` splits each global batch across the replicas and
+        gathers per-replica results itself (`strategy.run`, then `strategy.gather` or
+        `strategy.reduce`). A hand-written split fails when the batch does not divide by the
+        number of devices, hard-codes the device count, and keeps the program in TF1 graph
+        mode.
+    """
+    example = """
+        def make_parallel(fn, num_gpus, **kwargs):
+            in_splits = {k: tf.split(v, num_gpus) for k, v in kwargs.items()}
+            out_split = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    out_split.append(fn(**{k: v[i] for k, v in in_splits.items()}))
+            return tf.concat(out_split, axis=0)
+    """
+    use_instead = """
+        strategy = tf.distribute.MirroredStrategy()
+        per_replica = strategy.run(fn, args=(x, y))
+        result = strategy.gather(per_replica, axis=0)
+    """
+    fix_notes = """
+        No automatic fix: what replaces the helper depends on what its callers do with the
+        joined result (a loss to minimise becomes a `step_fn` under `strategy.run`).
+    """
+
+    valid = [
+        """\
+        import tensorflow as tf
+        q, k, v = tf.split(qkv, 3, axis=-1)
+        heads = tf.concat([attend(q, k, v)], axis=-1)
+        """,
+        """\
+        import tensorflow as tf
+        images = tf.split(batch, num_gpus)
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i):
+                tower_grads.append(opt.compute_gradients(model(images[i])))
+        """,
+    ]
+    invalid = [
+        Invalid(
+            """\
+            import tensorflow as tf
+            def make_parallel(fn, num_gpus, x):
+                parts = tf.split(x, num_gpus)
+                outs = []
+                for i in range(num_gpus):
+                    with tf.device('/gpu:%d' % i):
+                        outs.append(fn(parts[i]))
+                return tf.concat(outs, axis=0)
+            """,
+            line=2,
+        ),
+        Invalid(
+            """\
+            import tensorflow as tf
+            split_a = tf.split(a, 2)
+            split_c = []
+            for i in range(2):
+                with tf.device(tf.DeviceSpec(device_type='GPU', device_index=i)):
+                    split_c.append(split_a[i] * 2)
+            c = tf.concat(split_c, axis=0)
+            """,
+            line=2,
+        ),
+    ]
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self.scopes: list[_Scope] = []
+        self.filled: dict[int, set[str]] = {}  # id(split call) -> the names its result fills
+
+    # --- collect, per function ----------------------------------------------------------
+    def visit_Module(self, node: cst.Module) -> None:
+        self.scopes.append(_Scope(node))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        self._judge(self.scopes.pop())
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self.scopes.append(_Scope(node))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._judge(self.scopes.pop())
+
+    def visit_For(self, node: cst.For) -> None:
+        tower = tower_loop_at(self.context, node)
+        if tower is not None:
+            self.scopes[-1].towers.append(tower)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        scope = self.scopes[-1]
+        targets = set().union(*(bound_names(t.target) for t in node.targets))
+        for call in m.findall(node.value, m.Call()):
+            name = self.call_name(call)
+            if name in SPLITS:
+                self.filled[id(call)] = targets
+            elif name in CONCATS:
+                scope.joined |= targets
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = self.call_name(node)
+        if name in SPLITS:
+            self.scopes[-1].splits.append((node, self.filled.get(id(node), set())))
+        elif name in CONCATS:
+            self.scopes[-1].concats.append(node)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.scopes[-1].returns.append(node)
+
+    # --- judge ----------------------------------------------------------------------------
+    def _judge(self, scope: _Scope) -> None:
+        for tower in scope.towers:
+            outputs = tower_outputs(tower)
+            body_names = names_used(tower.loop)  # the iterable too: `enumerate(pieces)`
+            feeding = [
+                call
+                for call, filled in scope.splits
+                if filled & body_names or enclosing_tower(self.context, call) is tower
+            ]
+            joining = [
+                call
+                for call in scope.concats
+                if enclosing_tower(self.context, call) is not tower and names_used(call) & outputs
+            ]
+            if feeding and joining:
+                self._report(scope, feeding[0], joining[0])
+                return
+
+    def _report(self, scope: _Scope, split: cst.Call, concat: cst.Call) -> None:
+        advice = (
+            "MirroredStrategy splits each global batch across replicas and gathers their "
+            "results (strategy.run, then strategy.gather or strategy.reduce)"
+        )
+        if isinstance(scope.node, cst.FunctionDef) and self._returns_join(scope, concat):
+            self.report(
+                scope.node,
+                f"`{scope.node.name.value}` splits a batch across devices with tf.split and "
+                f"joins the towers' outputs with tf.concat: {advice}",
+            )
+        else:
+            self.report(
+                split,
+                f"batch split across devices with tf.split and joined with tf.concat after the "
+                f"tower loop: {advice}",
+            )
+
+    def _returns_join(self, scope: _Scope, concat: cst.Call) -> bool:
+        for ret in scope.returns:
+            if ret.value is None:
+                continue
+            if any(c is concat for c in m.findall(ret.value, m.Call())) or names_used(ret.value) & scope.joined:
+                return True
+        return False
