@@ -1,0 +1,281 @@
+"""Tests for ``tfmigrate verify``: the comparison logic (pure Python) and end-to-end runs of the
+fixture programs in fixtures/programs/ on 2 logical CPU devices (TensorFlow needed).
+
+Each end-to-end case runs the CLI once, in a module-scoped fixture, and several tests read it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tfmigrate.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, close, compare, throughput
+from tfmigrate.verify.detect import detect
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = ROOT / "fixtures" / "programs"
+
+
+def steps(losses, examples=32, dt=0.01):
+    return [{"step": i, "loss": loss, "examples": examples, "t_start": i * dt, "t_end": (i + 1) * dt}
+            for i, loss in enumerate(losses)]
+
+
+# --------------------------------------------------------------------------------------------
+# pure Python: comparison, detection, stdout capture
+
+
+def test_compare_identical_runs_match():
+    result = compare(steps([1.0, 0.5, 0.25]), steps([1.0, 0.5, 0.25]))
+    assert result.verdict == "match"
+    assert result.steps_compared == 3
+    assert result.max_rel_diff == 0.0
+    assert result.final == {"step": 2, "old": 0.25, "new": 0.25, "rel_diff": 0.0, "ok": True}
+
+
+def test_compare_within_and_beyond_tolerance():
+    old = [1.0, 0.8, 0.6, 0.4]
+    near = [1.0, 0.8 * (1 + 0.5 * DEFAULT_RTOL), 0.6, 0.4]
+    far = [1.0, 0.8, 0.6 * (1 + 10 * DEFAULT_RTOL), 0.4 * 1.1]
+    assert compare(steps(old), steps(near)).verdict == "match"
+    result = compare(steps(old), steps(far))
+    assert result.verdict == "mismatch"
+    assert result.first_bad_step == 2
+    assert result.worst_step == 3
+    assert math.isclose(result.max_rel_diff, 0.1, rel_tol=1e-9)
+    assert "2 of 4 steps differ" in result.reasons[0]
+    # a looser tolerance accepts it
+    assert compare(steps(old), steps(far), rtol=0.2).verdict == "match"
+
+
+def test_compare_nan_missing_and_step_counts():
+    assert not close(float("nan"), float("nan"), 1e-4, 1e-6)
+    assert not close(None, 1.0, 1e-4, 1e-6)
+    assert close(0.0, 5e-7, 0.0, DEFAULT_ATOL)
+    assert compare(steps([1.0, float("nan")]), steps([1.0, float("nan")])).verdict == "mismatch"
+    shorter = compare(steps([1.0, 0.5, 0.2]), steps([1.0, 0.5]))
+    assert shorter.verdict == "mismatch" and shorter.steps_compared == 2
+    assert "step counts differ" in shorter.reasons[0]
+    assert compare([], []).verdict == "mismatch"
+
+
+def test_throughput_excludes_warmup_and_gives_ratio():
+    def run(dt):  # a 5 s first step (start-up), then 5 steps of dt seconds
+        timed = steps([1.0] * 6, examples=32)
+        timed[0].update(t_start=0.0, t_end=5.0)
+        for i, s in enumerate(timed[1:], start=1):
+            s.update(t_start=5.0 + (i - 1) * dt, t_end=5.0 + i * dt)
+        return timed
+
+    old, new = run(0.01), run(0.02)                       # 3200 and 1600 examples/s
+    rate = throughput(old, warmup=1)
+    assert rate.measured_steps == 5
+    assert math.isclose(rate.examples_per_s, 3200, rel_tol=1e-9)
+    assert math.isclose(rate.median_examples_per_s, 3200, rel_tol=1e-9)
+    result = compare(old, new, warmup=1)
+    assert math.isclose(result.throughput["ratio"], 0.5, rel_tol=1e-9)
+    assert result.throughput["basis"] == "examples"
+    # without batch sizes the ratio is in steps/s
+    for run in (old, new):
+        for s in run:
+            s["examples"] = None
+    assert compare(old, new, warmup=1).throughput["basis"] == "steps"
+    assert throughput(old, warmup=10).examples_per_s is None
+
+
+def test_detect_legacy_programs():
+    legacy = detect((PROGRAMS / "legacy_towers.py").read_text())
+    assert legacy.legacy and not legacy.keras
+    assert "tf.placeholder" in legacy.reasons
+    keras = detect((PROGRAMS / "legacy_keras_mgpu.py").read_text())
+    assert keras.legacy and keras.keras
+    for name in ("migrated_towers.py", "migrated_keras_strategy.py", "crash.py"):
+        assert not detect((PROGRAMS / name).read_text()).legacy, name
+    assert detect("import tensorflow.compat.v1 as tf\ntf.disable_v2_behavior()\nx = tf.placeholder(tf.float32)\n").legacy is False
+    assert detect("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n").legacy
+    assert not detect("import tensorflow as tf\nckpt = tf.train.Checkpoint()\n").legacy
+
+
+def test_loss_regex_watcher_reads_printed_losses():
+    from types import SimpleNamespace
+
+    from tfmigrate.verify import harness
+
+    state = harness.State(SimpleNamespace(steps=2, loss_regex=r"loss[ =:]+(?P<loss>[-\d.eE+]+)",
+                                          dump_weights=None, load_weights=None))
+    sink = io.StringIO()
+    watcher = harness.LineWatcher(sink, state)
+    watcher.write("step 0, loss = 0.75 (1 ex/s)\nnoise\nstep 1, lo")
+    assert [s["loss"] for s in state.regex_steps] == [0.75]
+    with pytest.raises(harness.StopRun):
+        watcher.write("ss: 0.5\n")
+    assert [s["loss"] for s in state.regex_steps] == [0.75, 0.5]
+    assert sink.getvalue().endswith("loss: 0.5\n")
+
+
+def test_harness_helpers():
+    from tfmigrate.verify.harness import canonical_name, rewrite_device_string
+
+    assert canonical_name("tower_1/hidden/weights:0") == "hidden/weights"
+    assert canonical_name("hidden/weights/replica_1:0") == "hidden/weights"
+    assert canonical_name("dense/kernel") == "dense/kernel"
+    assert rewrite_device_string("/gpu:1", 2) == "/device:CPU:1"
+    assert rewrite_device_string("/job:localhost/replica:0/task:0/device:GPU:3", 2).endswith("/device:CPU:1")
+    assert rewrite_device_string("/cpu:0", 2) == "/cpu:0"
+
+
+def test_cli_import_stays_free_of_tensorflow():
+    code = ("import sys, tfmigrate.cli, tfmigrate.verify.cli\n"
+            "heavy = [m for m in ('tensorflow', 'numpy', 'matplotlib') if m in sys.modules]\n"
+            "assert not heavy, heavy\n"
+            "assert 'verify' in [c.name or c.callback.__name__ for c in tfmigrate.cli.app.registered_commands]\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    result = run_verify(str(tmp_path / "absent.py"), str(PROGRAMS / "migrated_towers.py"))
+    assert result.returncode == 2
+    assert "absent.py: no such file" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# end to end (TensorFlow)
+
+
+def run_verify(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "tfmigrate", "verify", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tf_available():
+    pytest.importorskip("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def towers(tf_available, tmp_path_factory):
+    out = tmp_path_factory.mktemp("towers")
+    result = run_verify(str(PROGRAMS / "legacy_towers.py"), str(PROGRAMS / "migrated_towers.py"),
+                        "--steps", "8", "--warmup", "2", "--devices", "2",
+                        "--json", str(out / "report.json"), "--plot", str(out / "report.png"))
+    return result, out
+
+
+@pytest.mark.tensorflow
+def test_towers_migration_matches(towers):
+    result, _ = towers
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "MATCH" in result.stdout
+    assert "weights: 4 of 4" in result.stdout
+
+
+@pytest.mark.tensorflow
+def test_json_report_contents(towers):
+    result, out = towers
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "match" and report["exit_code"] == 0
+    assert report["devices"]["kind"] in ("logical_cpu", "gpu") and report["devices"]["count"] == 2
+    assert report["versions"]["tensorflow"].startswith("2.")
+    assert report["settings"]["steps"] == 8 and report["settings"]["rtol"] == DEFAULT_RTOL
+    weights = report["weights_matched"]
+    assert weights["matched"] and weights["variables_matched"] == 4 and weights["matched_by"] == "name"
+    assert report["old"]["legacy"] is True and report["new"]["legacy"] is False
+    for side in ("old", "new"):
+        assert len(report[side]["steps"]) == 8
+        assert all(s["examples"] == 32 and s["loss"] > 0 for s in report[side]["steps"])
+    old_losses = [s["loss"] for s in report["old"]["steps"]]
+    new_losses = [s["loss"] for s in report["new"]["steps"]]
+    assert all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(old_losses, new_losses))
+    assert old_losses[-1] < old_losses[0]                # it trains
+    comparison = report["comparison"]
+    assert comparison["steps_compared"] == 8 and comparison["max_rel_diff"] < 1e-6
+    assert report["final_loss"]["old"] == old_losses[-1]
+    tp = report["throughput"]
+    assert tp["basis"] == "examples" and tp["old"]["measured_steps"] == 6
+    assert tp["old"]["examples_per_s"] > 0 and tp["new"]["examples_per_s"] > 0
+    assert math.isclose(tp["ratio"], tp["new"]["examples_per_s"] / tp["old"]["examples_per_s"])
+    assert any("tower losses" in note for note in report["notes"])
+
+
+@pytest.mark.tensorflow
+def test_png_plot_written(towers):
+    _, out = towers
+    png = out / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+
+    image = mpimg.imread(png)
+    height, width = image.shape[:2]
+    assert 300 <= height <= 1000 and 600 <= width <= 2000
+    assert image.std() > 0.01                            # not a blank canvas
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("new_program, first_bad", [
+    ("migrated_towers_wrong_lr.py", 1),     # step 0 is evaluated before the first update
+    ("migrated_towers_sum_loss.py", 0),     # the reported loss is already N times too large
+])
+def test_wrong_migrations_mismatch(tf_available, tmp_path, new_program, first_bad):
+    report = tmp_path / "r.json"
+    result = run_verify(str(PROGRAMS / "legacy_towers.py"), str(PROGRAMS / new_program),
+                        "--steps", "3", "--warmup", "1", "--json", str(report))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "MISMATCH" in result.stdout
+    data = json.loads(report.read_text())
+    assert data["verdict"] == "mismatch" and data["comparison"]["first_bad_step"] == first_bad
+
+
+@pytest.mark.tensorflow
+def test_keras_multi_gpu_model_migration_matches(tf_available, tmp_path):
+    report = tmp_path / "keras.json"
+    # 10 steps cross the epoch boundary (8 batches per epoch)
+    result = run_verify(str(PROGRAMS / "legacy_keras_mgpu.py"), str(PROGRAMS / "migrated_keras_strategy.py"),
+                        "--steps", "10", "--warmup", "2", "--json", str(report))
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(report.read_text())
+    assert data["old"]["loss_source"] == "keras" and data["new"]["loss_source"] == "keras"
+    assert data["weights_matched"]["variables_matched"] == 4
+    assert any("multi_gpu_model(model, gpus=2)" in note and "template model" in note for note in data["notes"])
+    assert all(s["examples"] == 32 for s in data["new"]["steps"])
+
+
+@pytest.mark.tensorflow
+def test_crashing_program_exit_2(tf_available):
+    result = run_verify(str(PROGRAMS / "crash.py"), str(PROGRAMS / "migrated_towers.py"), "--steps", "3")
+    assert result.returncode == 2
+    assert "OLD crash.py failed: RuntimeError: fixture crash" in result.stderr
+    assert "last lines of OLD crash.py" in result.stderr
+    assert 'crash.py", line' in result.stderr                 # the program's traceback
+    assert "harness.py" not in result.stderr
+
+
+@pytest.mark.tensorflow
+def test_hanging_program_times_out_exit_2(tf_available, tmp_path):
+    report = tmp_path / "hang.json"
+    result = run_verify(str(PROGRAMS / "hang.py"), str(PROGRAMS / "migrated_towers.py"),
+                        "--timeout", "6", "--json", str(report), timeout=120)
+    assert result.returncode == 2
+    assert "did not finish within --timeout 6s" in result.stderr
+    assert "never filled" in result.stderr                    # the tail of its output
+    data = json.loads(report.read_text())
+    assert data["verdict"] == "error" and data["exit_code"] == 2
+
+
+@pytest.mark.tensorflow
+def test_tf_contrib_is_named(tf_available, tmp_path):
+    program = tmp_path / "contrib.py"
+    program.write_text("import tensorflow as tf\nx = tf.placeholder(tf.float32)\n"
+                       "q = tf.contrib.slim.prefetch_queue.prefetch_queue([x])\n")
+    result = run_verify(str(program), str(PROGRAMS / "migrated_towers.py"), "--steps", "2")
+    assert result.returncode == 2
+    assert "tf.contrib.slim.prefetch_queue.prefetch_queue is not available" in result.stderr

@@ -1,0 +1,203 @@
+"""``tfmigrate verify OLD NEW``: train both programs side by side and compare loss and speed.
+
+Importing this module must stay cheap: no TensorFlow, NumPy or matplotlib here (they are
+imported by the harness subprocesses and, for ``--plot``, inside :func:`verify`).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from tfmigrate.verify.compare import DEFAULT_ATOL, DEFAULT_RTOL, compare
+from tfmigrate.verify.detect import detect
+from tfmigrate.verify.runner import RunOutcome, RunSpec, run_program
+
+EXIT_MATCH, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+LEGACY_CHOICES = ("auto", "old", "new", "both", "none")
+
+
+def _err() -> Console:
+    return Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _fail(message: str, outcome: Optional[RunOutcome] = None, json_path: Optional[str] = None,
+          partial: Optional[dict] = None) -> None:
+    err = _err()
+    err.print(f"error: {message}", markup=False)
+    tail = ""
+    if outcome is not None:
+        tail = outcome.tail()
+        if tail:
+            err.print(f"--- last lines of {outcome.spec.label} {outcome.spec.program.name} ---", markup=False)
+            err.print(tail, markup=False)
+            err.print("---", markup=False)
+    if json_path:
+        from tfmigrate.verify.report import write_json
+
+        report = dict(partial or {})
+        report.update({"verdict": "error", "exit_code": EXIT_ERROR, "error": message, "output_tail": tail})
+        write_json(Path(json_path), report)
+    raise typer.Exit(EXIT_ERROR)
+
+
+def _weights_summary(old: dict, new: dict) -> dict:
+    loaded = (new.get("weights") or {})
+    dumped = (old.get("weights") or {})
+    count, total = loaded.get("loaded", 0), loaded.get("variables", 0)
+    info = {"matched": bool(count), "variables_matched": count, "new_trainable_variables": total,
+            "old_trainable_variables": dumped.get("dumped", 0), "matched_by": loaded.get("matched_by"),
+            "unmatched": loaded.get("unmatched", [])}
+    if count:
+        info["summary"] = (f"{count} of {total} NEW trainable variables start from OLD's initial values "
+                           f"(matched by {loaded.get('matched_by')})")
+    elif dumped.get("dumped") is None:
+        info["summary"] = "not matched (OLD's initial values were not captured)"
+    else:
+        info["summary"] = "not matched (no variable with the same name and shape): runs start from their own seeded init"
+    return info
+
+
+def _side(outcome: RunOutcome, detection) -> dict:
+    result = outcome.result or {}
+    steps = [{"step": s["step"], "loss": s.get("loss"), "examples": s.get("examples"),
+              "seconds": (s["t_end"] - s["t_start"]) if s.get("t_start") is not None else None,
+              "t_start": s.get("t_start"), "t_end": s.get("t_end")} for s in result.get("steps", [])]
+    mode = "legacy TF1 (compat.v1, v2 off)" if outcome.spec.legacy else "as written (TF2)"
+    if outcome.spec.keras and outcome.spec.legacy:
+        mode += ", Keras 2"
+    return {
+        "program": str(outcome.spec.program), "legacy": outcome.spec.legacy, "mode": mode,
+        "legacy_reasons": detection.reasons[:8], "loss_source": result.get("loss_source"),
+        "finished": result.get("finished"), "steps": steps, "notes": result.get("notes", []),
+        "weights": result.get("weights"), "setup_s": result.get("setup_s"), "wall_s": outcome.seconds,
+    }
+
+
+def verify(
+    old: str = typer.Argument(..., help="The legacy program (reference)."),
+    new: str = typer.Argument(..., help="The migrated program."),
+    program_args: Optional[List[str]] = typer.Argument(None, help="After `--`: arguments passed to both programs."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Training steps to capture from each program."),
+    devices: int = typer.Option(2, "--devices", min=1, help="Replicas: K GPUs if visible, else K logical CPU devices."),
+    warmup: int = typer.Option(3, "--warmup", min=0, help="Steps left out of the throughput measurement."),
+    seed: int = typer.Option(0, "--seed", help="Seed for Python, NumPy and TensorFlow in both runs."),
+    rtol: float = typer.Option(DEFAULT_RTOL, "--rtol", help="Relative tolerance on each step's loss."),
+    atol: float = typer.Option(DEFAULT_ATOL, "--atol", help="Absolute tolerance on each step's loss."),
+    loss_regex: Optional[str] = typer.Option(
+        None, "--loss-regex", help="Read the loss from printed lines instead (group `loss` or the first group)."),
+    legacy: str = typer.Option("auto", "--legacy", help="Which programs run in TF1 mode: old, new, both, none, auto."),
+    json_path: Optional[str] = typer.Option(None, "--json", help="Write the report as JSON here."),
+    plot_path: Optional[str] = typer.Option(None, "--plot", help="Write a PNG of both loss curves and throughput."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds each program may run."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print the verdict only."),
+) -> None:
+    """Train OLD and NEW side by side; compare loss per step and throughput (exit 0 match, 1 mismatch, 2 error)."""
+    if legacy not in LEGACY_CHOICES:
+        _fail(f"--legacy must be one of {', '.join(LEGACY_CHOICES)}")
+    if loss_regex:
+        import re
+
+        try:
+            re.compile(loss_regex)
+        except re.error as exc:
+            _fail(f"--loss-regex is not a valid regular expression: {exc}")
+    paths = []
+    for label, name in (("OLD", old), ("NEW", new)):
+        path = Path(name)
+        if not path.is_file():
+            _fail(f"{label} program {name}: no such file")
+        paths.append(path.resolve())
+    sources = [p.read_text(errors="replace") for p in paths]
+    detections = [detect(s) for s in sources]
+    flags = {
+        "auto": [d.legacy for d in detections], "old": [True, False], "new": [False, True],
+        "both": [True, True], "none": [False, False],
+    }[legacy]
+    settings = {"steps": steps, "devices": devices, "warmup": warmup, "seed": seed, "rtol": rtol, "atol": atol,
+                "legacy": legacy, "loss_regex": loss_regex, "timeout": timeout, "program_args": program_args or []}
+    progress = not quiet and sys.stderr.isatty()
+    out = Console(soft_wrap=True)
+
+    with tempfile.TemporaryDirectory(prefix="tfmigrate-verify-") as tmp:
+        workdir = Path(tmp)
+        weights = workdir / "old_initial_weights.npz"
+        outcomes: list[RunOutcome] = []
+        for index, label in enumerate(("OLD", "NEW")):
+            spec = RunSpec(
+                label=label, program=paths[index], legacy=flags[index], keras=detections[index].keras,
+                steps=steps, devices=devices, seed=seed, timeout=timeout, workdir=workdir,
+                dump_weights=weights if label == "OLD" else None,
+                load_weights=weights if label == "NEW" else None,
+                loss_regex=loss_regex, program_args=list(program_args or []),
+            )
+            mode = "legacy TF1" if spec.legacy else "TF2"
+            description = f"{label} {spec.program.name} ({mode}, {devices} devices, {steps} steps)"
+            if progress:
+                with _err().status(description) as status:
+                    outcome = run_program(spec, lambda s: status.update(f"{description}: {s:.0f}s"))
+            else:
+                outcome = run_program(spec)
+            if not quiet:
+                _err().print(f"{label}: {spec.program.name} ran in {outcome.seconds:.1f}s", markup=False)
+            outcomes.append(outcome)
+            partial = {"settings": settings, "old": str(paths[0]), "new": str(paths[1])}
+            if not outcome.ok:
+                _fail(outcome.failure(), outcome, json_path, partial)
+            captured = outcome.result.get("steps") or []
+            if not captured:
+                _fail(f"{label} {spec.program.name}: no training step was captured (no Session.run of a train op, "
+                      f"no Keras fit batch{', no --loss-regex match' if loss_regex else ''}); "
+                      f"try --loss-regex", outcome, json_path, partial)
+            if all(s.get("loss") is None for s in captured):
+                _fail(f"{label} {spec.program.name}: training steps were captured but no loss; "
+                      f"pass --loss-regex to read it from the program's output", outcome, json_path, partial)
+
+    old_out, new_out = outcomes
+    comparison = compare(old_out.result["steps"], new_out.result["steps"], rtol=rtol, atol=atol, warmup=warmup)
+    notes = []
+    for outcome in outcomes:
+        for note in outcome.result.get("notes", []):
+            notes.append(f"{outcome.spec.label}: {note}")
+    exit_code = EXIT_MATCH if comparison.verdict == "match" else EXIT_MISMATCH
+    report = {
+        "verdict": comparison.verdict, "exit_code": exit_code, "reasons": comparison.reasons,
+        "settings": settings,
+        "devices": old_out.result.get("devices") or {},
+        "versions": old_out.result.get("versions") or {},
+        "weights_matched": _weights_summary(old_out.result, new_out.result),
+        "old": _side(old_out, detections[0]), "new": _side(new_out, detections[1]),
+        "comparison": comparison.to_dict(), "notes": notes,
+    }
+    report["throughput"] = comparison.throughput
+    report["final_loss"] = comparison.final
+    if quiet:
+        out.print(f"{comparison.verdict.upper()}" + (": " + "; ".join(comparison.reasons) if comparison.reasons else ""),
+                  highlight=False, markup=False)
+    else:
+        from tfmigrate.verify.report import render
+
+        render(out, report, comparison)
+    if json_path:
+        from tfmigrate.verify.report import write_json
+
+        write_json(Path(json_path), report)
+    if plot_path:
+        from tfmigrate.verify.report import write_plot
+
+        write_plot(Path(plot_path), report, comparison)
+    raise typer.Exit(exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "verify",
+        context_settings={"allow_interspersed_args": True},
+        help="Train OLD and NEW side by side on K devices and compare loss per step and throughput. "
+             "Exit 0 when they match, 1 when they differ, 2 when a program could not run.",
+    )(verify)

@@ -1,0 +1,107 @@
+"""Is a program TF1 code that needs legacy mode? Decided from its source, without TensorFlow.
+
+Legacy mode means: ``import tensorflow`` yields ``tensorflow.compat.v1`` with v2 behaviour
+disabled, and Keras is Keras 2 (``tf_keras``). A program needs it when it uses an API that
+TensorFlow 2 removed from the top-level namespace (``tf.placeholder``, ``tf.Session``,
+``tf.train.GradientDescentOptimizer``, ``tf.get_variable``, ...), ``tf.contrib``, or Keras's
+``multi_gpu_model``. Code already written against ``tf.compat.v1`` is valid TF2 and runs as is.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+#: attributes of the top-level ``tensorflow`` module that exist only in TF1
+TF1_ONLY = {
+    "placeholder", "placeholder_with_default", "Session", "InteractiveSession", "get_variable",
+    "variable_scope", "get_variable_scope", "global_variables_initializer",
+    "local_variables_initializer", "initialize_all_variables", "trainable_variables",
+    "global_variables", "ConfigProto", "GPUOptions", "RunOptions", "RunMetadata",
+    "get_collection", "add_to_collection", "GraphKeys", "set_random_seed", "contrib",
+    "random_normal", "random_uniform", "truncated_normal_initializer", "layers",
+    "app", "flags", "logging", "gfile", "to_float", "to_int32", "log",
+    "reset_default_graph", "get_default_graph", "train", "FIFOQueue", "RandomShuffleQueue",
+    "PaddingFIFOQueue", "assign", "assign_add", "sparse_placeholder", "py_func",
+}
+#: ``tf.train.X`` names that exist only in TF1 (``tf.train.Checkpoint`` etc. are fine in TF2)
+TF1_TRAIN = {
+    "Optimizer", "GradientDescentOptimizer", "MomentumOptimizer", "AdamOptimizer",
+    "AdagradOptimizer", "RMSPropOptimizer", "AdadeltaOptimizer", "FtrlOptimizer",
+    "Saver", "Coordinator", "QueueRunner", "start_queue_runners", "batch", "shuffle_batch",
+    "batch_join", "shuffle_batch_join", "string_input_producer", "slice_input_producer",
+    "input_producer", "range_input_producer", "MonitoredTrainingSession", "MonitoredSession",
+    "get_or_create_global_step", "get_global_step", "exponential_decay", "SyncReplicasOptimizer",
+    "SessionRunHook", "StopAtStepHook", "LoggingTensorHook", "replica_device_setter",
+}
+#: names that mark a Keras program
+KERAS_MARKERS = {"keras", "tf_keras"}
+
+
+@dataclass
+class Detection:
+    legacy: bool
+    keras: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def detect(source: str) -> Detection:
+    """Look at imports and attribute chains; a syntax error means "not legacy" (the run will say)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return Detection(False, "keras" in source)
+    tf_aliases: set[str] = set()       # names bound to the top-level tensorflow module
+    reasons: list[str] = []
+    keras = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "tensorflow":
+                    tf_aliases.add(alias.asname or "tensorflow")
+                if alias.name.split(".")[0] in KERAS_MARKERS:
+                    keras = True
+                if alias.name.startswith("tensorflow.contrib"):
+                    reasons.append(f"import {alias.name}")
+                if alias.name.startswith("keras.utils.training_utils"):
+                    reasons.append(f"import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.split(".")[0] in KERAS_MARKERS or ".keras" in node.module:
+                keras = True
+            for alias in node.names:
+                if alias.name == "multi_gpu_model":
+                    reasons.append(f"from {node.module} import multi_gpu_model")
+            if node.module.startswith("tensorflow.contrib"):
+                reasons.append(f"from {node.module} import ...")
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        name = _dotted(node)
+        if not name:
+            continue
+        parts = name.split(".")
+        if "keras" in parts:
+            keras = True
+        if parts[-1] == "multi_gpu_model":
+            reasons.append(name)
+        if parts[0] not in tf_aliases or len(parts) < 2:
+            continue
+        if parts[1] in TF1_ONLY and parts[1] != "train":
+            reasons.append(name)
+        elif parts[1] == "train" and len(parts) > 2 and parts[2] in TF1_TRAIN:
+            reasons.append(name)
+    if any(isinstance(n, ast.Name) and n.id == "multi_gpu_model" for n in ast.walk(tree)):
+        reasons.append("multi_gpu_model")
+    unique = list(dict.fromkeys(reasons))
+    return Detection(bool(unique), keras, unique)

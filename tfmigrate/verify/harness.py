@@ -1,0 +1,923 @@
+"""Run one training program, unmodified, and measure it: ``python -m tfmigrate.verify.harness``.
+
+The harness owns the process: it configures devices, seeds and (for TF1 programs) the
+``tensorflow`` -> ``tensorflow.compat.v1`` shim *before* the program imports anything, then
+executes the program with :mod:`runpy` as ``__main__``. The program's stdout/stderr are its own;
+the harness writes what it measured as JSON to ``--out`` and says what it did on stderr, one
+line per fact, prefixed ``[tfmigrate verify]``.
+
+What is captured, per training step:
+
+* ``Session.run`` (``tf.compat.v1.Session`` and anything built on it, e.g. MonitoredSession):
+  a run is a training step when the graph cone of its fetches (data and control inputs)
+  contains an op returned by ``Optimizer.apply_gradients`` / ``minimize`` (recorded by a
+  wrapper), an op in the ``TRAIN_OP`` collection, or a kernel of type ``*Apply*`` (the
+  optimizers' update kernels). The step's loss is the fetched float scalar (preferring a tensor
+  that was passed to ``compute_gradients``, then one named ``*loss*``). When that scalar is one
+  of several tower losses feeding the same ``apply_gradients`` (the legacy habit of printing
+  the last tower's loss), the harness fetches all tower losses too and reports their mean --
+  the loss over the global batch when towers split it evenly.
+* Keras ``fit``: a callback is added to every ``fit`` call. Keras 2's graph-mode loop reports
+  the batch loss; the TF2 loops (Keras 2 eager and Keras 3) report the running mean over the
+  epoch, which the harness turns back into the batch loss (``k*m_k - (k-1)*m_{k-1}``).
+* ``--loss-regex``: a pattern applied to each line the program prints (group ``loss`` or the
+  first group); it then is the loss source and its matches count the steps.
+
+Examples per step: for a ``Session.run`` step, the fed arrays that reach the training op
+(leading dimension; placeholders on the same device are one input -- features and labels --
+and those on different devices are per-tower inputs that add up); without feeds, the leading
+dimension of each dataset/queue output (``IteratorGetNext``, ``QueueDequeueMany``, ...) in the
+cone, static when known, else fetched with the step. For Keras: the ``size`` the graph loop
+reports, else ``fit``'s batch size (the last batch of an epoch may be smaller).
+
+The run stops after ``--steps`` captured steps (a private ``BaseException`` that the program's
+``except Exception`` cannot swallow), and the harness ends the process with ``os._exit`` so that
+queue-runner threads cannot keep it alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import json
+import os
+import platform
+import random
+import re
+import runpy
+import sys
+import time
+import traceback
+import types
+
+PREFIX = "[tfmigrate verify]"
+REMOVED_KERAS_NOTE = (
+    "multi_gpu_model(model, gpus={gpus}) is gone since TF 2.4: it ran as the template model on the "
+    "global batch (one synchronous update per batch, as multi_gpu_model's merged model computes)"
+)
+
+
+class StopRun(BaseException):
+    """Raised inside the program once enough steps were captured."""
+
+
+class LegacyAPIError(ImportError):
+    """A TF1 API that no compatibility shim can provide (``tf.contrib``)."""
+
+
+def say(message: str) -> None:
+    sys.stderr.write(f"{PREFIX} {message}\n")
+    sys.stderr.flush()
+
+
+def canonical_name(name: str) -> str:
+    """``tower_0/hidden/weights:0`` and ``hidden/weights/replica_1:0`` -> ``hidden/weights``."""
+    name = re.sub(r":\d+$", "", name)
+    parts = [p for p in name.split("/") if not re.fullmatch(r"(tower|replica|clone|gpu|GPU)_?\d+", p)]
+    return "/".join(parts)
+
+
+# --------------------------------------------------------------------------------------------
+# the measurements
+
+
+class State:
+    def __init__(self, args):
+        self.args = args
+        self.steps: list[dict] = []          # {"step", "loss", "examples", "t_start", "t_end"}
+        self.regex_steps: list[dict] = []
+        self.notes: list[str] = []
+        self.sources: set[str] = set()
+        self.weights: dict = {"mode": "dump" if args.dump_weights else "load" if args.load_weights else "none"}
+        self.weights_done = False
+        self.train_calls = 0                 # captured training steps, whatever the loss source
+        self.regex = re.compile(args.loss_regex) if args.loss_regex else None
+        self.t_prev_end = None
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+            say(text)
+
+    def record(self, loss, examples, t_start, t_end, source: str) -> None:
+        self.sources.add(source)
+        self.train_calls += 1
+        entry = {"step": len(self.steps), "loss": None if loss is None else float(loss),
+                 "examples": None if examples is None else int(examples),
+                 "t_start": t_start, "t_end": t_end}
+        self.steps.append(entry)
+        if self.regex is None and len(self.steps) >= self.args.steps:
+            raise StopRun()
+
+    def record_regex(self, loss: float) -> None:
+        now = time.perf_counter()
+        self.regex_steps.append({"step": len(self.regex_steps), "loss": loss, "examples": None,
+                                 "t_start": now, "t_end": now})
+        if len(self.regex_steps) >= self.args.steps:
+            raise StopRun()
+
+
+STATE: State | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# devices
+
+
+def setup_devices(tf, count: int) -> dict:
+    gpus = tf.config.list_physical_devices("GPU")
+    if len(gpus) >= count:
+        tf.config.set_visible_devices(gpus[:count], "GPU")
+        info = {"kind": "gpu", "count": count, "names": [f"/gpu:{i}" for i in range(count)],
+                "rewrite": False}
+        say(f"devices: {count} GPU(s)")
+        return info
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(
+        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    if gpus:
+        tf.config.set_visible_devices([], "GPU")
+    say(f"devices: {count} logical CPU devices (only {len(gpus)} GPU(s) visible); "
+        f"'/gpu:i' placements are rewritten to '/cpu:i'")
+    return {"kind": "logical_cpu", "count": count, "names": [f"/cpu:{i}" for i in range(count)],
+            "rewrite": True}
+
+
+_GPU = re.compile(r"(?i)(/device:|/)gpu:(\d+)")
+
+
+def rewrite_device_string(device: str, count: int) -> str:
+    if not device or "gpu" not in device.lower():
+        return device
+    return _GPU.sub(lambda m: f"/device:CPU:{int(m.group(2)) % count}", device)
+
+
+def install_device_rewrite(tf, count: int) -> None:
+    """Map every GPU placement an op receives onto the logical CPU device of the same index.
+
+    Soft placement alone would put all towers on CPU:0 (and without it the placement fails), so
+    the rewrite happens where TF applies the device stack to each new op: it covers string
+    specs, ``tf.DeviceSpec`` and device functions alike. MirroredStrategy's default device list
+    (all GPUs, else CPU:0 only) is replaced by the logical CPUs.
+    """
+    from tensorflow.python.framework import ops
+
+    original = ops.Graph._apply_device_functions
+
+    def _apply_device_functions(self, op):
+        original(self, op)
+        device = op.device
+        if device and "GPU" in device.upper():
+            op._set_device_from_string(rewrite_device_string(device, count))
+
+    ops.Graph._apply_device_functions = _apply_device_functions
+
+    strategy_init = tf.distribute.MirroredStrategy.__init__
+
+    def __init__(self, devices=None, cross_device_ops=None):
+        if devices is None:
+            devices = [f"/cpu:{i}" for i in range(count)]
+        else:
+            devices = [rewrite_device_string(str(d), count) for d in devices]
+        if cross_device_ops is None and count > 1:
+            # NCCL is not available for CPU devices; use the reduction MirroredStrategy picks
+            # for them anyway, explicitly, to avoid its probing warnings.
+            cross_device_ops = tf.distribute.ReductionToOneDevice()
+        strategy_init(self, devices=devices, cross_device_ops=cross_device_ops)
+
+    tf.distribute.MirroredStrategy.__init__ = __init__
+
+
+# --------------------------------------------------------------------------------------------
+# the TF1 shim
+
+
+def _is_user_code(globals_) -> bool:
+    if not globals_:
+        return False
+    path = globals_.get("__file__") or ""
+    if not path:
+        return globals_.get("__name__") == "__main__"
+    path = os.path.abspath(path)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    roots = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, here)}
+    roots |= {os.path.abspath(p) for p in sys.path if "site-packages" in p or "dist-packages" in p}
+    return not any(path == r or path.startswith(r + os.sep) for r in roots)
+
+
+class _Removed:
+    """Stands for a removed API (``tf.contrib...``); using it raises an error naming the API."""
+
+    def __init__(self, path: str):
+        object.__setattr__(self, "_path", path)
+
+    def _fail(self, *_a, **_k):
+        raise LegacyAPIError(
+            f"{self._path} is not available: tf.contrib was removed in TensorFlow 2.0 and has no "
+            f"tf.compat.v1 equivalent; port this call by hand (see `tfmigrate check`) before verifying")
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Removed(f"{self._path}.{name}")
+
+    __call__ = _fail
+    __iter__ = _fail
+    __enter__ = _fail
+    __bool__ = _fail
+
+
+def make_tf1_module(tf):
+    compat = tf.compat.v1
+
+    class TF1Module(types.ModuleType):
+        def __getattr__(self, name):
+            if name == "contrib":
+                return _Removed("tf.contrib")
+            return getattr(compat, name)
+
+        def __dir__(self):
+            return dir(compat)
+
+    module = TF1Module("tensorflow")
+    module.__version__ = tf.__version__
+    module.__file__ = getattr(compat, "__file__", None)
+    return module
+
+
+def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
+    count = gpus if isinstance(gpus, int) else len(gpus or []) or 1
+    if STATE is not None:
+        STATE.note(REMOVED_KERAS_NOTE.format(gpus=count))
+        STATE.weights["multi_gpu_model"] = count
+    return model
+
+
+class _Overlay(types.ModuleType):
+    """A module that looks up names in ``first`` then in ``base``."""
+
+    def __init__(self, name, first: dict, base):
+        super().__init__(name)
+        self._first, self._base = first, base
+
+    def __getattr__(self, name):
+        if name in self._first:
+            return self._first[name]
+        return getattr(self._base, name)
+
+
+def make_keras2_modules(tf_keras):
+    """``keras`` as a Keras 2.x program knew it: tf_keras, with the optimizers that work in graph
+    mode (``keras.optimizers.legacy``, which were *the* optimizers before Keras 2.11) and
+    ``multi_gpu_model`` back in ``keras.utils``."""
+    legacy = tf_keras.optimizers.legacy
+    optimizer_names = {n: getattr(legacy, n) for n in dir(legacy) if not n.startswith("_")}
+    optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)
+    utils = _Overlay("keras.utils", {"multi_gpu_model": multi_gpu_model}, tf_keras.utils)
+    top = _Overlay("keras", {"optimizers": optimizers, "utils": utils}, tf_keras)
+    submodules = {"keras.optimizers": optimizers, "keras.utils": utils,
+                  "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils}
+    return top, submodules
+
+
+def install_tf1_shim(tf, keras_module) -> None:
+    """``import tensorflow`` in the program's own files gives compat.v1 (v2 behaviour is off);
+    ``import keras`` gives Keras 2 (``tf_keras``) with ``multi_gpu_model`` restored as above.
+    Library code keeps the real modules: the switch looks at the importing file."""
+    tf1 = make_tf1_module(tf)
+    real_import = builtins.__import__
+
+    keras_proxy, submodules = (make_keras2_modules(keras_module) if keras_module is not None else (None, {}))
+
+    def keras_target(name):
+        import importlib
+
+        if name in submodules:
+            return submodules[name]
+        return importlib.import_module("tf_keras" + name[len("keras"):])
+
+    def shim_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and _is_user_code(globals):
+            if name == "tensorflow":
+                return tf1
+            if name.startswith("tensorflow.contrib"):
+                raise LegacyAPIError(
+                    f"{name} is not available: tf.contrib was removed in TensorFlow 2.0; port it "
+                    f"by hand before verifying")
+            if keras_module is not None and (name == "keras" or name.startswith("keras.")):
+                target = keras_target(name)
+                if fromlist:
+                    return target
+                return keras_proxy
+        return real_import(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = shim_import
+
+
+# --------------------------------------------------------------------------------------------
+# Session.run capture
+
+
+TRAIN_KERNEL = re.compile(r"^(Resource)?(Sparse)?Apply")
+SOURCE_OPS = {
+    "IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
+    "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2",
+    "QueueDequeue", "QueueDequeueV2", "OptionalGetValue",
+}
+
+
+def cone(roots):
+    """All ops reachable backwards (data and control inputs) from the given ops."""
+    seen, stack = set(), list(roots)
+    ops_ = []
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        ops_.append(op)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return seen
+
+
+class Recorder:
+    """Wraps the v1 Optimizer and Session.run."""
+
+    def __init__(self, tf, state: State):
+        self.tf = tf
+        self.state = state
+        self.apply_ops: dict[int, dict] = {}       # id(graph) -> {op: [loss tensors]}
+        self.grad_losses: dict[int, list] = {}     # id(graph) -> [(loss, set(grad tensors), replica)]
+        self.cache: dict = {}
+        self.in_run = False
+
+    # -- optimizer ------------------------------------------------------------------------
+    def install_optimizer(self):
+        tf = self.tf
+        opt_cls = tf.compat.v1.train.Optimizer
+        orig_compute, orig_apply = opt_cls.compute_gradients, opt_cls.apply_gradients
+        rec = self
+
+        def compute_gradients(opt, loss, *args, **kwargs):
+            result = orig_compute(opt, loss, *args, **kwargs)
+            try:
+                if not callable(loss) and hasattr(loss, "graph"):
+                    replica = (tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context())
+                    grads = {g for g, _ in result if g is not None and hasattr(g, "op")}
+                    rec.grad_losses.setdefault(id(loss.graph), []).append((loss, {g.op for g in grads}, replica))
+            except Exception:  # never let bookkeeping break the program
+                pass
+            return result
+
+        def apply_gradients(opt, grads_and_vars, *args, **kwargs):
+            grads_and_vars = list(grads_and_vars)
+            result = orig_apply(opt, grads_and_vars, *args, **kwargs)
+            try:
+                op = result if hasattr(result, "node_def") else getattr(result, "op", None)
+                if op is not None:
+                    roots = [g.op for g, _ in grads_and_vars if g is not None and hasattr(g, "op")]
+                    upstream = cone(roots)
+                    losses = [(loss, replica) for loss, gops, replica in rec.grad_losses.get(id(op.graph), [])
+                              if gops & upstream]
+                    rec.apply_ops.setdefault(id(op.graph), {})[op] = losses
+            except Exception:
+                pass
+            return result
+
+        opt_cls.compute_gradients = compute_gradients
+        opt_cls.apply_gradients = apply_gradients
+
+    # -- Session.run -----------------------------------------------------------------------
+    def install_session(self):
+        from tensorflow.python.client import session as session_lib
+
+        original = session_lib.BaseSession.run
+        rec = self
+
+        def run(sess, fetches, feed_dict=None, options=None, run_metadata=None):
+            if rec.in_run:
+                return original(sess, fetches, feed_dict, options, run_metadata)
+            rec.in_run = True
+            try:
+                plan = rec.plan(sess.graph, fetches)
+            except Exception as exc:  # analysis failed: run untouched
+                rec.state.note(f"could not analyse a Session.run ({type(exc).__name__}: {exc})")
+                plan = None
+            finally:
+                rec.in_run = False
+            if plan is None:
+                return original(sess, fetches, feed_dict, options, run_metadata)
+            rec.in_run = True
+            try:
+                if not rec.state.weights_done:
+                    rec.state.weights_done = True
+                    handle_session_weights(rec.tf, rec.state, sess, original, plan["graph"])
+                extras = plan["extras"]
+                t_start = time.perf_counter()
+                result, extra_values = original(sess, (fetches, extras), feed_dict, options, run_metadata)
+                t_end = time.perf_counter()
+            finally:
+                rec.in_run = False
+            loss = rec.loss_of(plan, result, extra_values)
+            examples = rec.examples_of(plan, feed_dict, sess.graph, extra_values)
+            rec.state.record(loss, examples, t_start, t_end, "session")
+            return result
+
+        session_lib.BaseSession.run = run
+
+    def plan(self, graph, fetches):
+        tf = self.tf
+        flat = tf.nest.flatten(fetches)
+        elements = []
+        for item in flat:
+            try:
+                elements.append(graph.as_graph_element(item, allow_tensor=True, allow_operation=True))
+            except Exception:
+                elements.append(None)
+        key = (id(graph), tuple(getattr(e, "name", None) for e in elements))
+        if key in self.cache:
+            return self.cache[key]
+        roots = [e if hasattr(e, "node_def") else e.op for e in elements if e is not None and hasattr(e, "graph")]
+        upstream = cone(roots)
+        recorded = self.apply_ops.get(id(graph), {})
+        train_marks = {op for op in recorded if op in upstream}
+        train_collection = set()
+        for item in graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP):
+            op = item if hasattr(item, "node_def") else getattr(item, "op", None)
+            if op is not None and op in upstream:
+                train_collection.add(op)
+        kernels = [op for op in upstream if TRAIN_KERNEL.match(op.type)]
+        if not (train_marks or train_collection or kernels):
+            self.cache[key] = None
+            return None
+        tower_losses: list = []
+        replica = False
+        for op in train_marks:
+            for loss, is_replica in recorded[op]:
+                if loss not in tower_losses:
+                    tower_losses.append(loss)
+                replica = replica or is_replica
+        # the fetched float scalar that is the loss
+        candidates = []
+        for index, element in enumerate(elements):
+            if element is None or hasattr(element, "node_def"):
+                continue
+            dtype = getattr(element, "dtype", None)
+            if dtype is None or not dtype.is_floating:
+                continue
+            shape = element.shape
+            if shape.rank not in (0, None):
+                continue
+            rank = 0 if element in tower_losses else 1 if "loss" in element.name.lower() else 2
+            candidates.append((rank, index, element))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        plan = {"graph": graph, "loss_index": None, "extras": {}, "how": None, "sources": [],
+                "placeholders": {op.name: op.device for op in upstream if op.type in ("Placeholder", "PlaceholderWithDefault")}}
+        if candidates:
+            rank, index, element = candidates[0]
+            plan["loss_index"] = index
+            plan["how"] = f"fetched scalar {element.name}"
+            if rank == 0 and len(tower_losses) > 1 and not replica:
+                plan["extras"]["towers"] = list(tower_losses)
+                plan["how"] = (f"mean of the {len(tower_losses)} tower losses passed to compute_gradients "
+                               f"(the program fetched {element.name})")
+        elif tower_losses:
+            plan["extras"]["towers"] = list(tower_losses)
+            plan["how"] = (f"{'sum' if replica else 'mean'} of the {len(tower_losses)} losses passed to "
+                           f"compute_gradients (no loss fetched)")
+            plan["replica_sum"] = replica
+        else:
+            plan["how"] = "no loss fetched or found"
+        # batch sources, when nothing is fed
+        sizes = []
+        for op in sorted((op for op in upstream if op.type in SOURCE_OPS), key=lambda o: o.name):
+            for out in op.outputs:
+                if out.shape.rank is not None and out.shape.rank >= 1:
+                    dim = out.shape[0]
+                    if dim is not None:
+                        plan["sources"].append(int(dim))
+                    else:
+                        sizes.append(out)
+                    break
+        if sizes:
+            plan["extras"]["sizes"] = sizes
+        self.state.note(f"Session.run training step: loss = {plan['how']}")
+        self.cache[key] = plan
+        return plan
+
+    def loss_of(self, plan, result, extra_values):
+        import numpy as np
+
+        towers = extra_values.get("towers") if isinstance(extra_values, dict) else None
+        if towers:
+            values = [float(np.asarray(v).reshape(-1)[0]) for v in towers]
+            return sum(values) if plan.get("replica_sum") else sum(values) / len(values)
+        if plan["loss_index"] is not None:
+            value = self.tf.nest.flatten(result)[plan["loss_index"]]
+            array = np.asarray(value)
+            if array.size == 1:
+                return float(array.reshape(-1)[0])
+        return None
+
+    def examples_of(self, plan, feed_dict, graph, extra_values):
+        import numpy as np
+
+        if feed_dict:
+            groups: dict = {}
+            for key, value in feed_dict.items():
+                try:
+                    element = graph.as_graph_element(key)
+                except Exception:
+                    continue
+                op = element if hasattr(element, "node_def") else element.op
+                if op.name not in plan["placeholders"]:
+                    continue
+                shape = np.shape(value)
+                if len(shape) >= 1:
+                    device = plan["placeholders"][op.name]
+                    groups[device] = max(groups.get(device, 0), int(shape[0]))
+            if groups:
+                return sum(groups.values())
+        total = sum(plan["sources"])
+        sizes = extra_values.get("sizes") if isinstance(extra_values, dict) else None
+        for value in sizes or []:
+            total += int(np.shape(value)[0])
+        return total or None
+
+
+def handle_session_weights(tf, state: State, sess, run, graph) -> None:
+    """Before the first training step: dump (OLD) or load (NEW) the trainable variables."""
+    import numpy as np
+
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+    named: dict = {}
+    for var in variables:
+        named.setdefault(canonical_name(var.name), var)
+    args = state.args
+    if args.dump_weights:
+        keys = list(named)
+        values = run(sess, [getattr(named[k], "_primary", named[k]) for k in keys])
+        save_weights(args.dump_weights, dict(zip(keys, values)), state)
+    elif args.load_weights:
+        saved = load_weights(args.load_weights)
+        if saved is None:
+            return
+        feed, fetches = {}, []
+        assignments = match_weights(saved, {k: tuple(v.shape.as_list()) for k, v in named.items()}, state)
+        for name, source in assignments.items():
+            var = named[name]
+            components = list(getattr(var, "values", None) or [var]) if hasattr(var, "_primary") else [var]
+            for component in components:
+                initializer = component.initializer
+                feed[initializer.inputs[1]] = saved[source]
+                fetches.append(initializer)
+        if fetches:
+            run(sess, fetches, feed)
+
+
+def save_weights(path: str, values: dict, state: State) -> None:
+    import numpy as np
+
+    arrays = {f"w{i}": np.asarray(v) for i, v in enumerate(values.values())}
+    np.savez(path, __names__=np.array(list(values), dtype=object), **arrays)
+    state.weights.update({"dumped": len(values), "names": list(values)})
+    say(f"initial weights: saved {len(values)} trainable variables")
+
+
+def load_weights(path: str):
+    import numpy as np
+
+    if not os.path.exists(path):
+        return None
+    data = np.load(path, allow_pickle=True)
+    names = list(data["__names__"])
+    return {name: data[f"w{i}"] for i, name in enumerate(names)}
+
+
+def match_weights(saved: dict, shapes: dict, state: State) -> dict:
+    """Map this program's variable names to saved names: by canonical name and shape, else
+    (same count, same shapes in order) by position."""
+    mapping = {n: n for n, shape in shapes.items() if n in saved and tuple(saved[n].shape) == shape}
+    how = "name"
+    if len(mapping) < len(shapes) and len(saved) == len(shapes):
+        ordered = list(zip(shapes.items(), saved.items()))
+        if all(tuple(sv.shape) == shp for (_, shp), (_, sv) in ordered):
+            mapping = {n: s for (n, _), (s, _) in ordered}
+            how = "order"
+    state.weights.update({
+        "loaded": len(mapping), "variables": len(shapes), "saved": len(saved), "matched_by": how,
+        "unmatched": sorted(set(shapes) - set(mapping)),
+    })
+    say(f"initial weights: {len(mapping)} of {len(shapes)} trainable variables set from OLD (by {how})")
+    return mapping
+
+
+# --------------------------------------------------------------------------------------------
+# Keras fit capture
+
+
+def install_keras(state: State, flavours: list) -> None:
+    for flavour in flavours:
+        try:
+            if flavour == "tf_keras":
+                import tf_keras
+                from tf_keras.src.engine import training, training_v1
+
+                classes = [training.Model, training_v1.Model]
+                callback_base = tf_keras.callbacks.Callback
+            else:
+                import keras
+
+                classes = [keras.Model]
+                callback_base = keras.callbacks.Callback
+        except Exception as exc:  # pragma: no cover - depends on installed packages
+            say(f"cannot hook {flavour}: {exc}")
+            continue
+        for cls in classes:
+            _wrap_fit(cls, callback_base, flavour, state)
+
+
+def _wrap_fit(cls, callback_base, flavour, state: State) -> None:
+    original = getattr(cls, "fit", None)
+    if original is None or getattr(original, "_tfmigrate", False):
+        return
+    import inspect
+
+    signature = inspect.signature(original)
+
+    def fit(self, *args, **kwargs):
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+            batch_size = bound.arguments.get("batch_size")
+            x = bound.arguments.get("x")
+            callbacks = list(bound.arguments.get("callbacks") or [])
+        except TypeError:
+            return original(self, *args, **kwargs)
+        if batch_size is None and hasattr(x, "shape"):
+            batch_size = 32
+        if batch_size is None and hasattr(x, "element_spec"):
+            try:
+                spec = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
+                batch_size = spec.shape[0]
+            except Exception:
+                batch_size = None
+        callbacks.append(_make_callback(callback_base, flavour, state, batch_size, x))
+        bound.arguments["callbacks"] = callbacks
+        return original(*bound.args, **bound.kwargs)
+
+    fit._tfmigrate = True
+    setattr(cls, "fit", fit)
+
+
+def _make_callback(base, flavour, state: State, batch_size, x):
+    total = None
+    try:
+        total = int(x.shape[0]) if hasattr(x, "shape") else None
+    except Exception:
+        total = None
+
+    class Capture(base):
+        def __init__(self):
+            super().__init__()
+            self.previous_mean = 0.0
+            self.t_prev = None
+
+        def on_train_begin(self, logs=None):
+            if not state.weights_done:
+                state.weights_done = True
+                handle_keras_weights(state, self.model, flavour)
+            self.t_prev = time.perf_counter()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.previous_mean = 0.0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.t_prev = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            now = time.perf_counter()
+            logs = logs or {}
+            value = logs.get("loss")
+            loss = None
+            if value is not None:
+                value = float(value)
+                if "size" in logs:          # graph-mode loop: the batch's own loss
+                    loss = value
+                    state.note("Keras fit: loss per batch as reported by the graph-mode loop")
+                else:                       # TF2 loops: running mean over the epoch
+                    loss = (batch + 1) * value - batch * self.previous_mean
+                    self.previous_mean = value
+                    state.note("Keras fit: batch loss recovered from the running mean fit reports")
+            examples = logs.get("size")
+            if examples is None and batch_size:
+                examples = batch_size
+                if total:
+                    per_epoch = -(-total // batch_size)
+                    if batch % per_epoch == per_epoch - 1 and total % batch_size:
+                        examples = total % batch_size
+            state.record(loss, examples, self.t_prev, now, "keras")
+
+    return Capture()
+
+
+def handle_keras_weights(state: State, model, flavour) -> None:
+    import numpy as np
+
+    variables = list(model.trainable_weights)
+    named: dict = {}
+    for var in variables:
+        name = getattr(var, "path", None) or var.name
+        named.setdefault(canonical_name(name), var)
+    graph_mode = flavour == "tf_keras" and not _executing_eagerly()
+    args = state.args
+    if args.dump_weights:
+        if graph_mode:
+            from tf_keras import backend
+
+            values = backend.batch_get_value(list(named.values()))
+        else:
+            values = [np.asarray(v.numpy()) for v in named.values()]
+        save_weights(args.dump_weights, dict(zip(named, values)), state)
+    elif args.load_weights:
+        saved = load_weights(args.load_weights)
+        if saved is None:
+            return
+        mapping = match_weights(saved, {k: tuple(v.shape) for k, v in named.items()}, state)
+        if graph_mode:
+            from tf_keras import backend
+
+            backend.batch_set_value([(named[k], saved[s]) for k, s in mapping.items()])
+        else:
+            for k, s in mapping.items():
+                named[k].assign(saved[s])
+
+
+def _executing_eagerly() -> bool:
+    import tensorflow as tf
+
+    return tf.compat.v1.executing_eagerly_outside_functions()
+
+
+# --------------------------------------------------------------------------------------------
+# stdout tee for --loss-regex
+
+
+class LineWatcher:
+    def __init__(self, stream, state: State):
+        self.stream = stream
+        self.state = state
+        self.buffer = ""
+
+    def write(self, text):
+        written = self.stream.write(text)
+        self.buffer += text
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            match = self.state.regex.search(line)
+            if match:
+                group = match.group("loss") if "loss" in match.groupdict() else (
+                    match.group(1) if match.groups() else match.group(0))
+                try:
+                    value = float(group)
+                except (TypeError, ValueError):
+                    continue
+                self.stream.flush()
+                self.state.record_regex(value)
+        return written
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+# --------------------------------------------------------------------------------------------
+# main
+
+
+def print_program_traceback(exc: BaseException) -> None:
+    """The traceback without the harness's and runpy's own frames."""
+    here = os.path.abspath(__file__)
+    tb = exc.__traceback__
+    while tb is not None and (os.path.abspath(tb.tb_frame.f_code.co_filename) == here
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+    sys.stderr.flush()
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m tfmigrate.verify.harness")
+    parser.add_argument("program")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--legacy", action="store_true")
+    parser.add_argument("--keras", action="store_true")
+    parser.add_argument("--dump-weights")
+    parser.add_argument("--load-weights")
+    parser.add_argument("--loss-regex")
+    parser.add_argument("program_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.program_args and args.program_args[0] == "--":
+        args.program_args = args.program_args[1:]
+    return args
+
+
+def main(argv=None) -> int:
+    global STATE
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    state = STATE = State(args)
+    result = {"program": os.path.abspath(args.program), "legacy": args.legacy, "ok": False,
+              "error": None, "finished": None}
+    started = time.perf_counter()
+    try:
+        if args.legacy:
+            os.environ["TF_USE_LEGACY_KERAS"] = "1"
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        random.seed(args.seed)
+        import numpy as np
+
+        np.random.seed(args.seed)
+        import tensorflow as tf
+
+        result["devices"] = setup_devices(tf, args.devices)
+        tf.random.set_seed(args.seed)
+        tf.config.experimental.enable_op_determinism()
+        from tensorflow.python.framework import ops
+
+        graph_init = ops.Graph.__init__
+
+        def seeded_graph_init(self, *a, **k):
+            graph_init(self, *a, **k)
+            if type(self) is ops.Graph:
+                self.seed = args.seed
+
+        ops.Graph.__init__ = seeded_graph_init
+        if result["devices"]["rewrite"]:
+            install_device_rewrite(tf, args.devices)
+        keras_module = None
+        if args.legacy:
+            tf.compat.v1.disable_v2_behavior()
+            tf.compat.v1.set_random_seed(args.seed)
+            if args.keras:
+                import tf_keras
+
+                tf_keras.utils.multi_gpu_model = multi_gpu_model
+                keras_module = tf_keras
+            install_tf1_shim(tf, keras_module)
+            say("legacy mode: `import tensorflow` is tensorflow.compat.v1 with v2 behaviour disabled"
+                + ("; Keras is Keras 2 (tf_keras)" if args.keras else ""))
+        recorder = Recorder(tf, state)
+        recorder.install_optimizer()
+        recorder.install_session()
+        if args.keras:
+            flavours = ["tf_keras"]
+            if not args.legacy and os.environ.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):
+                flavours.append("keras")
+            install_keras(state, flavours)
+        result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__,
+                              "python": platform.python_version()}
+        if state.regex is not None:
+            sys.stdout = LineWatcher(sys.stdout, state)
+        sys.argv = [args.program] + list(args.program_args)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args.program)))
+        result["setup_s"] = time.perf_counter() - started
+        try:
+            runpy.run_path(args.program, run_name="__main__")
+            result["finished"] = "program ended"
+        except StopRun:
+            result["finished"] = f"stopped after {args.steps} steps"
+        except SystemExit as exc:
+            code = exc.code
+            if code not in (None, 0):
+                raise
+            result["finished"] = "program exited"
+        result["ok"] = True
+    except BaseException as exc:  # noqa: BLE001 - everything is reported
+        if isinstance(exc, KeyboardInterrupt):
+            result["error"] = "interrupted"
+        else:
+            print_program_traceback(exc)
+            result["error"] = f"{type(exc).__name__}: {exc}"
+    steps = state.regex_steps if state.regex is not None else state.steps
+    if state.regex is not None and state.steps:
+        # timing and batch sizes from the training runs we saw, loss from the printed lines
+        result["train_steps"] = state.steps
+    result.update({
+        "steps": steps, "notes": state.notes, "weights": state.weights,
+        "loss_source": "regex" if state.regex is not None else "+".join(sorted(state.sources)) or None,
+        "wall_s": time.perf_counter() - started,
+    })
+    try:
+        sys.stdout.flush()
+    except Exception:
+        pass
+    with open(args.out, "w") as handle:
+        json.dump(result, handle, indent=1, default=str)
+    sys.stderr.flush()
+    os._exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
