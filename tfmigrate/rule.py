@@ -132,6 +132,24 @@ class Rule(cst.BatchableCSTVisitor):
         super().__init__()
         self.context = context
 
+    _visitor_names: ClassVar[dict[type, tuple[str, ...]]] = {}
+
+    def get_visitors(self):
+        """LibCST's version inspects every member of the instance, for every file; the
+        names of a class's visit_/leave_ methods never change, so look them up once."""
+        cls = type(self)
+        names = Rule._visitor_names.get(cls)
+        if names is None:
+            names = tuple(
+                name
+                for name in dir(cls)
+                if name.startswith(("visit_", "leave_"))
+                and callable(getattr(cls, name))
+                and not getattr(getattr(cls, name), "_is_no_op", False)
+            )
+            Rule._visitor_names[cls] = names
+        return {name: getattr(self, name) for name in names}
+
     # --- helpers for rule authors -------------------------------------------------------
     @property
     def imports(self) -> ImportTable:
