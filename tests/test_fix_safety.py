@@ -1,0 +1,31 @@
+"""Fix safety that depends on the rest of the module."""
+
+from __future__ import annotations
+
+from tests.conftest import run_check
+
+COLOCATE = """\
+import tensorflow as tf
+{placement}
+train_op = opt.minimize(loss, colocate_gradients_with_ops=True)
+"""
+TOWER = "for i in range(2):\n    with tf.device('/gpu:%d' % i):\n        build(i)\n"
+
+
+def _safety(code: str, **config) -> str:
+    (finding,) = [f for f in run_check(code, **config) if f.code == "TFM104"]
+    return finding.fix_safety.value
+
+
+def test_colocate_removal_is_safe_without_manual_placement():
+    assert _safety(COLOCATE.format(placement="")) == "safe"
+    assert _safety(COLOCATE.format(placement="with tf.device('/cpu:0'):\n    x = f()\n")) == "safe"
+
+
+def test_colocate_removal_is_unsafe_while_towers_remain_in_compat_mode():
+    assert _safety(COLOCATE.format(placement=TOWER)) == "unsafe"
+    assert _safety(COLOCATE.format(placement="with tf.device('/gpu:1'):\n    x = f()\n")) == "unsafe"
+
+
+def test_colocate_removal_is_safe_for_the_tf2_target():
+    assert _safety(COLOCATE.format(placement=TOWER), target="tf2") == "safe"
