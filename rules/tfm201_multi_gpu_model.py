@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import libcst as cst
+from libcst.codemod.visitors import ImportItem
 
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.callargs import argument, has_star_args
+from tfmigrate.rule import Edit, FixSafety, Invalid, Rule
 
 #: Canonical names (tfmigrate/names.py folds keras.utils.training_utils,
 #: keras.utils.multi_gpu_utils, tf.keras, tensorflow.python.keras, tf.compat.v1.keras and
@@ -11,14 +13,77 @@ MULTI_GPU_MODEL = "keras.utils.multi_gpu_model"
 FIT_METHODS = ("fit", "fit_generator")
 
 
-def _argument(call: cst.Call, keyword: str, position: int) -> cst.BaseExpression | None:
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == keyword:
-            return arg.value
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    if len(positional) > position:
-        return positional[position].value
+#: multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False)
+PARAMS = ("model", "gpus", "cpu_merge", "cpu_relocation")
+#: Model.fit / fit_generator positional parameters up to batch_size.
+FIT_PARAMS = {"fit": ("x", "y", "batch_size"), "fit_generator": ()}
+#: Calls on the model after which `compile` is no longer moved under the scope.
+USES = ("fit", "fit_generator", "evaluate", "evaluate_generator", "predict", "predict_generator",
+        "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")
+
+
+def _single_assign(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
+    """``name = value`` as the only statement of a line: (name, value)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+        return small.targets[0].target.value, small.value
+    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
+        return small.target.value, small.value
     return None
+
+
+def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
+    """``obj.method(...)`` as the only statement of a line: (obj, method)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        func = small.value.func
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            return func.value.value, func.attr.value
+    return None
+
+
+def _blank_lines_unindented(statement: cst.BaseStatement) -> cst.BaseStatement:
+    """A blank line moved one level deeper must not gain trailing whitespace."""
+    lines = [
+        line.with_changes(indent=False) if line.comment is None else line
+        for line in statement.leading_lines
+    ]
+    return statement.with_changes(leading_lines=lines)
+
+
+class _Blocks(cst.CSTVisitor):
+    """For every call: the statement it is in, as (the statements of its block, index)."""
+
+    def __init__(self) -> None:
+        self.of_call: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
+        self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
+        self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
+
+    def _record(self, body) -> None:
+        for index, statement in enumerate(body):
+            self._where[id(statement)] = (tuple(body), index)
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._record(node.body)
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._record(node.body)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if id(node) in self._where:
+            self._stack.append(self._where[id(node)])
+        if isinstance(node, cst.Call) and self._stack:
+            self.of_call[id(node)] = self._stack[-1]
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if id(original_node) in self._where:
+            self._stack.pop()
+        super().on_leave(original_node)
 
 
 class MultiGpuModel(Rule):
@@ -64,11 +129,26 @@ class MultiGpuModel(Rule):
         model.fit(x, y, epochs=20, batch_size=256)
     """
     fix_notes = """
-        Unsafe (no automatic fix yet): the rewrite moves the model construction and `compile`
-        under `strategy.scope()` and drops the parallel model object, so every use of it
-        (`fit`, `evaluate`, `save`, callbacks holding it) must move to the template model.
-        Keep the same `batch_size`: it is the global batch under both. `gpus=[0, 1]` becomes
-        `MirroredStrategy(devices=['/gpu:0', '/gpu:1'])`. Check the result with `tfmigrate verify`.
+        Unsafe. For `parallel = multi_gpu_model(model, gpus=N)` (any import path, `gpus` by
+        keyword or position, `cpu_merge`/`cpu_relocation` dropped) where `model` is assigned
+        earlier *in the same block*: `strategy = tf.distribute.MirroredStrategy()` is inserted
+        before that assignment, and everything from the assignment down to the
+        `parallel.compile(...)` (or `model.compile(...)`) that follows moves, comments
+        included, under `with strategy.scope():`. The parallel name is bound to the template
+        (`parallel = model`), so `parallel.fit(...)`, `evaluate`, `predict` and callbacks keep
+        working, with the same `batch_size`: it is the global batch under both. A template
+        built under `with tf.device('/cpu:0'):` (the Keras docs' recipe, only needed for the
+        CPU merge) is unwrapped. `gpus=[0, 1]` becomes
+        `MirroredStrategy(devices=["/gpu:0", "/gpu:1"])`; a count (`gpus=4`, `gpus=n`) becomes
+        `MirroredStrategy()`, which uses every visible GPU (limit them with
+        `CUDA_VISIBLE_DEVICES`). The `multi_gpu_model` import is removed once unused (inside a
+        `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
+
+        No fix where the template is not built in the same block (a function argument, a
+        model made in another function, a call inside an expression such as a list or a
+        `return`): the variables must be created under the scope, and only the code that
+        creates the model can do that. The message then says where to put the scope.
+        Check the result with `tfmigrate verify`.
     """
 
     valid = [
@@ -123,6 +203,30 @@ class MultiGpuModel(Rule):
         self._calls: list[tuple[cst.Call, str | None]] = []  # (call, name it is assigned to)
         self._assigned: dict[int, str] = {}  # id(call) -> target name
         self._fit_batch: dict[str, str] = {}  # model name -> batch_size text in its fit
+        self._names: set[str] = set()  # every Name in the module (to pick a free `strategy`)
+        self._imports: list[tuple[str, ImportItem]] = []  # (bound name, the import binding it)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self._names.add(node.value)
+
+    def visit_Import(self, node: cst.Import) -> None:
+        for alias in node.names:
+            module = self.context.module.code_for_node(alias.name)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                self._imports.append((alias.asname.name.value, ImportItem(module, alias=alias.asname.name.value)))
+            else:
+                self._imports.append((module.split(".")[0], ImportItem(module)))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+            return
+        module = self.context.module.code_for_node(node.module)
+        for alias in node.names:
+            name = self.context.module.code_for_node(alias.name)
+            bound = name
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                bound = alias.asname.name.value
+            self._imports.append((bound, ImportItem(module, name, None if bound == name else bound)))
 
     def _code(self, node: cst.CSTNode) -> str:
         return self.context.module.code_for_node(node).strip()
@@ -142,16 +246,140 @@ class MultiGpuModel(Rule):
             return
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in FIT_METHODS and isinstance(func.value, cst.Name):
-            batch = _argument(node, "batch_size", 3 if func.attr.value == "fit" else 99)
+            batch = argument(node, FIT_PARAMS[func.attr.value], "batch_size")
             if batch is not None:
                 self._fit_batch.setdefault(func.value.value, self._code(batch))
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        blocks = _Blocks()
+        original_node.visit(blocks)
         for call, target in self._calls:
-            self.report(call, self._message(call, target))
+            edit, blocker = self._edit(call, target, blocks)
+            message = self._message(call, target)
+            if blocker:
+                message += f"; no automatic fix: {blocker}"
+            self.report(call, message, edit=edit)
+
+    # --- the fix ------------------------------------------------------------------------
+    def _edit(self, call: cst.Call, target: str | None, blocks: _Blocks) -> tuple[Edit | None, str | None]:
+        template = argument(call, PARAMS, "model")
+        if has_star_args(call) or not isinstance(template, cst.Name):
+            return None, "pass the template model by name (`multi_gpu_model(model, gpus=N)`)"
+        model = template.value
+        if id(call) not in blocks.of_call:
+            return None, "the call is not in a statement block"
+        body, index = blocks.of_call[id(call)]
+        built = self._construction(body, index, model)
+        if built is None:
+            return None, (
+                f"`{model}` is not built in this block (a parameter, or made elsewhere): create "
+                f"`strategy = tf.distribute.MirroredStrategy()` where `{model}` is built, build and "
+                f"compile it under `with strategy.scope():`, and use `{model}` in place of the parallel model"
+            )
+        assigned = _single_assign(body[index])
+        if assigned is None or assigned[1] is not call:
+            return None, (
+                f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
+                f"or build and compile `{model}` under `strategy.scope()` by hand and use it in place of the parallel model"
+            )
+        devices = self._devices(call)
+        if devices is False:
+            return None, "`gpus` is a list that is not a literal list of GPU ids; pass `devices=[...]` to MirroredStrategy by hand"
+        strategy = next((n for n in ("strategy", "mirrored_strategy") if n not in self._names), None)
+        if strategy is None:
+            return None, "the names `strategy` and `mirrored_strategy` are both taken"
+        last = self._compile_index(body, index, model, target)
+        moved: list[cst.BaseStatement] = []
+        first = body[built]
+        if isinstance(first, cst.With):  # with tf.device('/cpu:0'): model = ...  -> unwrapped
+            inner = list(cst.ensure_type(first.body, cst.IndentedBlock).body)
+            moved += [inner[0].with_changes(leading_lines=())] + inner[1:]
+        else:
+            moved.append(first.with_changes(leading_lines=()))
+        moved += list(body[built + 1:index])
+        line = body[index]
+        if target != model:
+            moved.append(line.deep_replace(call, cst.Name(model)))
+        moved += list(body[index + 1:last + 1])
+        strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
+        create = cst.parse_statement(
+            f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n"
+        ).with_changes(leading_lines=first.leading_lines)
+        scope = cst.With(
+            items=[cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))],
+            body=cst.IndentedBlock(body=[_blank_lines_unindented(s) for s in moved]),
+        )
+        changes: dict = {first: cst.FlattenSentinel([create, scope])}
+        for statement in body[built + 1:last + 1]:
+            changes[statement] = cst.RemovalSentinel.REMOVE
+        title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
+        return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
+
+    def _construction(self, body, index: int, model: str) -> int | None:
+        """Index of the statement that builds ``model``, before ``index`` in the same block."""
+        for position in range(index - 1, -1, -1):
+            statement = body[position]
+            assigned = _single_assign(statement)
+            if assigned is not None and assigned[0] == model:
+                return position
+            if isinstance(statement, cst.With) and self._is_cpu_device_scope(statement):
+                inner = cst.ensure_type(statement.body, cst.IndentedBlock).body
+                if inner and all((_single_assign(s) or ("",))[0] == model for s in inner[:1]):
+                    return position
+        return None
+
+    def _is_cpu_device_scope(self, statement: cst.With) -> bool:
+        if len(statement.items) != 1 or statement.items[0].asname is not None:
+            return False
+        call = statement.items[0].item
+        if not isinstance(call, cst.Call) or self.call_name(call) != "tensorflow.device" or len(call.args) != 1:
+            return False
+        device = call.args[0].value
+        return isinstance(device, cst.SimpleString) and "cpu" in device.evaluated_value.lower()
+
+    def _compile_index(self, body, index: int, model: str, target: str | None) -> int:
+        """The `compile` after the multi_gpu_model line, if it comes before any use of the model."""
+        names = {model, target}
+        for position in range(index + 1, len(body)):
+            called = _method_call(body[position])
+            if called is not None and called[0] in names and called[1] == "compile":
+                return position
+            if not isinstance(body[position], cst.SimpleStatementLine) or (called and called[1] in USES):
+                break
+            if any(name in names for name in self._names_in(body[position])) and called is None:
+                break
+        return index
+
+    @staticmethod
+    def _names_in(node: cst.CSTNode) -> set[str]:
+        found: set[str] = set()
+
+        class Names(cst.CSTVisitor):
+            def visit_Name(self, name: cst.Name) -> None:
+                found.add(name.value)
+
+        node.visit(Names())
+        return found
+
+    def _devices(self, call: cst.Call) -> str | bool:
+        gpus = argument(call, PARAMS, "gpus")
+        if isinstance(gpus, (cst.List, cst.Tuple)):
+            if not all(isinstance(e.value, cst.Integer) for e in gpus.elements):
+                return False
+            return "devices=[" + ", ".join(f'"/gpu:{e.value.value}"' for e in gpus.elements) + "]"
+        return ""
+
+    def _import_of(self, call: cst.Call) -> list[ImportItem]:
+        """The imports binding the called name's head: removed if nothing else uses them."""
+        head = call.func
+        while isinstance(head, cst.Attribute):
+            head = head.value
+        if not isinstance(head, cst.Name):
+            return []
+        return [item for bound, item in self._imports if bound == head.value]
 
     def _message(self, call: cst.Call, target: str | None) -> str:
-        gpus = _argument(call, "gpus", 1)
+        gpus = argument(call, PARAMS, "gpus")
         if gpus is None:
             where = "on every visible GPU"
             devices = ""
@@ -167,7 +395,7 @@ class MultiGpuModel(Rule):
         else:
             where = f"with gpus={self._code(gpus)}"
             devices = ""
-        template = _argument(call, "model", 0)
+        template = argument(call, PARAMS, "model")
         template_text = f"`{self._code(template)}`" if template is not None else "the template model"
         batch = self._fit_batch.get(target) if target else None
         batch_text = (

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.pipelines import COORDINATOR, START_QUEUE_RUNNERS, module_plan
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 from .tfm302_input_producer import PRODUCERS
@@ -100,10 +101,18 @@ class QueueRunners(Rule):
                 pass
     """
     fix_notes = """
-        No automatic fix yet (it will be unsafe): removing the threads is only correct once
-        every queue they fill (TFM302, TFM303, TFM304) has become a `tf.data` pipeline, and the
-        training loop's stop condition moves from `coord.should_stop()` to the end of the
-        dataset. Check the result with `tfmigrate verify`.
+        Unsafe. `start_queue_runners(...)` and `Coordinator()` go, with `coord.request_stop()`,
+        `coord.join(threads)`, an emptied `finally:`, `if coord.should_stop(): break`, and the
+        `not coord.should_stop()` of a `while` test (`while not coord.should_stop() and step <
+        n:` becomes `while step < n:`); `coord.request_stop(e)` in `except ... as e:` becomes
+        `raise`, as `coord.join` re-raised it. The `except tf.errors.OutOfRangeError:` end of
+        data stays: the tf.data iterator raises it at the end of `num_epochs` like the queue.
+        This is offered only when no queue input is left in the module once the pipelines are
+        rewritten (TFM302/TFM303 share this edit), or when the module already reads a tf.data
+        pipeline. No fix while a queue remains, when the queues are built in another module
+        (`cifar10.distorted_inputs()`: migrate that one first), for `QueueRunner` /
+        `add_queue_runner` / slim `QueueRunners` / `Supervisor`, or when the coordinator or
+        the thread list is used for anything else. Check the result with `tfmigrate verify`.
     """
 
     valid = [
@@ -166,11 +175,21 @@ class QueueRunners(Rule):
         if qualified in QUEUE_INPUT:
             self._queue_input = True
         if qualified in QUEUE_RUNNERS:
-            self.report(node, QUEUE_RUNNERS[qualified])
+            self._report(node, qualified, QUEUE_RUNNERS[qualified])
         elif qualified in COORDINATORS:
-            self._deferred.append((node, COORDINATORS[qualified]))
+            self._deferred.append((node, qualified))
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if self._queue_input:
-            for node, message in self._deferred:
-                self.report(node, message)
+            for node, qualified in self._deferred:
+                self._report(node, qualified, COORDINATORS[qualified])
+
+    def _report(self, node: cst.Call, qualified: str, message: str) -> None:
+        if qualified not in (START_QUEUE_RUNNERS, COORDINATOR):
+            self.report(node, message)  # QueueRunner, Supervisor, slim: no automatic fix
+            return
+        plan = module_plan(self)
+        if plan.edit is not None and plan.scaffolding_included:
+            self.report(node, message, edit=plan.edit)
+        else:
+            self.report(node, f"{message}; no automatic fix: {plan.scaffolding_blocker or 'see TFM303'}")

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.callargs import argument, is_false
+from tfmigrate.pipelines import module_plan
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 #: Canonical name -> the parameters in their positional order (TF 1.15 signatures).
@@ -19,22 +21,6 @@ READERS: dict[str, str] = {
     "tensorflow.TextLineReader": "`.interleave(tf.data.TextLineDataset)`",
     "tensorflow.WholeFileReader": "`.map(tf.io.read_file)`",
 }
-
-
-def argument(call: cst.Call, params: tuple[str, ...], keyword: str) -> cst.BaseExpression | None:
-    """The expression passed for ``keyword`` (by keyword or by position), else None."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == keyword:
-            return arg.value
-    if keyword not in params:
-        return None
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    index = params.index(keyword)
-    return positional[index].value if len(positional) > index else None
-
-
-def is_false(node: cst.BaseExpression | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "False"
 
 
 class InputProducer(Rule):
@@ -77,11 +63,13 @@ class InputProducer(Rule):
         )
     """
     fix_notes = """
-        No automatic fix yet (it will be unsafe): the producer, the reader that consumes it
-        (`TFRecordReader`/`FixedLengthRecordReader`/`WholeFileReader` `.read(queue)`), the
-        batching call (TFM303) and the queue-runner scaffolding (TFM301) have to be rewritten
-        together into one `tf.data` pipeline. Keep the shuffling and the epoch count, and
-        compare the runs with `tfmigrate verify`.
+        Unsafe. The producer is rewritten together with its reader, the parsing, the
+        batching call (TFM303) and the queue-runner scaffolding (TFM301), by the one edit the
+        three rules share; TFM303's page lists the shapes. `num_epochs` becomes `.repeat(E)`
+        (`.repeat()` for None) and the default `shuffle=True` a per-epoch shuffle of the file
+        names or slices (`shuffle=False` keeps their order). No fix for `input_producer` and
+        `range_input_producer`, or where the tensors are not batched in the same function; the
+        message says what blocks it. Compare the runs with `tfmigrate verify`.
     """
 
     valid = [
@@ -138,8 +126,18 @@ class InputProducer(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         # Reported at the end, once the module's reader (which names the tf.data source) is known.
+        plan = module_plan(self) if self._found else None
         for node, qualified in self._found:
-            self.report(node, self._message(node, qualified))
+            message = self._message(node, qualified)
+            pipeline = plan.pipeline_of(node)
+            if pipeline is not None and pipeline.blocker is None:
+                self.report(node, message, edit=plan.edit)
+            else:
+                blocker = (
+                    pipeline.blocker if pipeline is not None
+                    else "its tensors are not batched by `tf.train.batch`/`shuffle_batch` in the same function"
+                )
+                self.report(node, f"{message}; no automatic fix: {blocker}")
 
     def _message(self, call: cst.Call, qualified: str) -> str:
         params = PRODUCERS[qualified]

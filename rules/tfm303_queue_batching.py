@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.callargs import argument, is_true
+from tfmigrate.pipelines import module_plan
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 #: Canonical name -> the parameters in their positional order (TF 1.15 signatures).
@@ -15,22 +17,6 @@ BATCHERS: dict[str, tuple[str, ...]] = {
     "tensorflow.train.maybe_batch_join": ("tensors_list", "keep_input", "batch_size", "capacity", "enqueue_many", "shapes", "dynamic_pad", "allow_smaller_final_batch"),
     "tensorflow.train.maybe_shuffle_batch_join": ("tensors_list", "batch_size", "capacity", "min_after_dequeue", "keep_input", "seed", "enqueue_many", "shapes", "allow_smaller_final_batch"),
 }
-
-
-def argument(call: cst.Call, params: tuple[str, ...], keyword: str) -> cst.BaseExpression | None:
-    """The expression passed for ``keyword`` (by keyword or by position), else None."""
-    for arg in call.args:
-        if arg.keyword is not None and arg.keyword.value == keyword:
-            return arg.value
-    if keyword not in params:
-        return None
-    positional = [a for a in call.args if a.keyword is None and not a.star]
-    index = params.index(keyword)
-    return positional[index].value if len(positional) > index else None
-
-
-def is_true(node: cst.BaseExpression | None) -> bool:
-    return isinstance(node, cst.Name) and node.value == "True"
 
 
 class QueueBatching(Rule):
@@ -75,10 +61,34 @@ class QueueBatching(Rule):
         )
     """
     fix_notes = """
-        No automatic fix yet (it will be unsafe): the batching call, the producer or reader
-        feeding it (TFM302) and the queue-runner scaffolding (TFM301) become one `tf.data`
-        pipeline together. Keep the static batch dimension (`drop_remainder=True`) that TF1 model
-        code often relies on, and check the result with `tfmigrate verify`.
+        Unsafe. The batching call, the producer and reader that feed it (TFM302) and, once
+        no queue is left in the module, the queue-runner scaffolding (TFM301) are rewritten
+        together, by one edit that all three rules offer (see `tfmigrate/pipelines.py`).
+        Recognised in one function (or module) body:
+        `q = string_input_producer(files, num_epochs=E, shuffle=S)` read by
+        `tf.TFRecordReader()` / `TextLineReader()` / `FixedLengthRecordReader(record_bytes=R)`
+        (`_, value = reader.read(q)`), or `x, y = slice_input_producer([xs, ys], ...)`; the
+        statements after it that use what was read become a nested `def _parse(value): ...
+        return <tensors>` for `.map`; `tf.train.batch` / `shuffle_batch` over those tensors,
+        assigned or returned. The result is
+        `dataset = (tf.data.TFRecordDataset(files).repeat(E).map(_parse, num_parallel_calls=T)
+        .shuffle(M).batch(B, drop_remainder=True).prefetch(tf.data.AUTOTUNE))` and
+        `tensors = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()`.
+        `num_epochs` becomes `.repeat(E)` (`.repeat()` when None), so the iterator raises the
+        same `OutOfRangeError` at the end of the data as the queue did; `num_threads` becomes
+        `num_parallel_calls` (the order of elements is kept); `min_after_dequeue` the
+        shuffle buffer; `allow_smaller_final_batch=True` drops `drop_remainder=True`.
+        A producer that shuffles (the default) gets its file names (or slices) reshuffled
+        every epoch, as before:
+        `Dataset.from_tensor_slices(files).shuffle(tf.size(files, out_type=tf.int64))
+        .repeat(E).flat_map(tf.data.TFRecordDataset)`. `capacity` has no equivalent and goes.
+
+        No fix, and the message says why, for `batch_join`, `shuffle_batch_join` and the
+        `maybe_` variants, `enqueue_many=True`, `dynamic_pad=True`, `shared_name=`, readers
+        other than the three above or with options, a reader or producer in another
+        function than the batching call (`read_and_decode(filename_queue)` helpers), or a
+        tensor of the pipeline used after the batching call. Check the result with
+        `tfmigrate verify`.
     """
 
     valid = [
@@ -125,7 +135,14 @@ class QueueBatching(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         qualified = self.call_name(node)
         if qualified in BATCHERS:
-            self.report(node, self._message(node, qualified))
+            message = self._message(node, qualified)
+            plan = module_plan(self)
+            pipeline = plan.pipeline_of(node)
+            if pipeline is not None and pipeline.blocker is None:
+                self.report(node, message, edit=plan.edit)
+            else:
+                blocker = pipeline.blocker if pipeline is not None else "not recognised as a pipeline"
+                self.report(node, f"{message}; no automatic fix: {blocker}")
 
     def _code_of(self, call: cst.Call, params: tuple[str, ...], name: str) -> str:
         value = argument(call, params, name)

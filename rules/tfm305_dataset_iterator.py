@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import Edit, FixSafety, Invalid, Rule
 
 #: Dataset method -> the tf.compat.v1 function that replaces it.
 ITERATOR_METHODS = {
@@ -48,10 +48,13 @@ class DatasetIterator(Rule):
         images, labels = iterator.get_next()
     """
     fix_notes = """
-        Safe (the edit comes with a later release): `ds.make_one_shot_iterator()` becomes
+        Safe: `ds.make_one_shot_iterator()` becomes
         `tf.compat.v1.data.make_one_shot_iterator(ds)` and `ds.make_initializable_iterator()`
         becomes `tf.compat.v1.data.make_initializable_iterator(ds)`, keeping any
         `shared_name=` argument; the behaviour is identical in TF1 and in TF2 graph mode.
+        The module's own TensorFlow import is used: under `import tensorflow.compat.v1 as tf`
+        the call is `tf.data.make_one_shot_iterator(ds)`; with no TensorFlow import,
+        `import tensorflow as tf` is added.
         Moving to eager iteration (`for batch in dataset`) is a larger change left to the
         `tf2` target.
     """
@@ -114,4 +117,39 @@ class DatasetIterator(Rule):
             node,
             f"`.{method}()` is a Dataset method removed from TF2's tf.data.Dataset; call "
             f"`{ITERATOR_METHODS[method]}({receiver})` instead",
+            edit=self._edit(node, method, subject),
         )
+
+    def _edit(self, node: cst.Call, method: str, subject: cst.CSTNode) -> Edit | None:
+        if any(a.star for a in node.args):
+            return None
+        rest = list(node.args)
+        if subject is not node.func.value:  # tf.data.Dataset.make_one_shot_iterator(ds, ...)
+            rest = [a for a in rest if a.value is not subject]
+        func, imports = self.tf_ref(f"tensorflow.compat.v1.data.{method}")
+        first = cst.Arg(value=subject)
+        if rest:
+            first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        new = node.with_changes(func=func, args=[first, *rest])
+        subject_code = self.context.module.code_for_node(subject)
+        if "\n" in subject_code and "#" not in subject_code.rsplit("\n", 1)[1]:
+            new = self._multiline(node, func, subject_code, rest) or new
+        return Edit({node: new}, f"call `tf.compat.v1.data.{method}(...)`", add_imports=imports)
+
+    def _multiline(self, node: cst.Call, func: cst.BaseExpression, subject_code: str, rest: list) -> cst.Call | None:
+        """A chained dataset spread over lines stays one step per line, one level deeper."""
+        first, *more = subject_code.split("\n")
+        # Continuation lines are rendered relative to the enclosing block's indentation.
+        base = min(len(line) - len(line.lstrip(" ")) for line in more)
+        inner = " " * (base + 4)
+        lines = [f"{inner}{first.strip()}"] + [f"    {line}" for line in more]
+        lines[-1] += ","
+        code = self.context.module.code_for_node
+        lines += [f"{inner}{code(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()}," for arg in rest]
+        text = f"{code(func)}(\n" + "\n".join(lines) + f"\n{' ' * base})"
+        try:
+            call = cst.ensure_type(cst.parse_expression(text), cst.Call)
+        except Exception:
+            return None
+        return call.with_changes(lpar=node.lpar, rpar=node.rpar)

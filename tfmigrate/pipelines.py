@@ -1,0 +1,765 @@
+"""The queue-pipeline rewrite shared by TFM301, TFM302 and TFM303.
+
+A TF1 queue input pipeline is spread over several statements that only make sense together:
+
+    filename_queue = tf.train.string_input_producer(files, num_epochs=E, shuffle=False)   # TFM302
+    reader = tf.TFRecordReader()
+    _, serialized = reader.read(filename_queue)
+    image, label = decode(serialized)                                                      # parse
+    images, labels = tf.train.shuffle_batch([image, label], batch_size=B, capacity=C,
+                                            min_after_dequeue=M, num_threads=T)            # TFM303
+    ...
+    coord = tf.train.Coordinator()                                                         # TFM301
+    threads = tf.train.start_queue_runners(sess=sess, coord=coord)                          # TFM301
+
+so the analysis is done once per module (``module_plan``) and yields one ``Edit`` that rewrites
+every pipeline it recognises into ``tf.data`` and, when no queue input is left afterwards, removes
+the Coordinator / ``start_queue_runners`` scaffolding. The three rules attach that same edit to
+their findings (whichever is applied first makes the others disappear), and say what blocks the
+rewrite where there is no edit.
+
+Recognised, within one block of statements (a function body or the module):
+
+- a producer: ``q = string_input_producer(files, num_epochs, shuffle, seed)`` read by a
+  ``TFRecordReader()``, ``TextLineReader()`` or ``FixedLengthRecordReader(record_bytes, ...)``
+  (``k, v = reader.read(q)``, the reader on its own line or inline), or
+  ``a, b = slice_input_producer([x, y], num_epochs, shuffle, seed)``;
+- the statements between the read and the batching call that depend on what was read: they
+  become the body of a nested ``def _parse(...)`` used by ``.map`` (the others stay where they
+  are);
+- ``tf.train.batch`` / ``tf.train.shuffle_batch`` over those tensors, assigned or returned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import libcst as cst
+from libcst.codemod.visitors import ImportItem
+
+from tfmigrate.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
+from tfmigrate.rule import Edit, FixSafety
+
+if TYPE_CHECKING:
+    from tfmigrate.rule import Rule
+
+STRING_PRODUCER = "tensorflow.train.string_input_producer"
+SLICE_PRODUCER = "tensorflow.train.slice_input_producer"
+PRODUCER_PARAMS = {
+    STRING_PRODUCER: ("string_tensor", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name", "cancel_op"),
+    SLICE_PRODUCER: ("tensor_list", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name"),
+}
+BATCH = "tensorflow.train.batch"
+SHUFFLE_BATCH = "tensorflow.train.shuffle_batch"
+BATCH_PARAMS = {
+    BATCH: ("tensors", "batch_size", "num_threads", "capacity", "enqueue_many", "shapes", "dynamic_pad", "allow_smaller_final_batch", "shared_name", "name"),
+    SHUFFLE_BATCH: ("tensors", "batch_size", "capacity", "min_after_dequeue", "num_threads", "seed", "enqueue_many", "shapes", "allow_smaller_final_batch", "shared_name", "name"),
+}
+#: Reader -> (the tf.data dataset that reads the same files, its parameters).
+READERS = {
+    "tensorflow.TFRecordReader": ("TFRecordDataset", ("name", "options")),
+    "tensorflow.TextLineReader": ("TextLineDataset", ("skip_header_lines", "name")),
+    "tensorflow.FixedLengthRecordReader": (
+        "FixedLengthRecordDataset", ("record_bytes", "header_bytes", "footer_bytes", "hop_bytes", "name", "encoding"),
+    ),
+}
+COORDINATOR = "tensorflow.train.Coordinator"
+START_QUEUE_RUNNERS = "tensorflow.train.start_queue_runners"
+
+FIX_TITLE = "rewrite the queue input pipeline with tf.data"
+
+
+@dataclass
+class Pipeline:
+    batch_call: cst.Call
+    producer_call: cst.Call | None = None
+    blocker: str | None = None
+    # Filled in when the pipeline can be rewritten:
+    removed: list[cst.BaseStatement] = field(default_factory=list)
+    replaced: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+
+
+@dataclass
+class ModulePlan:
+    pipelines: list[Pipeline]
+    scaffolding_blocker: str | None
+    edit: Edit | None  # every rewritable pipeline, and the scaffolding when it can go
+    scaffolding_included: bool = False
+
+    def pipeline_of(self, call: cst.Call) -> Pipeline | None:
+        for pipeline in self.pipelines:
+            if call is pipeline.batch_call or call is pipeline.producer_call:
+                return pipeline
+        return None
+
+
+def module_plan(rule: "Rule") -> ModulePlan:
+    """The module's pipeline rewrite, computed once per file for all three rules."""
+    return rule.context.memo("tfmigrate.pipelines", lambda: _Planner(rule).plan())
+
+
+# --- small syntax helpers ---------------------------------------------------------------
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    found: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.add(name.value)
+
+        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
+            attribute.value.visit(self)  # `x.name`: the attribute is not a variable
+            return False
+
+    node.visit(Names())
+    return found
+
+
+def _target_names(target: cst.BaseExpression) -> list[str] | None:
+    """Names bound by an assignment target (a name or a flat tuple/list of names)."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)) and all(isinstance(e.value, cst.Name) for e in target.elements):
+        return [e.value.value for e in target.elements]  # type: ignore[attr-defined]
+    return None
+
+
+def _only(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
+
+
+def _assign(statement: cst.BaseStatement) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
+    small = _only(statement)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        return small.targets[0].target, small.value
+    return None
+
+
+def _assigned_names(statement: cst.BaseStatement) -> set[str]:
+    names: set[str] = set()
+    if isinstance(statement, cst.SimpleStatementLine):
+        for small in statement.body:
+            targets = []
+            if isinstance(small, cst.Assign):
+                targets = [t.target for t in small.targets]
+            elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                targets = [small.target]
+            for target in targets:
+                names |= set(_target_names(target) or [])
+    return names
+
+
+class _Blocks(cst.CSTVisitor):
+    """Every statement block of the module, and for each call the block statement it is in."""
+
+    def __init__(self) -> None:
+        self.of_call: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
+        self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
+        self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
+
+    def _record(self, body: Sequence[cst.BaseStatement]) -> None:
+        for index, statement in enumerate(body):
+            self._where[id(statement)] = (tuple(body), index)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+            self._record(node.body)
+        if id(node) in self._where:
+            self._stack.append(self._where[id(node)])
+        if isinstance(node, cst.Call) and self._stack:
+            self.of_call[id(node)] = self._stack[-1]
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        if id(original_node) in self._where:
+            self._stack.pop()
+
+
+class _Calls(cst.CSTVisitor):
+    """Every call with its resolved name; every Name node; whether tf.data is used."""
+
+    def __init__(self, rule: "Rule") -> None:
+        self.rule = rule
+        self.calls: list[tuple[cst.Call, str]] = []
+        self.names: list[cst.Name] = []
+        self.uses_tf_data = False
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qualified = self.rule.call_name(node)
+        if qualified is not None:
+            self.calls.append((node, qualified))
+            if qualified.startswith("tensorflow.data."):
+                self.uses_tf_data = True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.append(node)
+
+
+# --- the analysis -----------------------------------------------------------------------
+
+class Blocked(Exception):
+    """The pipeline does not have a shape the rewrite handles; the text says why."""
+
+
+class _Planner:
+    def __init__(self, rule: "Rule") -> None:
+        self.rule = rule
+        self.module = rule.context.module
+        self.blocks = _Blocks()
+        self.module.visit(self.blocks)
+        self.calls = _Calls(rule)
+        self.module.visit(self.calls)
+        self.all_names = {n.value for n in self.calls.names}
+        self.imports: list = []
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node).strip()
+
+    def ref(self, target: str) -> str:
+        expression, imports = self.rule.tf_ref(target)
+        for item in imports:
+            if item not in self.imports:
+                self.imports.append(item)
+        return self.module.code_for_node(expression)
+
+    # -- plan --
+    def plan(self) -> ModulePlan:
+        from tfmigrate.rules.tfm301_queue_runners import COORDINATORS, QUEUE_INPUT
+
+        pipelines = []
+        for call, qualified in self.calls.calls:
+            if qualified in BATCH_PARAMS or qualified.startswith("tensorflow.train.") and qualified.rsplit(".", 1)[1] in (
+                "batch_join", "shuffle_batch_join", "maybe_batch", "maybe_shuffle_batch", "maybe_batch_join", "maybe_shuffle_batch_join",
+            ):
+                pipeline = Pipeline(batch_call=call)
+                try:
+                    self._pipeline(pipeline, qualified)
+                except Blocked as blocked:
+                    pipeline.blocker = str(blocked)
+                pipelines.append(pipeline)
+        rewritable = [p for p in pipelines if p.blocker is None]
+        covered = {id(p.batch_call) for p in rewritable} | {id(p.producer_call) for p in rewritable}
+        scaffolding_blocker = None
+        remaining = [
+            qualified for call, qualified in self.calls.calls
+            if qualified in QUEUE_INPUT and qualified != START_QUEUE_RUNNERS and id(call) not in covered
+            and qualified not in COORDINATORS
+        ]
+        scaffolding = None
+        if remaining:
+            short = sorted({q.rsplit(".", 1)[1] for q in remaining})
+            scaffolding_blocker = (
+                f"queue input remains that the fix does not rewrite ({', '.join(f'`{s}`' for s in short)}); "
+                "the threads can only go once every queue is a tf.data pipeline"
+            )
+        elif not rewritable and not self.calls.uses_tf_data:
+            scaffolding_blocker = (
+                "the queues these threads run are built in another module; migrate that input to tf.data first"
+            )
+        else:
+            try:
+                scaffolding = _Scaffolding(self).plan()
+            except Blocked as blocked:
+                scaffolding_blocker = str(blocked)
+        edit = None
+        if rewritable or scaffolding is not None:
+            transformer = _Rewrite(rewritable, scaffolding)
+            new_module = self.module.visit(transformer)
+            edit = Edit(
+                {self.module: new_module}, FIX_TITLE, add_imports=self.imports,
+                remove_imports=self._from_imports(rewritable), safety=FixSafety.UNSAFE,
+            )
+        return ModulePlan(pipelines, scaffolding_blocker, edit, scaffolding is not None)
+
+    def _from_imports(self, pipelines: list[Pipeline]) -> list[ImportItem]:
+        """`from tensorflow.compat.v1.train import batch`: removed once nothing uses it."""
+        items: list[ImportItem] = []
+        for pipeline in pipelines:
+            for call in (pipeline.batch_call, pipeline.producer_call):
+                if call is None or not isinstance(call.func, cst.Name):
+                    continue
+                bound = call.func.value
+                for target in self.rule.imports.all_bindings.get(bound, []):
+                    module, _, name = target.rpartition(".")
+                    item = ImportItem(module, name, None if name == bound else bound)
+                    if module and item not in items:
+                        items.append(item)
+        return items
+
+    def _pipeline(self, pipeline: Pipeline, qualified: str) -> None:
+        call = pipeline.batch_call
+        short = qualified.rsplit(".", 1)[1]
+        if qualified not in BATCH_PARAMS:
+            raise Blocked(f"`{short}` has no one-to-one tf.data rewrite here (only `batch` and `shuffle_batch` are rewritten)")
+        params = BATCH_PARAMS[qualified]
+        if has_star_args(call) or unknown_keywords(call, params):
+            raise Blocked("the batching call passes arguments the rewrite cannot map")
+        for flag, why in (("enqueue_many", "`enqueue_many=True` (use `.unbatch()` before `.batch`)"),
+                          ("dynamic_pad", "`dynamic_pad=True` (use `.padded_batch`)")):
+            value = argument(call, params, flag)
+            if value is not None and not is_false(value):
+                raise Blocked(f"{why} is not rewritten automatically")
+        if argument(call, params, "shared_name") is not None:
+            raise Blocked("a shared batching queue (`shared_name=`) has no tf.data equivalent")
+        smaller = argument(call, params, "allow_smaller_final_batch")
+        if smaller is not None and not (is_true(smaller) or is_false(smaller)):
+            raise Blocked("`allow_smaller_final_batch` is not a literal True/False")
+        if id(call) not in self.blocks.of_call:
+            raise Blocked("the batching call is not in a statement block")
+        body, b = self.blocks.of_call[id(call)]
+        statement = body[b]
+        small = _only(statement)
+        assigned = _assign(statement)
+        if assigned is not None and assigned[1] is call and _target_names(assigned[0]):
+            outputs = assigned[0]
+        elif isinstance(small, cst.Return) and small.value is call:
+            outputs = None
+        else:
+            raise Blocked("assign or return the batching call on a line of its own")
+        tensors = argument(call, params, "tensors")
+        if isinstance(tensors, (cst.List, cst.Tuple)) and all(isinstance(e.value, cst.Name) for e in tensors.elements) and tensors.elements:
+            returned = [e.value.value for e in tensors.elements]  # type: ignore[attr-defined]
+            as_tuple = True
+        elif isinstance(tensors, cst.Name):
+            returned, as_tuple = [tensors.value], False
+        else:
+            raise Blocked("the batched tensors are not a list of names (`[image, label]`)")
+
+        producer = self._producer(body, b)
+        if producer is None:
+            raise Blocked(
+                "the batched tensors are not produced in this function (no `string_input_producer` + reader or "
+                "`slice_input_producer` before it in the same block); build the tf.data pipeline by hand"
+            )
+        p, producer_call, producer_name = producer
+        pipeline.producer_call = producer_call
+        source_text, params_of_map, chain, removed, tainted, consumed = self._source(body, p, b, producer_call, producer_name)
+
+        parse: list[cst.BaseStatement] = []
+        for index in range(p + 1, b):
+            current = body[index]
+            if current in removed:
+                continue
+            used = _names_in(current)
+            if used & consumed:
+                raise Blocked("the input queue or reader is used by another statement")
+            if used & tainted:
+                if not isinstance(current, cst.SimpleStatementLine):
+                    raise Blocked("a compound statement (if/for/with) between the read and the batching call")
+                parse.append(current)
+                tainted |= _assigned_names(current)
+        parse_names = tainted
+        if not set(returned) <= parse_names:
+            raise Blocked("the batched tensors do not all come from the reader or producer")
+        if _names_in(call) & (parse_names - set(returned)) or any(
+            _names_in(arg.value) & parse_names for arg in call.args if arg.value is not tensors
+        ):
+            raise Blocked("the batching arguments depend on the parsed tensors")
+        later = set().union(*(_names_in(s) for s in body[b + 1:])) if b + 1 < len(body) else set()
+        if outputs is not None:
+            rebound = set(_target_names(outputs) or [])
+        else:
+            rebound = set()
+        if later & ((parse_names | consumed) - rebound):
+            raise Blocked("a tensor of the queue pipeline is used after the batching call")
+
+        # -- build the replacement --
+        threads = argument(call, params, "num_threads")
+        parse_fn = self._free("_parse")
+        dataset = self._free("dataset")
+        needs_map = bool(parse) or returned != params_of_map or not as_tuple
+        if needs_map:
+            parallel = ""
+            if threads is not None and not (isinstance(threads, cst.Integer) and threads.value == "1"):
+                parallel = f", num_parallel_calls={self.code(threads)}"
+            chain.append(f".map({parse_fn}{parallel})")
+        if qualified == SHUFFLE_BATCH:
+            buffer = argument(call, params, "min_after_dequeue")
+            if buffer is None:
+                raise Blocked("`shuffle_batch` without `min_after_dequeue`")
+            seed = argument(call, params, "seed")
+            chain.append(f".shuffle({self.code(buffer)}" + (f", seed={self.code(seed)}" if seed is not None else "") + ")")
+        batch_size = argument(call, params, "batch_size")
+        if batch_size is None:
+            raise Blocked("no `batch_size`")
+        drop = "" if is_true(smaller) else ", drop_remainder=True"
+        chain.append(f".batch({self.code(batch_size)}{drop})")
+        chain.append(f".prefetch({self.ref('tensorflow.data.AUTOTUNE')})")
+        lines = "\n".join(f"    {piece}" for piece in [source_text, *chain])
+        new_statements: list[cst.BaseStatement] = []
+        if needs_map:
+            new_statements.append(self._parse_function(parse_fn, params_of_map, parse, returned, as_tuple))
+        dataset_statement = cst.parse_statement(f"{dataset} = (\n{lines}\n)\n")
+        if needs_map:
+            dataset_statement = dataset_statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+        iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
+        next_element = f"{iterator}({dataset}).get_next()"
+        if outputs is not None:
+            consume = cst.parse_statement(f"{self.code(outputs)} = {next_element}\n")
+        else:
+            consume = cst.parse_statement(f"return {next_element}\n")
+        consume = consume.with_changes(trailing_whitespace=statement.trailing_whitespace)
+        new_statements += [dataset_statement, consume]
+        new_statements[0] = new_statements[0].with_changes(leading_lines=statement.leading_lines)
+        pipeline.removed = list(removed) + parse
+        pipeline.replaced = {id(statement): new_statements}
+
+    def _free(self, name: str) -> str:
+        candidate, number = name, 2
+        while candidate in self.all_names:
+            candidate, number = f"{name}_{number}", number + 1
+        self.all_names.add(candidate)
+        return candidate
+
+    def _producer(self, body, b: int):
+        """The closest producer statement before ``b``: (index, call, qualified)."""
+        for index in range(b - 1, -1, -1):
+            assigned = _assign(body[index])
+            if assigned is None or not isinstance(assigned[1], cst.Call):
+                continue
+            qualified = self.rule.call_name(assigned[1])
+            if qualified in PRODUCER_PARAMS:
+                return index, assigned[1], qualified
+            if qualified is not None and qualified.startswith("tensorflow.train.") and qualified.endswith("_input_producer"):
+                raise Blocked(f"`{qualified.rsplit('.', 1)[1]}` has no automatic rewrite (only string and slice producers)")
+        return None
+
+    def _source(self, body, p: int, b: int, call: cst.Call, qualified: str):
+        """The dataset source and the producer's shuffle/repeat, and what the map receives."""
+        params = PRODUCER_PARAMS[qualified]
+        if has_star_args(call) or unknown_keywords(call, params):
+            raise Blocked("the producer passes arguments the rewrite cannot map")
+        for unsupported in ("shared_name", "cancel_op"):
+            if argument(call, params, unsupported) is not None:
+                raise Blocked(f"the producer's `{unsupported}=` has no tf.data equivalent")
+        target, _ = _assign(body[p])  # type: ignore[misc]
+        source = argument(call, params, params[0])
+        if source is None:
+            raise Blocked("the producer has no input")
+        epochs = argument(call, params, "num_epochs")
+        repeat = ".repeat()" if is_none(epochs) else f".repeat({self.code(epochs)})"
+        shuffle = not is_false(argument(call, params, "shuffle"))
+        seed = argument(call, params, "seed")
+        seed_text = f", seed={self.code(seed)}" if seed is not None else ""
+        int64 = self.ref("tensorflow.int64")
+        chain: list[str] = []
+        removed: list[cst.BaseStatement] = [body[p]]
+        if qualified == SLICE_PRODUCER:
+            names = _target_names(target)
+            if not isinstance(source, (cst.List, cst.Tuple)) or names is None or len(names) != len(source.elements) or isinstance(target, cst.Name):
+                raise Blocked("unpack `slice_input_producer([x, y])` into one name per tensor")
+            parts = [self.code(e.value) for e in source.elements]
+            source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)},))" if len(parts) == 1 else \
+                f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)}))"
+            if shuffle:
+                chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{seed_text})")
+            chain.append(repeat)
+            return source_text, names, chain, removed, set(names), set()
+        # string_input_producer: find `k, v = reader.read(queue)` and the reader.
+        if not isinstance(target, cst.Name):
+            raise Blocked("assign the filename queue to a name")
+        queue = target.value
+        read_index = reader_call = None
+        value_name = None
+        reader_name = None
+        for index in range(p + 1, b):
+            assigned = _assign(body[index])
+            if assigned is None or not isinstance(assigned[1], cst.Call):
+                continue
+            func = assigned[1].func
+            if isinstance(func, cst.Attribute) and func.attr.value == "read" and [self.code(a.value) for a in assigned[1].args] == [queue]:
+                names = _target_names(assigned[0])
+                if names is None or len(names) != 2 or isinstance(assigned[0], cst.Name):
+                    raise Blocked("unpack the read into `key, value = reader.read(queue)`")
+                if names[0] != "_" and any(names[0] in _names_in(s) for s in body[index + 1:]):
+                    raise Blocked("the record key from `reader.read` is used; tf.data datasets yield the values only")
+                read_index, value_name = index, names[1]
+                if isinstance(func.value, cst.Call):
+                    reader_call = func.value
+                elif isinstance(func.value, cst.Name):
+                    reader_name = func.value.value
+                break
+        if read_index is None:
+            raise Blocked("no `reader.read(queue)` of the filename queue in the same block (the reader is in another function?)")
+        removed.append(body[read_index])
+        if reader_name is not None:
+            for index in range(read_index - 1, -1, -1):
+                assigned = _assign(body[index])
+                if assigned is not None and isinstance(assigned[0], cst.Name) and assigned[0].value == reader_name and isinstance(assigned[1], cst.Call):
+                    reader_call = assigned[1]
+                    removed.append(body[index])
+                    break
+        if reader_call is None:
+            raise Blocked("the reader is not created in the same block")
+        reader = self.rule.call_name(reader_call)
+        if reader not in READERS:
+            short = (reader or "the reader").rsplit(".", 1)[-1]
+            raise Blocked(f"`{short}` has no automatic rewrite (TFRecord, TextLine and FixedLengthRecord readers do)")
+        dataset_class, reader_params = READERS[reader]
+        if has_star_args(reader_call) or unknown_keywords(reader_call, reader_params):
+            raise Blocked("the reader passes arguments the rewrite cannot map")
+        extra = ""
+        if dataset_class == "FixedLengthRecordDataset":
+            record_bytes = argument(reader_call, reader_params, "record_bytes")
+            if record_bytes is None or argument(reader_call, reader_params, "hop_bytes") is not None or argument(reader_call, reader_params, "encoding") is not None:
+                raise Blocked("`FixedLengthRecordReader` with `hop_bytes`/`encoding` (or without `record_bytes`)")
+            extra = f", {self.code(record_bytes)}"
+            for keyword in ("header_bytes", "footer_bytes"):
+                value = argument(reader_call, reader_params, keyword)
+                if value is not None:
+                    extra += f", {keyword}={self.code(value)}"
+        elif any(argument(reader_call, reader_params, k) is not None for k in reader_params if k != "name"):
+            raise Blocked("the reader's options (`options=`, `skip_header_lines=`) are not rewritten automatically")
+        dataset = self.ref(f"tensorflow.data.{dataset_class}")
+        files = self.code(source)
+        if shuffle:
+            # The producer reshuffles the file names every epoch and one reader reads them in turn.
+            source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({files})"
+            chain.append(f".shuffle({self.ref('tensorflow.size')}({files}, out_type={int64}){seed_text})")
+            chain.append(repeat)
+            if extra:
+                chain.append(f".flat_map(lambda filename: {dataset}(filename{extra}))")
+            else:
+                chain.append(f".flat_map({dataset})")
+        else:
+            source_text = f"{dataset}({files}{extra})"
+            chain.append(repeat)
+        consumed = {queue} | ({reader_name} if reader_name else set())
+        return source_text, [value_name], chain, removed, {value_name}, consumed
+
+    def _parse_function(self, name, params, parse, returned, as_tuple) -> cst.FunctionDef:
+        if len(returned) == 1 and as_tuple:
+            result = f"({returned[0]},)"
+        else:
+            result = ", ".join(returned)
+        body = [s.with_changes(leading_lines=[ln.with_changes(indent=False) if ln.comment is None else ln for ln in s.leading_lines]) for s in parse]
+        if body:
+            body[0] = body[0].with_changes(leading_lines=[ln for ln in body[0].leading_lines if ln.comment is not None])
+        body.append(cst.parse_statement(f"return {result}\n"))
+        header = cst.parse_statement(f"def {name}({', '.join(params)}):\n    pass\n")
+        function = cst.ensure_type(header, cst.FunctionDef)
+        return function.with_changes(body=cst.IndentedBlock(body=body), leading_lines=())
+
+
+# --- the Coordinator / start_queue_runners scaffolding ----------------------------------
+
+@dataclass
+class ScaffoldPlan:
+    remove: set[int] = field(default_factory=set)  # statements (ids) that go
+    reraise: set[int] = field(default_factory=set)  # `coord.request_stop(e)` -> `raise`
+    while_tests: dict[int, cst.BaseExpression] = field(default_factory=dict)  # While (id) -> new test
+
+
+class _Scaffolding:
+    def __init__(self, planner: _Planner) -> None:
+        self.planner = planner
+        self.rule = planner.rule
+
+    def plan(self) -> ScaffoldPlan | None:
+        plan = ScaffoldPlan()
+        starters = [c for c, q in self.planner.calls.calls if q == START_QUEUE_RUNNERS]
+        coordinators = [c for c, q in self.planner.calls.calls if q == COORDINATOR]
+        if not starters and not coordinators:
+            return None
+        thread_names: set[str] = set()
+        coord_names: set[str] = set()
+        for call in starters + coordinators:
+            body, index = self.planner.blocks.of_call.get(id(call), ((), -1))
+            if index < 0:
+                raise Blocked("the queue-runner call is not in a statement block")
+            statement = body[index]
+            small = _only(statement)
+            assigned = _assign(statement)
+            is_coordinator = any(call is c for c in coordinators)
+            if isinstance(small, cst.Expr) and small.value is call:
+                pass
+            elif assigned is not None and assigned[1] is call and isinstance(assigned[0], cst.Name):
+                (coord_names if is_coordinator else thread_names).add(assigned[0].value)
+            elif is_coordinator and self._inside_starter(statement, starters):
+                pass
+            else:
+                raise Blocked("put `start_queue_runners(...)` and `Coordinator()` on lines of their own")
+            plan.remove.add(id(statement))
+        self._uses(plan, coord_names, thread_names)
+        return plan
+
+    def _inside_starter(self, statement, starters) -> bool:
+        small = _only(statement)
+        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+        return any(value is s for s in starters)
+
+    def _uses(self, plan: ScaffoldPlan, coords: set[str], threads: set[str]) -> None:
+        """Every other use of the coordinator and the thread list must be scaffolding too."""
+        module = self.planner.module
+        allowed: set[int] = set()  # Name nodes accounted for
+        planner = self
+
+        class Uses(cst.CSTVisitor):
+            def __init__(self) -> None:
+                self.except_names: list[str | None] = []
+
+            def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+                name = node.name.name.value if node.name is not None and isinstance(node.name.name, cst.Name) else None
+                self.except_names.append(name)
+
+            def leave_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+                self.except_names.pop()
+
+            def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+                if id(node) in plan.remove:
+                    allowed.update(id(n) for n in _name_nodes(node))
+                    return
+                small = _only(node)
+                if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
+                    return
+                func = small.value.func
+                if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in coords):
+                    return
+                args = small.value.args
+                if func.attr.value == "join" and all(_names_in(a.value) <= threads | coords for a in args):
+                    plan.remove.add(id(node))
+                elif func.attr.value == "request_stop" and not args:
+                    plan.remove.add(id(node))
+                elif func.attr.value == "request_stop" and len(args) == 1 and isinstance(args[0].value, cst.Name) \
+                        and self.except_names and args[0].value.value == self.except_names[-1]:
+                    plan.reraise.add(id(node))  # coord.join(threads) would have re-raised it
+                else:
+                    return
+                allowed.update(id(n) for n in _name_nodes(node))
+
+            def visit_If(self, node: cst.If) -> None:
+                # `if coord.should_stop(): break`
+                if node.orelse is None and planner._should_stop(node.test, coords) and len(node.body.body) == 1:
+                    only = _only(node.body.body[0])
+                    if isinstance(only, cst.Break):
+                        plan.remove.add(id(node))
+                        allowed.update(id(n) for n in _name_nodes(node.test))
+
+            def visit_While(self, node: cst.While) -> None:
+                test = planner._without_should_stop(node.test, coords)
+                if test is not node.test:
+                    plan.while_tests[id(node)] = test
+                    allowed.update(id(n) for n in _name_nodes(node.test))
+
+        module.visit(Uses())
+        for name in self.planner.calls.names:
+            if name.value in coords | threads and id(name) not in allowed:
+                if name.value in coords:
+                    raise Blocked(f"`{name.value}` (the Coordinator) is also used for something else than the queue runners")
+                raise Blocked(f"the queue-runner threads `{name.value}` are used for something else than `join`")
+
+    @staticmethod
+    def _should_stop(node: cst.BaseExpression, coords: set[str]) -> bool:
+        return (
+            isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value == "should_stop" and isinstance(node.func.value, cst.Name)
+            and node.func.value.value in coords
+        )
+
+    def _not_should_stop(self, node: cst.BaseExpression, coords: set[str]) -> bool:
+        return isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not) and self._should_stop(node.expression, coords)
+
+    def _without_should_stop(self, test: cst.BaseExpression, coords: set[str]) -> cst.BaseExpression:
+        """`not coord.should_stop()` -> True; `not coord.should_stop() and x` -> x."""
+        if self._not_should_stop(test, coords):
+            return cst.Name("True")
+        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            if self._not_should_stop(test.left, coords):
+                return test.right
+            if self._not_should_stop(test.right, coords):
+                return test.left
+        return test
+
+
+def _name_nodes(node: cst.CSTNode) -> list[cst.Name]:
+    found: list[cst.Name] = []
+
+    class Names(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            found.append(name)
+
+    node.visit(Names())
+    return found
+
+
+# --- applying it ------------------------------------------------------------------------
+
+class _Rewrite(cst.CSTTransformer):
+    def __init__(self, pipelines: list[Pipeline], scaffolding: ScaffoldPlan | None) -> None:
+        super().__init__()
+        self.remove = {id(s) for p in pipelines for s in p.removed}
+        self.replace: dict[int, list[cst.BaseStatement]] = {}
+        for pipeline in pipelines:
+            self.replace.update(pipeline.replaced)
+        self.scaffolding = scaffolding or ScaffoldPlan()
+        self.remove |= self.scaffolding.remove
+        self._padding: set[int] = set()
+        self._created = {id(s) for p in pipelines for new in p.replaced.values() for s in new if isinstance(s, cst.FunctionDef)}
+
+    def leave_SimpleStatementLine(self, original_node, updated_node):
+        if id(original_node) in self.replace:
+            return cst.FlattenSentinel(self.replace[id(original_node)])
+        if id(original_node) in self.remove:
+            return cst.RemovalSentinel.REMOVE
+        if id(original_node) in self.scaffolding.reraise:
+            return updated_node.with_changes(body=[cst.Raise()])
+        return updated_node
+
+    def leave_If(self, original_node, updated_node):
+        if id(original_node) in self.remove:
+            return cst.RemovalSentinel.REMOVE
+        return updated_node
+
+    def leave_While(self, original_node, updated_node):
+        if id(original_node) in self.scaffolding.while_tests:
+            return updated_node.with_changes(test=self.scaffolding.while_tests[id(original_node)])
+        return updated_node
+
+    def leave_Finally(self, original_node, updated_node):
+        if self._emptied(updated_node.body):
+            return cst.RemovalSentinel.REMOVE
+        return updated_node
+
+    def leave_Try(self, original_node, updated_node):
+        if original_node.finalbody is not None and updated_node.finalbody is None:
+            if not updated_node.handlers:  # try/finally with nothing left in finally: just the body
+                body = list(updated_node.body.body)
+                if body:
+                    body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+                    return cst.FlattenSentinel(body)
+        return updated_node
+
+    def leave_Module(self, original_node, updated_node):
+        return updated_node.with_changes(body=self._space_functions(updated_node.body))
+
+    def _space_functions(self, statements):
+        body = list(statements)
+        for index, statement in enumerate(body):
+            if isinstance(statement, cst.FunctionDef) and id(statement) in self._created:
+                # A blank line before the new nested function, unless it opens the block.
+                comments = [line for line in statement.leading_lines if line.comment is not None]
+                blank = [cst.EmptyLine(indent=False)] if index else []
+                body[index] = statement.with_changes(leading_lines=[*blank, *comments])
+        return body
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        body = list(updated_node.body)
+        for index, statement in enumerate(body):
+            if isinstance(statement, cst.FunctionDef) and id(statement) in self._created:
+                # A blank line before the new nested function, unless it opens the block.
+                comments = [line for line in statement.leading_lines if line.comment is not None]
+                blank = [cst.EmptyLine(indent=False)] if index else []
+                body[index] = statement.with_changes(leading_lines=[*blank, *comments])
+        updated_node = updated_node.with_changes(body=body)
+        if not updated_node.body:  # everything in it went: `pass` keeps it valid
+            padding = cst.SimpleStatementLine([cst.Pass()])
+            self._padding.add(id(padding))
+            return updated_node.with_changes(body=[padding])
+        return updated_node
+
+    def _emptied(self, block: cst.BaseSuite) -> bool:
+        body = getattr(block, "body", ())
+        return len(body) == 1 and id(body[0]) in self._padding
