@@ -236,3 +236,15 @@ def test_installed_console_script_json(tmp_path):
     assert "MirroredStrategy" in item["message"]
     module = subprocess.run([sys.executable, "-m", "tfmigrate", "--version"], cwd=tmp_path, capture_output=True, text=True)
     assert module.stdout.startswith("tfmigrate ")
+
+
+def test_worker_processes_give_the_same_output_in_the_same_order(tmp_path):
+    for i in range(50):  # above the threshold for a worker pool
+        write(tmp_path, f"pkg/m{i:02}.py", TOWER if i % 4 else "x = 1\n")
+    write(tmp_path, "pkg/zz_bad.py", "import tensorflow as tf\nwith tf.device('/gpu:0')\n    x = 1\n")
+    serial = run(["check", "--no-cache", "--jobs", "1", "--format", "json", "."], tmp_path)
+    parallel = run(["check", "--no-cache", "--jobs", "2", "--format", "json", "."], tmp_path)
+    assert serial.exit_code == parallel.exit_code == 2
+    assert serial.stdout == parallel.stdout and serial.stderr == parallel.stderr
+    assert len(json.loads(parallel.stdout)) == 38
+    assert run(["check", "--jobs", "0", "."], tmp_path).exit_code == 2

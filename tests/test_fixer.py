@@ -188,3 +188,14 @@ def test_symlink_stays_a_link(tmp_path):
     assert _invoke(["fix", "--write", str(link), str(target)]).exit_code == 0
     assert link.is_symlink()
     assert target.read_text() == "import tensorflow as tf\n\nx = tf.new_api(1)\n"
+
+
+def test_fix_in_worker_processes(tmp_path):
+    # More files than the pool threshold: the (forked) workers see the toy rules too.
+    paths = [tmp_path / f"m{i:02}.py" for i in range(45)]
+    for path in paths:
+        path.write_text("x = old_api(1)\n")
+    result = _invoke(["fix", "--write", "--jobs", "2", str(tmp_path)])
+    assert result.exit_code == 0, result.stderr
+    assert "Fixed 45 findings in 45 files." in result.stderr
+    assert all(p.read_text() == "import tensorflow as tf\n\nx = tf.new_api(1)\n" for p in paths)

@@ -19,8 +19,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tfmigrate.config import Config
 from tfmigrate.rule import Edit, Finding, FixSafety, Rule
-from tfmigrate.runner import analyze_source, internal_error
-from tfmigrate.source import SourceError, SourceFile, decode_source, read_source, write_atomic
+from tfmigrate.runner import analyze_source, in_cells, internal_error, is_notebook
+from tfmigrate.source import SourceError, SourceFile, decode_source, read_bytes, write_atomic
 
 MAX_PASSES = 8
 
@@ -34,6 +34,11 @@ class FixResult:
     remaining: list[Finding] = field(default_factory=list)
     error: str | None = None
     written: bool = False
+    notes: list[str] = field(default_factory=list)
+    # A notebook: cell number -> (old source, new source) of the cells that change, and the
+    # notebook's new bytes.
+    cells: dict[int, tuple[str, str]] | None = None
+    notebook_bytes: bytes | None = None
 
     @property
     def changed(self) -> bool:
@@ -42,6 +47,14 @@ class FixResult:
     def diff(self) -> str:
         if self.source is None or self.new_text is None:
             return ""
+        if self.cells is not None:
+            return "".join(
+                "".join(difflib.unified_diff(
+                    (old + "\n").splitlines(keepends=True), (new + "\n").splitlines(keepends=True),
+                    fromfile=f"{self.path}:cell {number}", tofile=f"{self.path}:cell {number}",
+                ))
+                for number, (old, new) in sorted(self.cells.items())
+            )
         return "".join(difflib.unified_diff(
             self.source.text.splitlines(keepends=True), self.new_text.splitlines(keepends=True),
             fromfile=self.path, tofile=self.path,
@@ -150,19 +163,39 @@ def fix_source(source: SourceFile, config: Config, *, unsafe: bool = False) -> F
     return result
 
 
+def _fix_notebook(path: str, raw: bytes, config: Config, unsafe: bool) -> FixResult:
+    from tfmigrate import notebook as nb
+
+    notebook = nb.load(path, raw)
+    result = fix_source(notebook.source_file(), config, unsafe=unsafe)
+    result.notes = notebook.notes
+    # Counted in the summary only; locations of later passes are approximate, which is fine there.
+    result.fixed = [in_cells(f, notebook) for f in result.fixed]
+    if result.changed:
+        changed = nb.split_cells(notebook, result.new_text)
+        old = {cell.number: cell.text for cell in notebook.cells}
+        result.cells = {number: (old[number], text) for number, text in changed.items()}
+        result.notebook_bytes = nb.render(notebook, changed)
+    return result
+
+
 def fix_file(path: str, config: Config, *, unsafe: bool = False, write: bool = False) -> FixResult:
     try:
-        source = read_source(path)
-        result = fix_source(source, config, unsafe=unsafe)
+        raw = read_bytes(path)
+        if is_notebook(path):
+            result = _fix_notebook(path, raw, config, unsafe)
+        else:
+            result = fix_source(decode_source(path, raw), config, unsafe=unsafe)
     except SourceError as exc:
         return FixResult(path=path, error=str(exc))
     except Exception as exc:  # a bug in a rule must not stop the run over the other files
         return FixResult(path=path, error=internal_error(exc) + "; file left untouched")
     if write and result.changed:
+        data = result.notebook_bytes if result.notebook_bytes is not None else result.source.encode(result.new_text)
         try:
             if not os.access(path, os.W_OK):
                 raise SourceError("file is read-only; not fixed")
-            write_atomic(path, source.encode(result.new_text), expected_original=source.raw)
+            write_atomic(path, data, expected_original=raw)
             result.written = True
         except SourceError as exc:
             result.error = str(exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections import Counter
@@ -37,8 +38,8 @@ def _summary(results: list[FixResult], missing: list[str], write: bool, unsafe: 
 
 def register(app: typer.Typer) -> None:
     from tfmigrate.cli import (
-        EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, ConfigOpt, ForceExcludeOpt, IgnoreOpt, PathsArg, SelectOpt,
-        _stderr, build_config, run_files,
+        EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, ConfigOpt, ForceExcludeOpt, IgnoreOpt, JobsOpt, PathsArg,
+        SelectOpt, _stderr, build_config, print_notes, run_files,
     )
 
     @app.command()
@@ -56,6 +57,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print errors only."),
         config_file: Optional[str] = ConfigOpt,
         force_exclude: bool = ForceExcludeOpt,
+        jobs: Optional[int] = JobsOpt,
     ) -> None:
         """Rewrite legacy patterns to tf.distribute / tf.data (a diff unless --write)."""
         paths = paths or ["."]
@@ -77,10 +79,10 @@ def register(app: typer.Typer) -> None:
                 seen.add(key)
                 files.append(path)
 
-        def work(path, config):
-            return fix_file(path, config, unsafe=unsafe_fixes, write=write)
-
-        results: list[FixResult] = run_files(files, config, work, quiet=quiet, label="Fixing")
+        work = functools.partial(fix_file, unsafe=unsafe_fixes, write=write)  # picklable, for the workers
+        results: list[FixResult] = run_files(files, config, work, quiet=quiet, label="Fixing", jobs=jobs)
+        if not quiet:
+            print_notes(results, err)
         for path in found.missing:
             err.print(f"{path}: error: no such file or directory", highlight=False, markup=False)
         for result in results:

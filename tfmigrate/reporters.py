@@ -7,13 +7,17 @@ import os
 from collections import Counter
 from typing import Iterable, TextIO
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from tfmigrate import __version__
 from tfmigrate.registry import all_rules, rule_by_code
 from tfmigrate.rule import Finding, FixSafety
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 DOCS_URL = "https://github.com/tfmigrate/tfmigrate/blob/main/docs/rules.md#{code}"
 FORMATS = ("text", "json", "github", "sarif")
@@ -26,6 +30,12 @@ def rule_url(code: str) -> str:
 def _source_line(f: Finding, cache: dict) -> str | None:
     """The line a finding starts on; ``cache`` maps a path (or (path, cell)) to its lines."""
     key = f.path if f.cell is None else (f.path, f.cell)
+    if key not in cache and f.cell is not None:
+        from tfmigrate.notebook import cell_lines
+
+        for number, lines in cell_lines(f.path).items():
+            cache.setdefault((f.path, number), lines)
+        cache.setdefault(key, [])
     if key not in cache:
         try:
             with open(f.path, "rb") as handle:
@@ -212,6 +222,8 @@ def write_machine(fmt: str, findings: list[Finding], errors: list[tuple[str, str
 
 
 def statistics_table(findings: list[Finding]) -> Table:
+    from rich.table import Table
+
     counts = Counter(f.code for f in findings)
     fixable = Counter(f.code for f in findings if f.fixable)
     table = Table(box=None, show_header=True, header_style="bold")

@@ -14,8 +14,10 @@ import re
 import tempfile
 import tokenize
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import libcst as cst
+if TYPE_CHECKING:
+    import libcst as cst
 
 
 class SourceError(Exception):
@@ -66,10 +68,10 @@ def decode_source(path: str, raw: bytes) -> SourceFile:
     return SourceFile(path=path, raw=raw, text=text, encoding=encoding, bom=bom)
 
 
-def read_source(path: str) -> SourceFile:
+def read_bytes(path: str) -> bytes:
     try:
         with open(path, "rb") as handle:
-            raw = handle.read()
+            return handle.read()
     except FileNotFoundError:
         raise SourceError("no such file") from None
     except IsADirectoryError:
@@ -78,7 +80,10 @@ def read_source(path: str) -> SourceFile:
         raise SourceError("permission denied") from None
     except OSError as exc:
         raise SourceError(exc.strerror or str(exc)) from None
-    return decode_source(path, raw)
+
+
+def read_source(path: str) -> SourceFile:
+    return decode_source(path, read_bytes(path))
 
 
 # Python 2 constructs that are the usual reason an old TensorFlow script does not parse.
@@ -133,6 +138,8 @@ def parse_source(source: SourceFile) -> cst.Module:
     LibCST's parser accepts a few things Python 3 does not (``except E, e:``), and Python's own
     parser words errors better ("expected ':'"), so its verdict is the one reported.
     """
+    import libcst as cst  # here, not at the top: a run whose files the prefilter skips never needs it
+
     try:
         module = cst.parse_module(source.text)
     except cst.ParserSyntaxError as exc:

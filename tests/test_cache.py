@@ -1,0 +1,142 @@
+"""The content-hash cache of `check` results (.tfmigrate_cache/)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tfmigrate.cli
+from tfmigrate.cache import ENV_VAR
+
+from .test_cli import TOWER, run, write
+
+BAD = "import tensorflow as tf\nwith tf.device('/gpu:0')\n    x = 1\n"
+
+
+def tree(root: Path, files: int = 3) -> None:
+    for i in range(files):
+        write(root, f"pkg/m{i}.py", TOWER.replace("model(x)", f"model_{i}(x)"))
+    write(root, "pkg/clean.py", "import os\nprint(os.getcwd())\n")
+    write(root, "pkg/bad.py", BAD)
+
+
+def check_json(root: Path, *args: str):
+    result = run(["check", "--format", "json", *args, "."], root)
+    return result.exit_code, json.loads(result.stdout), result.stderr
+
+
+def entries(root: Path) -> list[Path]:
+    return sorted((root / ".tfmigrate_cache").rglob("*.json"))
+
+
+@pytest.fixture(autouse=True)
+def no_env_override(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+
+
+@pytest.fixture
+def count_checks(monkeypatch):
+    """How many files `check` really analysed (cache misses)."""
+    calls = []
+    real = tfmigrate.cli.check_file
+
+    def counting(path, config):
+        calls.append(path)
+        return real(path, config)
+
+    monkeypatch.setattr(tfmigrate.cli, "check_file", counting)
+    return calls
+
+
+def test_warm_run_gives_identical_results_without_checking_anything(tmp_path, count_checks):
+    tree(tmp_path)
+    cold = check_json(tmp_path)
+    assert cold[0] == 2 and len(count_checks) == 5  # bad.py is an error
+    assert len(entries(tmp_path)) == 5  # the syntax error is cached too
+    cache = tmp_path / ".tfmigrate_cache"
+    assert (cache / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    assert (cache / ".gitignore").read_text().splitlines()[-1] == "*"
+    count_checks.clear()
+    warm = check_json(tmp_path)
+    assert warm == cold and count_checks == []
+    text = run(["check", "."], tmp_path)
+    assert "pkg/m0.py:3:1: TFM101" in text.stdout and "3 | for i in range(2):" in text.stdout
+
+
+def test_changed_file_is_checked_again(tmp_path, count_checks):
+    tree(tmp_path)
+    check_json(tmp_path)
+    count_checks.clear()
+    write(tmp_path, "pkg/m1.py", "x = 1\n")
+    write(tmp_path, "pkg/bad.py", TOWER)
+    code, data, stderr = check_json(tmp_path)
+    assert sorted(count_checks) == [os.path.join("pkg", "bad.py"), os.path.join("pkg", "m1.py")]
+    assert code == 1 and "error" not in stderr
+    assert sorted(Path(d["filename"]).name for d in data) == ["bad.py", "m0.py", "m2.py"]
+
+
+def test_changed_config_is_checked_again(tmp_path, count_checks):
+    tree(tmp_path, files=1)
+    check_json(tmp_path)
+    count_checks.clear()
+    code, data, _ = check_json(tmp_path, "--ignore", "TFM101")
+    assert len(count_checks) == 3 and [d["code"] for d in data] == [None]  # only bad.py's error
+    count_checks.clear()
+    write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\nper-file-ignores = { "pkg/m0.py" = ["TFM1"] }\n')
+    check_json(tmp_path)
+    assert count_checks == [os.path.join("pkg", "m0.py")]  # the other files' ignores did not change
+    count_checks.clear()
+    check_json(tmp_path, "--target", "tf2")
+    assert len(count_checks) == 3
+
+
+def test_corrupt_or_partial_entries_are_recomputed(tmp_path, count_checks):
+    tree(tmp_path)
+    cold = check_json(tmp_path)
+    for i, entry in enumerate(entries(tmp_path)):
+        entry.write_bytes(entry.read_bytes()[: 10 * i])  # empty, truncated...
+    count_checks.clear()
+    assert check_json(tmp_path) == cold
+    assert len(count_checks) == 5
+    count_checks.clear()
+    assert check_json(tmp_path) == cold and count_checks == []  # and rewritten whole
+
+
+def test_no_cache_and_env_override(tmp_path, monkeypatch, count_checks):
+    tree(tmp_path, files=1)
+    check_json(tmp_path, "--no-cache")
+    assert not (tmp_path / ".tfmigrate_cache").exists()
+    elsewhere = tmp_path / "elsewhere"
+    monkeypatch.setenv(ENV_VAR, str(elsewhere))
+    check_json(tmp_path)
+    assert not (tmp_path / ".tfmigrate_cache").exists()
+    assert (elsewhere / "CACHEDIR.TAG").exists() and list(elsewhere.rglob("*.json"))
+
+
+def test_unwritable_cache_folder_does_not_fail_the_run(tmp_path, monkeypatch):
+    tree(tmp_path, files=1)
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "pkg" / "clean.py" / "sub"))  # below a file: cannot exist
+    code, data, stderr = check_json(tmp_path)
+    assert code == 2 and [d["code"] for d in data] == ["TFM101", None] and "cache" not in stderr
+
+
+def test_two_concurrent_runs_share_the_cache(tmp_path):
+    for i in range(60):  # enough files for worker processes too
+        write(tmp_path, f"pkg/m{i:02}.py", TOWER if i % 3 else "x = 1\n")
+    command = [sys.executable, "-m", "tfmigrate", "check", "--format", "json", "."]
+    expected = subprocess.run(command + ["--no-cache"], cwd=tmp_path, capture_output=True, text=True).stdout
+    env = {**os.environ, ENV_VAR: str(tmp_path / "shared")}
+    for _ in range(2):  # first both cold, then both warm
+        runs = [subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        outputs = [p.communicate()[0] for p in runs]
+        assert [p.returncode for p in runs] == [1, 1]
+        assert outputs == [expected, expected]
+    stored = list((tmp_path / "shared").rglob("*.json"))
+    assert len(stored) == 60
+    assert all(json.loads(p.read_text())["key"] == p.stem for p in stored)
+    assert not list((tmp_path / "shared").rglob("*.tmp"))
