@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import describe_device, tower_loop_at
+from tfmigrate.devices import describe_device, tower_group, tower_loop_at
+from tfmigrate import mirrored
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 
@@ -104,11 +105,33 @@ class ManualTowerLoop(Rule):
 
     def visit_For(self, node: cst.For) -> None:
         tower = tower_loop_at(self.context, node)
+        group = tower_group(self.context, node)
+        if tower is not None and group and group[0] is not tower:
+            tower = None  # one finding per group of loops, at its first loop
         if tower is not None:
             device = describe_device(tower.scopes[0].device, self.context.module)
-            self.report(
-                node,
-                f"tower loop: one model replica per device under `tf.device({device})`; "
+            message = (
+                f"tower loop: one model replica per device under `tf.device({device})`"
+                f"{_where_else(self, tower, group)}; "
                 "use tf.distribute.MirroredStrategy, which replicates the model, splits "
-                "the batch and all-reduces the gradients",
+                "the batch and all-reduces the gradients"
             )
+            try:
+                edit = mirrored.plan(self, tower)
+            except mirrored.Refused as reason:
+                edit = None
+                message += f" (no automatic fix: {reason})"
+            self.report(node, message, edit=edit)
+
+
+def _where_else(rule: Rule, tower, group) -> str:
+    """Message text for towers opened in a tower function or built over several loops."""
+    note = ""
+    if getattr(tower, "via", None):
+        names = ", ".join(f"`{f.name.value}`" for f in tower.via)
+        note += f" (opened in {names}, called once per device)"
+    if len(group) > 1:
+        lines = ", ".join(str(rule.position(t.loop).start.line) for t in group[1:])
+        where = f"loop at line {lines}" if len(group) == 2 else f"loops at lines {lines}"
+        note += f", continued by the {where} over the same devices (one migration for all of them)"
+    return note

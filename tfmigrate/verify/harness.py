@@ -172,7 +172,15 @@ def install_device_rewrite(tf, count: int) -> None:
 
     ops.Graph._apply_device_functions = _apply_device_functions
 
-    strategy_init = tf.distribute.MirroredStrategy.__init__
+    # Both classes: a legacy-mode program's `tf.distribute` is compat.v1's, whose
+    # MirroredStrategy is a separate class (left unpatched, its GPU device list would be
+    # soft-placed onto one CPU with an all-reduce that never completes).
+    for strategy_class in {tf.distribute.MirroredStrategy, tf.compat.v1.distribute.MirroredStrategy}:
+        _patch_strategy(tf, strategy_class, count)
+
+
+def _patch_strategy(tf, strategy_class, count: int) -> None:
+    strategy_init = strategy_class.__init__
 
     def __init__(self, devices=None, cross_device_ops=None):
         if devices is None:
@@ -185,7 +193,7 @@ def install_device_rewrite(tf, count: int) -> None:
             cross_device_ops = tf.distribute.ReductionToOneDevice()
         strategy_init(self, devices=devices, cross_device_ops=cross_device_ops)
 
-    tf.distribute.MirroredStrategy.__init__ = __init__
+    strategy_class.__init__ = __init__
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,478 @@
+"""The TFM101 rewrite: a hand-built tower loop becomes ``tf.distribute.MirroredStrategy``
+(DESIGN's ``compat`` target: the Session program stays, its scaffolding is replaced).
+
+The shape it rewrites, in one block of a function::
+
+    tower_grads = []
+    [with tf.variable_scope(tf.get_variable_scope()):]
+        for i in range(N):                       # or: for i, d in enumerate(DEVICES)
+            with tf.device(<any spelling>):
+                ... build the tower, `loss = ...` ...
+                [tf.get_variable_scope().reuse_variables()]
+                tower_grads.append(opt.compute_gradients(loss))
+    grads = average_gradients(tower_grads)       # a helper of this module that averages (or sums)
+    train_op = opt.apply_gradients(grads, global_step=global_step)
+
+becomes a replica function that MirroredStrategy runs once per device::
+
+    def tower_step():
+        i = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+        ... the same tower code ...
+        grads = opt.compute_gradients(loss / strategy.num_replicas_in_sync)
+        train_op = opt.apply_gradients(grads, global_step=global_step)
+        with tf.control_dependencies([train_op]):
+            return tf.identity(loss)
+
+    loss = strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(tower_step), axis=None)
+    train_op = loss.op
+
+MirroredStrategy *sums* gradients across replicas, so a loss whose gradients the helper
+averaged is divided by the replica count; a helper that summed keeps the loss as it was. The
+replica index takes the place of the loop variable, so `x_parts[i]`, `'tower_%d' % i` and
+per-tower feeds keep working; variables are created by replica 0 and reused by the others,
+exactly what `reuse_variables()` did. The graph is built under ``strategy.scope()``, which
+takes the place of the hand placement on ``/cpu:0``. Anything else is refused with a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from tfmigrate.devices import children, device_scope_arg, find, mentions_only_cpu, names_used, walk
+from tfmigrate.rule import Edit, FixSafety
+
+REPLICA_INDEX = "{tf}.get_static_value({tf}.distribute.get_replica_context().replica_id_in_sync_group)"
+
+
+class Refused(Exception):
+    """The loop does not have a shape this rewrite handles; the message says why."""
+
+
+@dataclass
+class _Names:
+    """TensorFlow spelled with the module's own alias, and the imports that needs."""
+
+    rule: object
+    imports: list = field(default_factory=list)
+
+    def __call__(self, target: str) -> str:
+        expression, needed = self.rule.tf_ref(target)
+        self.imports += [item for item in needed if item not in self.imports]
+        return cst.Module([]).code_for_node(expression)
+
+
+def _parents(context) -> dict[int, cst.CSTNode]:
+    def compute() -> dict[int, cst.CSTNode]:
+        parents: dict[int, cst.CSTNode] = {}
+        stack: list[cst.CSTNode] = [context.module]
+        while stack:
+            node = stack.pop()
+            for child in children(node):
+                parents[id(child)] = node
+                stack.append(child)
+        return parents
+
+    return context.memo("parents", compute)
+
+
+def _statement_of(node: cst.CSTNode, parents) -> cst.BaseStatement:
+    while not isinstance(node, cst.BaseStatement):
+        node = parents[id(node)]
+    return node
+
+
+def _block_of(statement: cst.CSTNode, parents) -> cst.CSTNode:
+    return parents[id(statement)]  # an IndentedBlock or the Module
+
+
+def _only_call(statement: cst.CSTNode) -> cst.Call | None:
+    """The call of `name = call(...)` or of a bare `call(...)` statement."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        small = statement.body[0]
+        if isinstance(small, (cst.Assign, cst.Expr)) and isinstance(small.value, cst.Call):
+            return small.value
+    return None
+
+
+def _assigned_name(statement: cst.CSTNode) -> str | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        small = statement.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            target = small.targets[0].target
+            if isinstance(target, cst.Name):
+                return target.value
+    return None
+
+
+def _method_call(call: cst.CSTNode, method: str) -> bool:
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+@dataclass
+class _Gradients:
+    """Where the loop collects its gradients."""
+
+    tower_list: str  # `tower_grads`
+    append: cst.SimpleStatementLine  # `tower_grads.append(...)`
+    compute: cst.Call  # `opt.compute_gradients(loss, ...)`
+    compute_statement: cst.SimpleStatementLine | None  # `grads = opt.compute_gradients(...)` when separate
+    optimizer: str  # `opt`
+    loss: str  # `loss`
+
+
+def _find_gradients(loop: cst.For) -> _Gradients:
+    computes: dict[str, tuple[cst.Call, cst.SimpleStatementLine]] = {}
+    for statement in find(loop.body, cst.SimpleStatementLine):
+        call, name = _only_call(statement), _assigned_name(statement)
+        if call is not None and name and _method_call(call, "compute_gradients"):
+            computes[name] = (call, statement)
+    for statement in find(loop.body, cst.SimpleStatementLine):
+        call = _only_call(statement)
+        if call is None or _assigned_name(statement) or not _method_call(call, "append"):
+            continue
+        if not (isinstance(call.func.value, cst.Name) and len(call.args) == 1):
+            continue
+        argument = call.args[0].value
+        if _method_call(argument, "compute_gradients"):
+            compute, separate = argument, None
+        elif isinstance(argument, cst.Name) and argument.value in computes:
+            compute, separate = computes[argument.value]
+        else:
+            continue
+        loss = compute.args[0].value if compute.args else None
+        if not isinstance(loss, cst.Name):
+            raise Refused("the tower loss passed to compute_gradients is not a plain name")
+        return _Gradients(
+            tower_list=call.func.value.value, append=statement, compute=compute,
+            compute_statement=separate, optimizer=_code(compute.func.value), loss=loss.value,
+        )
+    raise Refused("the loop does not collect `opt.compute_gradients(loss)` with `<list>.append(...)`")
+
+
+def _averaging(helper: str, module: cst.Module, imports) -> tuple[cst.FunctionDef, bool]:
+    """The module-level def of the averaging helper, and whether it averages (else sums)."""
+    for statement in module.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == helper:
+            called = {imports.resolve(c.func) for c in find(statement, cst.Call)}
+            divides = any(isinstance(b.operator, cst.Divide) for b in find(statement, cst.BinaryOperation))
+            if called & {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean", "tensorflow.divide",
+                         "tensorflow.div", "tensorflow.truediv"} or divides:
+                return statement, True
+            if called & {"tensorflow.add_n", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum",
+                         "tensorflow.math.add_n"}:
+                return statement, False
+            raise Refused(f"cannot tell whether `{helper}` averages or sums the tower gradients")
+    raise Refused(f"`{helper}` is not defined in this module, so whether it averages or sums is unknown")
+
+
+def _is_variable_scope_wrapper(statement: cst.CSTNode, imports) -> bool:
+    """`with tf.variable_scope(tf.get_variable_scope()):` — only there to share the towers' variables."""
+    if not isinstance(statement, cst.With) or len(statement.body.body) != 1:
+        return False
+    for item in statement.items:
+        call = item.item
+        if not (isinstance(call, cst.Call) and imports.resolve(call.func) == "tensorflow.variable_scope"):
+            return False
+        if not (call.args and isinstance(call.args[0].value, cst.Call)
+                and imports.resolve(call.args[0].value.func) == "tensorflow.get_variable_scope"):
+            return False
+    return True
+
+
+def _is_reuse_statement(statement: cst.CSTNode) -> bool:
+    call = _only_call(statement)
+    return call is not None and _method_call(call, "reuse_variables")
+
+
+class _RewriteBody(cst.CSTTransformer):
+    """The loop body as a replica function body: no device scopes, no reuse call, and the
+    gradient bookkeeping replaced by compute + apply + return."""
+
+    def __init__(self, imports, grads: _Gradients, new_compute: cst.Call, tail: list[cst.BaseStatement]):
+        super().__init__()
+        self.imports, self.grads, self.new_compute, self.tail = imports, grads, new_compute, tail
+
+    def leave_With(self, original: cst.With, updated: cst.With):
+        items = [item for item in updated.items if device_scope_arg(item.item, self.imports) is None]
+        if len(items) == len(updated.items):
+            return updated
+        if not items:
+            return cst.FlattenSentinel(updated.body.body)
+        items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(items=items)
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        return self.new_compute if original is self.grads.compute else updated
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if _is_reuse_statement(original):
+            return cst.RemovalSentinel.REMOVE
+        if original is self.grads.append:
+            return cst.FlattenSentinel(self.tail)
+        return updated
+
+
+def _last_in_body(statement: cst.CSTNode, loop: cst.For, parents) -> bool:
+    """Whether nothing runs after ``statement`` in the loop body (so a return can go there)."""
+    node = statement
+    while node is not loop:
+        block = parents[id(node)]
+        body = block.body if isinstance(block, (cst.IndentedBlock, cst.Module)) else None
+        if body is not None and body[-1] is not node:
+            return False
+        node = block
+    return True
+
+
+def _devices_argument(loop: cst.For) -> str:
+    iterable = loop.iter
+    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
+        name = iterable.func.value
+        if name in ("range", "xrange") and len(iterable.args) == 1:
+            return f"['/gpu:%d' % k for k in range({_code(iterable.args[0].value)})]"
+        if name == "enumerate" and len(iterable.args) == 1:
+            return _code(iterable.args[0].value)
+    if isinstance(iterable, (cst.Name, cst.Attribute, cst.List, cst.Tuple)):
+        return _code(iterable)
+    raise Refused(f"cannot tell the devices from `{_code(iterable)}`")
+
+
+def _loop_index(loop: cst.For) -> tuple[str, set[str]]:
+    """The loop's index variable, and the other names its target binds."""
+    target = loop.target
+    if isinstance(target, cst.Name):
+        if isinstance(loop.iter, cst.Call) and _code(loop.iter.func) in ("range", "xrange"):
+            return target.value, set()
+        return "", {target.value}  # `for d in DEVICES`: the element is a device, not an index
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2:
+        first, second = (e.value for e in target.elements)
+        if isinstance(first, cst.Name):
+            return first.value, names_used(second)
+    raise Refused(f"cannot use the loop target `{_code(target)}` as a replica index")
+
+
+def _references(module: cst.Module, name: str) -> int:
+    return sum(1 for node in walk(module) if isinstance(node, cst.Name) and node.value == name)
+
+
+def plan(rule, tower) -> Edit:
+    """The MirroredStrategy rewrite of ``tower`` as an Edit, or Refused with the reason."""
+    context, imports = rule.context, rule.imports
+    if context.target != "compat":
+        raise Refused("only the compat target is rewritten for tower loops so far")
+    module, loop = context.module, tower.loop
+    parents = _parents(context)
+    tf = _Names(rule)
+
+    grads = _find_gradients(loop)
+    if not _last_in_body(grads.append, loop, parents):
+        raise Refused("statements follow the gradient collection in the loop body")
+
+    # The region: [init] [wrapper] loop ... averaging ... apply, all in one block.
+    outer: cst.CSTNode = loop
+    while isinstance(parents[id(outer)], cst.IndentedBlock) and _is_variable_scope_wrapper(
+        parents[id(parents[id(outer)])], imports
+    ):
+        outer = parents[id(parents[id(outer)])]
+    block = _block_of(outer, parents)
+    body = list(block.body)
+    at = next(k for k, s in enumerate(body) if s is outer)
+    init = next(
+        (s for s in reversed(body[:at]) if _assigned_name(s) == grads.tower_list
+         and isinstance(s.body[0].value, cst.List) and not s.body[0].value.elements),
+        None,
+    )
+    average = apply = None
+    for statement in body[at + 1:]:
+        used = names_used(statement)
+        if average is None:
+            if grads.tower_list not in used:
+                continue
+            call = _only_call(statement)
+            if (call is None or not _assigned_name(statement) or len(call.args) != 1
+                    or _code(call.args[0].value) != grads.tower_list or not isinstance(call.func, cst.Name)):
+                raise Refused(f"`{grads.tower_list}` is used after the loop other than by one averaging call")
+            average = statement
+        elif apply is None:
+            averaged = _assigned_name(average)
+            if averaged not in used:
+                continue
+            call = _only_call(statement)
+            if (call is None or not _method_call(call, "apply_gradients")
+                    or _code(call.func.value) != grads.optimizer or not call.args
+                    or _code(call.args[0].value) != averaged):
+                raise Refused(f"the averaged gradients are used other than by `{grads.optimizer}.apply_gradients(...)`")
+            apply = statement
+        elif ({grads.tower_list, _assigned_name(average)} & used):
+            raise Refused("the gradients are used again after apply_gradients")
+    if average is None or apply is None:
+        raise Refused("no `grads = <helper>(tower_grads)` and `opt.apply_gradients(grads, ...)` after the loop")
+    helper_name = _code(_only_call(average).func)
+    helper, averages = _averaging(helper_name, module, imports)
+
+    # Names the loop body binds that the code after it reads would vanish into the function.
+    bound_in_loop = {n for s in find(loop.body, cst.AssignTarget) for n in names_used(s.target)}
+    after = set()
+    for statement in body[body.index(apply) + 1:]:
+        after |= names_used(statement)
+    leaking = sorted((bound_in_loop & after) - {grads.loss})
+    if leaking:
+        raise Refused(f"the loop body defines {', '.join(f'`{n}`' for n in leaking)}, used after the loop")
+
+    index, other_targets = _loop_index(loop)
+    devices = _devices_argument(loop)
+
+    # --- the replica function --------------------------------------------------------
+    strategy = "strategy" if _references(module, "strategy") == 0 else "mirrored_strategy"
+    step = "tower_step" if _references(module, "tower_step") == 0 else "replica_step"
+    scaled = (
+        cst.parse_expression(f"{grads.loss} / {strategy}.num_replicas_in_sync") if averages
+        else cst.Name(grads.loss)
+    )
+    new_compute = grads.compute.with_changes(
+        args=[grads.compute.args[0].with_changes(value=scaled), *grads.compute.args[1:]]
+    )
+    grads_name = _assigned_name(grads.compute_statement) if grads.compute_statement else _assigned_name(average)
+    train_name = _assigned_name(apply) or "train_op"
+    apply_call = _only_call(apply)
+    apply_statement = cst.parse_statement(
+        f"{train_name} = " + _code(apply_call.with_changes(
+            args=[apply_call.args[0].with_changes(value=cst.Name(grads_name)), *apply_call.args[1:]]
+        )) + "\n"
+    )
+    tail: list[cst.BaseStatement] = []
+    if grads.compute_statement is None:
+        tail.append(cst.parse_statement(f"{grads_name} = {_code(new_compute)}\n"))
+    tail.append(apply_statement)
+    tail.append(cst.parse_statement(
+        f"with {tf('tensorflow.control_dependencies')}([{train_name}]):\n"
+        f"    return {tf('tensorflow.identity')}({grads.loss})\n"
+    ))
+    step_body = loop.body.visit(_RewriteBody(imports, grads, new_compute, tail))
+    statements = list(step_body.body)
+    used_in_step = set().union(*(names_used(s) for s in statements)) if statements else set()
+    if other_targets & used_in_step:
+        raise Refused(f"the tower code uses the loop's device variable {sorted(other_targets & used_in_step)}")
+    if index and index in used_in_step:
+        index_line = cst.parse_statement(
+            f"{index} = " + REPLICA_INDEX.format(tf=_tf_root(tf)) + "\n"
+        ).with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+            "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable."
+        ))])
+        statements.insert(0, index_line)
+    # Comments above the statements that go stay with what replaces them.
+    function = cst.FunctionDef(
+        name=cst.Name(step), params=cst.Parameters(), body=cst.IndentedBlock(body=statements),
+        leading_lines=[*(init.leading_lines if init is not None else ()), *outer.leading_lines],
+    )
+    reduce_op = tf("tensorflow.distribute.ReduceOp.MEAN")
+    replacement = [
+        function,
+        cst.parse_statement(
+            f"{grads.loss} = {strategy}.reduce({reduce_op}, {strategy}.run({step}), axis=None)\n"
+        ).with_changes(leading_lines=[cst.EmptyLine(indent=False), *_comments(average), *_comments(apply)]),
+        cst.parse_statement(f"{train_name} = {grads.loss}.op\n"),
+    ]
+    region = {id(outer): cst.FlattenSentinel(replacement), id(average): cst.RemovalSentinel.REMOVE,
+              id(apply): cst.RemovalSentinel.REMOVE}
+    if init is not None:
+        region[id(init)] = cst.RemovalSentinel.REMOVE
+
+    # --- the strategy and its scope ---------------------------------------------------
+    create = cst.parse_statement(
+        f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n"
+    )
+    scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
+    anchor, new_anchor = _place_scope(outer, parents, imports, region, create, scope_item)
+
+    changes: dict = {anchor: new_anchor}
+    # The helpers only the loop used go with it.
+    removed = [average] + [scope.device for scope in tower.scopes]
+    for name, definition in [(helper_name, helper)] + _device_helpers(tower, module):
+        if definition is None or definition is anchor:
+            continue
+        inside = sum(_references(node, name) for node in removed)
+        if _references(module, name) - 1 - inside == 0:
+            changes[definition] = cst.RemovalSentinel.REMOVE
+    return Edit(
+        changes, "rewrite the tower loop with tf.distribute.MirroredStrategy",
+        add_imports=tf.imports, safety=FixSafety.UNSAFE,
+    )
+
+
+def _comments(statement: cst.CSTNode) -> list[cst.EmptyLine]:
+    return [line for line in statement.leading_lines if line.comment is not None]
+
+
+def _tf_root(tf: _Names) -> str:
+    """The module's name for TensorFlow itself (`tf`), from a reference to one of its APIs."""
+    return tf("tensorflow.identity").rsplit(".", 1)[0]
+
+
+def _device_helpers(tower, module: cst.Module) -> list[tuple[str, cst.FunctionDef | None]]:
+    """Module-level functions called in the loop's device scopes (`assign_to_device(...)`)."""
+    called = {
+        call.func.value for scope in tower.scopes for call in find(scope.device, cst.Call)
+        if isinstance(call.func, cst.Name)
+    }
+    defs = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    return [(name, defs.get(name)) for name in sorted(called) if name in defs]
+
+
+class _ReplaceById(cst.CSTTransformer):
+    def __init__(self, changes: dict[int, object]):
+        super().__init__()
+        self.changes = changes
+
+    def on_leave(self, original, updated):
+        return self.changes.get(id(original), updated)
+
+
+def _place_scope(outer, parents, imports, region, create, scope_item):
+    """Put the graph under ``strategy.scope()`` in place of the hand placement on the CPU.
+
+    Prefers the `with` that opens the graph (`tf.Graph().as_default()`) or pins it to
+    `/cpu:0`; otherwise the whole enclosing function body goes under the scope. Returns the
+    node to replace and its replacement (with the loop region rewritten inside).
+    """
+    node = parents[id(outer)]
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if isinstance(node, cst.With):
+            graph = [i for i, item in enumerate(node.items) if _is_graph_scope(item.item)]
+            cpu = [i for i, item in enumerate(node.items)
+                   if device_scope_arg(item.item, imports) is not None
+                   and mentions_only_cpu(device_scope_arg(item.item, imports), imports)]
+            if graph or cpu:
+                items = [item for i, item in enumerate(node.items) if i not in cpu]
+                position = graph[-1] + 1 if graph else cpu[0]
+                items.insert(position, scope_item)
+                items = [item.with_changes(comma=cst.MaybeSentinel.DEFAULT) for item in items[:-1]] + [
+                    items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+                ]
+                rewritten = node.visit(_ReplaceById(region)).with_changes(items=items)
+                return node, cst.FlattenSentinel([create.with_changes(leading_lines=node.leading_lines),
+                                                  rewritten.with_changes(leading_lines=())])
+        node = parents.get(id(node))
+    if isinstance(node, cst.FunctionDef):
+        body = list(node.body.visit(_ReplaceById(region)).body)
+        docstring = body[:1] if body and _is_docstring(body[0]) else []
+        rest = body[len(docstring):]
+        scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
+        return node, node.with_changes(body=node.body.with_changes(body=[*docstring, create, scoped]))
+    raise Refused("the tower loop is at module level outside any `with` opening the graph: "
+                  "move it into a function so the graph can be built under strategy.scope()")
+
+
+def _is_graph_scope(expression: cst.CSTNode) -> bool:
+    return _method_call(expression, "as_default")
+
+
+def _is_docstring(statement: cst.CSTNode) -> bool:
+    return (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)
+            and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))
