@@ -43,7 +43,8 @@ import libcst as cst
 from tfmigrate.devices import children, device_scope_arg, find, mentions_only_cpu, names_used, walk
 from tfmigrate.rule import Edit, FixSafety
 
-REPLICA_INDEX = "{tf}.get_static_value({tf}.distribute.get_replica_context().replica_id_in_sync_group)"
+# A Python int (not a numpy one): `reuse=i > 0` must stay a real bool for variable_scope.
+REPLICA_INDEX = "int({tf}.get_static_value({tf}.distribute.get_replica_context().replica_id_in_sync_group))"
 
 
 class Refused(Exception):
