@@ -88,3 +88,79 @@ def test_unscaled_loss_is_caught(migrated, tmp_path):
     wrong.write_text(text.replace("loss / strategy.num_replicas_in_sync", "loss"))
     code, _ = _verify(FIXTURES / "programs" / "legacy_towers.py", wrong, tmp_path)
     assert code == 1
+
+
+REFUSALS = {
+    "make_parallel": (
+        """\
+        import tensorflow as tf
+        def make_parallel(fn, num_gpus, **kwargs):
+            in_splits = {k: tf.split(v, num_gpus) for k, v in kwargs.items()}
+            out_split = []
+            for i in range(num_gpus):
+                with tf.device(tf.DeviceSpec(device_type='GPU', device_index=i)):
+                    out_split.append(fn(**{k: v[i] for k, v in in_splits.items()}))
+            return tf.concat(out_split, axis=0)
+        """,
+        "does not collect `opt.compute_gradients(loss)`",
+    ),
+    "imported_helper": (
+        """\
+        import tensorflow as tf
+        from mylib import average_gradients
+        def train(opt):
+            tower_grads = []
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    loss = model(i)
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = average_gradients(tower_grads)
+            train_op = opt.apply_gradients(grads)
+            return train_op
+        """,
+        "`average_gradients` is not defined in this module",
+    ),
+    "module_level": (
+        """\
+        import tensorflow as tf
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        tower_grads = []
+        for i in range(2):
+            with tf.device('/gpu:%d' % i):
+                loss = model(i)
+                tower_grads.append(opt.compute_gradients(loss))
+        grads = average_gradients(tower_grads)
+        train_op = opt.apply_gradients(grads)
+        """,
+        "at module level",
+    ),
+    "leaking_names": (
+        """\
+        import tensorflow as tf
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        def train(opt):
+            tower_grads = []
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    loss = model(i)
+                    summaries = tf.get_collection(tf.GraphKeys.SUMMARIES)
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = average_gradients(tower_grads)
+            train_op = opt.apply_gradients(grads)
+            return train_op, summaries
+        """,
+        "defines `summaries`, used after the loop",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSALS))
+def test_shapes_that_are_not_rewritten_say_why(name):
+    from tests.conftest import run_check
+
+    code, reason = REFUSALS[name]
+    (finding,) = [f for f in run_check(code) if f.code == "TFM101"]
+    assert finding.fix_title is None
+    assert f"no automatic fix: " in finding.message and reason in finding.message, finding.message
