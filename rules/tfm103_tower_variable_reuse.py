@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.devices import enclosing_tower, names_used, per_device_names
+from tfmigrate.names import dotted_name
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 
@@ -10,7 +11,7 @@ class TowerVariableReuse(Rule):
     code = "TFM103"
     name = "tower-variable-reuse"
     summary = "Variables shared between towers with reuse_variables() / reuse=..."
-    triggers = ("reuse",)
+    triggers = ("reuse", "make_template", "keras", "layers")
     fix_safety = FixSafety.NONE
 
     what_it_finds = """
@@ -22,6 +23,12 @@ class TowerVariableReuse(Rule):
         range(FLAGS.num_gpus)`, `for d in devices`: a loop whose iterable mentions gpu,
         device, tower or replica), when the value always shares (`True`, `AUTO_REUSE`) or is
         computed from that loop's variable.
+
+        Also: a Python flag passed as `reuse=reuse` and set to `True` inside the per-device
+        loop (`reuse = False` before it, `reuse = True` at the end of its body); a
+        `tf.make_template(...)` whose template is called in a tower loop (reported at the
+        `make_template` call); and a Keras layer or model object built once outside a tower
+        loop and called in it (reported at its first call in each tower loop).
 
         Not reported: `reuse=False` / `reuse=None`; `reuse=True` in ordinary code outside any
         per-device loop (a GAN discriminator called twice, an evaluation graph built after
@@ -112,7 +119,88 @@ class TowerVariableReuse(Rule):
         ),
     ]
 
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        self._functions: list[int] = [0]
+        # reuse=<name> in a per-device loop, and names set to True inside one, per function.
+        self._flag_uses: list[tuple[cst.Call, tuple[int, str]]] = []
+        self._flipped: set[tuple[int, str]] = set()
+        self._templates: dict[str, cst.Call] = {}  # name -> its tf.make_template(...) call
+        self._keras_objects: dict[str, str] = {}  # dotted name -> Keras class it was built from
+        self._called_in_towers: list[tuple[cst.Call, str]] = []  # name(...) inside a tower loop
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._functions.append(id(node))
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self._functions.pop()
+
+    def _function(self) -> int:
+        return self._functions[-1]
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) != 1:
+            return
+        target = dotted_name(node.targets[0].target)
+        if target is None:
+            return
+        value = node.value
+        if isinstance(value, cst.Name) and value.value == "True":
+            if "." not in target and self._per_device_loop_names(node) is not None:
+                self._flipped.add((self._function(), target))
+            return
+        if not isinstance(value, cst.Call):
+            return
+        name = self.call_name(value) or ""
+        if name == "tensorflow.make_template":
+            self._templates.setdefault(target, value)
+        elif _is_keras_object(name) and enclosing_tower(self.context, node) is None:
+            self._keras_objects[target] = name
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        for call, (function, flag) in self._flag_uses:
+            if (function, flag) in self._flipped:
+                self.report(
+                    call,
+                    f"`reuse={flag}`, a flag set to True after the first tower, shares variables "
+                    "between towers: under MirroredStrategy the model is built once in "
+                    "strategy.scope() and its variables are mirrored to every replica, so this "
+                    "goes with the tower loop",
+                )
+        reported: set[tuple[int, str]] = set()
+        templates_reported: set[str] = set()
+        for call, name in self._called_in_towers:
+            tower = enclosing_tower(self.context, call)
+            key = (id(tower), name)
+            if key in reported:
+                continue
+            if name in self._templates:
+                if name in templates_reported:
+                    continue
+                templates_reported.add(name)
+                self.report(
+                    self._templates[name],
+                    f"`tf.make_template` shares the variables of `{name}` between the towers "
+                    "that call it: under MirroredStrategy build the model once in "
+                    "strategy.scope() (a Keras model or tf.Module) and call it in the replica "
+                    "step function",
+                )
+            elif name in self._keras_objects:
+                reported.add(key)
+                kind = self._keras_objects[name].rsplit(".", 1)[-1]
+                self.report(
+                    call,
+                    f"`{name}` (a Keras `{kind}` built once, outside the towers) is called in "
+                    "every tower, which shares its variables between towers: under "
+                    "MirroredStrategy build it under strategy.scope() and call it once in the "
+                    "replica step function",
+                )
+
     def visit_Call(self, node: cst.Call) -> None:
+        func_name = dotted_name(node.func)
+        if func_name is not None and (func_name in self._templates or func_name in self._keras_objects):
+            if enclosing_tower(self.context, node) is not None:
+                self._called_in_towers.append((node, func_name))
         if isinstance(node.func, cst.Attribute) and node.func.attr.value == "reuse_variables" and not node.args:
             if self._in_per_device_loop(node):
                 self.report(
@@ -134,6 +222,8 @@ class TowerVariableReuse(Rule):
             # `reuse=t > 0` of an RNN's time loop inside a tower stays: only sharing that
             # follows the device loop, or that always shares, is the towers'.
             if not (names_used(value) & loop_names or _always_reuses(value, self)):
+                if isinstance(value, cst.Name):
+                    self._flag_uses.append((node, (self._function(), value.value)))  # decided once the module is read
                 return
             code = self.context.module.code_for_node(value)
             self.report(
@@ -160,3 +250,17 @@ def _always_reuses(value: cst.BaseExpression, rule: Rule) -> bool:
     if isinstance(value, cst.Name) and value.value == "True":
         return True
     return (rule.qualified(value) or "").endswith("AUTO_REUSE")
+
+
+_KERAS_OBJECT_PREFIXES = ("keras.layers.", "keras.applications.")
+_KERAS_MODELS = {"keras.Sequential", "keras.Model", "keras.models.Sequential", "keras.models.Model"}
+
+
+def _is_keras_object(name: str) -> bool:
+    """A Keras layer, model or application class (whose instances own variables)."""
+    if name in _KERAS_MODELS:
+        return True
+    if not name.startswith(_KERAS_OBJECT_PREFIXES):
+        return False
+    last = name.rsplit(".", 1)[-1]
+    return last[:1].isupper() or name.startswith("keras.applications.")

@@ -9,7 +9,17 @@ from tfmigrate.devices import TowerLoop, enclosing_tower, names_used, tower_loop
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 SPLITS = {"tensorflow.split", "tensorflow.unstack"}
-CONCATS = {"tensorflow.concat", "tensorflow.stack"}
+CONCATS = {
+    "tensorflow.concat",
+    "tensorflow.stack",
+    # Keras merges (the `make_parallel` / `ParallelModel` helpers).
+    "keras.layers.concatenate",
+    "keras.layers.merge",
+    "keras.layers.merge.concatenate",
+    "keras.backend.concatenate",
+}
+KERAS_CONCAT_LAYERS = {"keras.layers.Concatenate", "keras.layers.merge.Concatenate"}
+KERAS_LAMBDA = "keras.layers.Lambda"
 
 
 def bound_names(target: cst.CSTNode) -> set[str]:
@@ -50,13 +60,14 @@ class _Scope:
     towers: list[TowerLoop] = field(default_factory=list)
     returns: list[cst.Return] = field(default_factory=list)
     joined: set[str] = field(default_factory=set)  # names assigned from a concat
+    keras: bool = False  # the pieces are Keras Lambda slices
 
 
 class SplitConcatParallel(Rule):
     code = "TFM105"
     name = "split-concat-parallel"
     summary = "A batch split with tf.split across devices and joined with tf.concat"
-    triggers = ("split",)
+    triggers = ("split", "Lambda")
     fix_safety = FixSafety.NONE
 
     what_it_finds = """
@@ -64,6 +75,11 @@ class SplitConcatParallel(Rule):
         `tf.unstack`), one piece per device, processed in a tower loop (TFM101), and the
         towers' outputs joined with `tf.concat` (or `tf.stack`) after the loop — the
         `make_parallel(fn, num_gpus, **kwargs)` helper and its inline form.
+
+        The Keras form counts too: each tower's inputs cut with a `Lambda` layer that takes
+        the tower index (`Lambda(get_slice, arguments={'idx': i, 'parts': gpu_count})`) and the
+        outputs merged with `concatenate` / `Concatenate` / `merge(mode='concat')` (reported at
+        the helper's `def`, or at the first `Lambda` outside a function).
 
         The finding is at the helper's `def` when the function returns the joined result
         (it is a `make_parallel`), otherwise at the first `tf.split` that feeds the towers.
@@ -142,6 +158,8 @@ class SplitConcatParallel(Rule):
         super().__init__(context)
         self.scopes: list[_Scope] = []
         self.filled: dict[int, set[str]] = {}  # id(split call) -> the names its result fills
+        self.loops: list[cst.CSTNode] = []  # enclosing for loops and comprehension fors
+        self.concat_names: dict[int, set[str]] = {}  # id(join) -> names it (indirectly) reads
 
     # --- collect, per function ----------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
@@ -157,6 +175,7 @@ class SplitConcatParallel(Rule):
         self._judge(self.scopes.pop())
 
     def visit_For(self, node: cst.For) -> None:
+        self.loops.append(node)
         tower = tower_loop_at(self.context, node)
         if tower is not None:
             self.scopes[-1].towers.append(tower)
@@ -175,8 +194,57 @@ class SplitConcatParallel(Rule):
         name = self.call_name(node)
         if name in SPLITS:
             self.scopes[-1].splits.append((node, self.filled.get(id(node), set())))
-        elif name in CONCATS:
+        elif name in CONCATS or self.call_name(node.func) in KERAS_CONCAT_LAYERS:
             self.scopes[-1].concats.append(node)
+            self.concat_names[id(node)] = self._with_loop_sources(names_used(node))
+        elif name == KERAS_LAMBDA:
+            # `Lambda(get_slice, arguments={'idx': i, 'parts': n})(x)` in a tower loop.
+            tower = enclosing_tower(self.context, node)
+            if tower is not None and names_used(node) & tower.loop_names:
+                self.scopes[-1].splits.append((node, set()))
+                self.scopes[-1].keras = True
+
+    # Loops and comprehensions around a join: `for outs in outputs_all: concatenate(outs)`
+    # joins `outputs_all`.
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loops.pop()
+
+    # (A comprehension's element is visited before its `for`: push its fors on entry.)
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._enter_comprehension(node)
+
+    def leave_ListComp(self, original_node: cst.ListComp) -> None:
+        self._leave_comprehension(original_node)
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._enter_comprehension(node)
+
+    def leave_GeneratorExp(self, original_node: cst.GeneratorExp) -> None:
+        self._leave_comprehension(original_node)
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._enter_comprehension(node)
+
+    def leave_DictComp(self, original_node: cst.DictComp) -> None:
+        self._leave_comprehension(original_node)
+
+    def _enter_comprehension(self, node: cst.BaseComp) -> None:
+        comp = node.for_in
+        while comp is not None:
+            self.loops.append(comp)
+            comp = comp.inner_for_in
+
+    def _leave_comprehension(self, node: cst.BaseComp) -> None:
+        comp = node.for_in
+        while comp is not None:
+            self.loops.pop()
+            comp = comp.inner_for_in
+
+    def _with_loop_sources(self, names: set[str]) -> set[str]:
+        for loop in reversed(self.loops):
+            if names_used(loop.target) & names:
+                names = names | names_used(loop.iter)
+        return names
 
     def visit_Return(self, node: cst.Return) -> None:
         self.scopes[-1].returns.append(node)
@@ -194,7 +262,8 @@ class SplitConcatParallel(Rule):
             joining = [
                 call
                 for call in scope.concats
-                if enclosing_tower(self.context, call) is not tower and names_used(call) & outputs
+                if enclosing_tower(self.context, call) is not tower
+                and self.concat_names.get(id(call), names_used(call)) & outputs
             ]
             if feeding and joining:
                 self._report(scope, feeding[0], joining[0])
@@ -205,6 +274,17 @@ class SplitConcatParallel(Rule):
             "MirroredStrategy splits each global batch across replicas and gathers their "
             "results (strategy.run, then strategy.gather or strategy.reduce)"
         )
+        if scope.keras:
+            where = scope.node if isinstance(scope.node, cst.FunctionDef) else split
+            subject = f"`{scope.node.name.value}`" if isinstance(scope.node, cst.FunctionDef) else "this code"
+            self.report(
+                where,
+                f"{subject} slices each batch per GPU with Keras `Lambda` layers and concatenates "
+                "the towers' outputs (a `make_parallel` / `ParallelModel` helper): build and "
+                "compile the template model under tf.distribute.MirroredStrategy().scope() and "
+                "fit it directly; the batch size passed to fit stays the global batch",
+            )
+            return
         if isinstance(scope.node, cst.FunctionDef) and self._returns_join(scope, concat):
             self.report(
                 scope.node,

@@ -14,6 +14,7 @@ from tfmigrate.devices import (
     mentions_only_cpu,
     module_tower_loops,
     per_device_names,
+    tower_group,
     tower_loop_at,
 )
 from tfmigrate.names import ImportTable
@@ -122,3 +123,80 @@ def test_per_device_names_cover_loops_and_comprehensions():
     assert {"i", "shard"} <= per_device_names(context, call)
     assert "g" in per_device_names(context, second.body[0].value.elt)
     assert per_device_names(context, third.body.body[0]) == frozenset()
+
+
+# --- issue 7: device functions, tower functions, groups of loops ---------------------------
+
+
+@pytest.mark.parametrize(
+    "device, only_cpu",
+    [
+        ("assign_to_device(dev, '/cpu:0')", False),  # second positional: the variables' device
+        ("tf.train.replica_device_setter(ps_tasks=1, ps_device='/cpu:0', worker_device=gpu)", False),
+        ("local_device_setter(ps_device_type='cpu', worker_device=worker)", False),
+        ("local_device_setter(worker_device='/cpu:0')", True),
+        ("'/cpu:{}'.format(i)", True),
+        ("'/gpu:{}'.format(i)", False),
+    ],
+)
+def test_device_functions_are_read_for_where_the_ops_go(device, only_cpu):
+    assert mentions_only_cpu(expr(device), TF) == only_cpu
+
+
+def test_a_loop_calling_a_tower_function_is_a_tower_loop():
+    context = context_for(
+        """
+        import tensorflow as tf
+        def build_tower(i, x):
+            with tf.device('/gpu:%d' % i):
+                ph = tf.placeholder(tf.float32)
+                return net(x[i], ph)
+        for k in range(num_gpus):
+            outs.append(build_tower(k, x))
+        for name in names:
+            print(name)
+        """
+    )
+    (tower,) = module_tower_loops(context)
+    function, loop = context.module.body[1], context.module.body[2]
+    assert tower.loop is loop and tower.via == [function]
+    assert tower.scopes and tower.scopes[0].with_node is function.body.body[0]
+    assert {"k", "i"} <= tower.loop_names
+    placeholder = function.body.body[0].body.body[0]
+    assert enclosing_tower(context, placeholder) is tower  # the function's body is the tower's
+
+
+def test_colocating_with_a_variable_is_not_a_tower():
+    context = context_for(
+        """
+        import tensorflow as tf
+        for j, var in enumerate(variables):
+            with tf.device(var.device):
+                averaged.append(tf.add_n(grads[j]))
+        """
+    )
+    assert module_tower_loops(context) == []
+
+
+def test_loops_over_the_same_devices_that_feed_each_other_are_one_group():
+    context = context_for(
+        """
+        import tensorflow as tf
+        def build(num_gpus):
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    logits.append(net(x[i]))
+            for i in range(0, num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(loss(logits[i]))
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    other.append(net(y[i]))
+        """
+    )
+    first, second, third = context.module.body[1].body.body
+    group = tower_group(context, first)
+    assert [t.loop for t in group] == [first, second]
+    assert tower_group(context, second) is group
+    assert [t.loop for t in tower_group(context, third)] == [third]
+    assert tower_group(context, context.module.body[0]) == []

@@ -150,12 +150,35 @@ def is_device_spec(node: cst.CSTNode, imports: ImportTable) -> bool:
 
 def _device_text(node: cst.CSTNode, imports: ImportTable) -> str:
     """The literal text of a device expression, lower-cased. A device function's
-    ``ps_device=`` argument (where variables go, `assign_to_device(d, ps_device='/cpu:0')`)
-    says nothing about where the ops go, so it is left out."""
-    if isinstance(node, cst.Call) and not is_device_spec(node, imports):
-        kept = [a.value for a in node.args if not (a.keyword and a.keyword.value == "ps_device")]
+    parameter-server arguments (where variables go: `assign_to_device(d, ps_device='/cpu:0')`,
+    `assign_to_device(d, '/cpu:0')`, `local_device_setter(ps_device_type='cpu', ...)`,
+    `replica_device_setter(ps_tasks=1, ps_device='/cpu:0', worker_device=d)`) say nothing
+    about where the ops go, so only the ops' device is read: its ``worker_device=`` argument,
+    else its first positional argument and the keywords that are not ``ps_*``."""
+    if (
+        isinstance(node, cst.Call)
+        and not is_device_spec(node, imports)
+        and not _is_string_format(node)
+    ):
+        keywords = {a.keyword.value: a.value for a in node.args if a.keyword is not None}
+        if "worker_device" in keywords:
+            kept = [keywords["worker_device"]]
+        else:
+            positional = [a.value for a in node.args if a.keyword is None and not a.star]
+            kept = positional[:1] + [
+                value for name, value in keywords.items() if not name.startswith("ps_")
+            ]
         return " ".join(" ".join(string_parts(v)) for v in kept).lower()
     return " ".join(string_parts(node)).lower()
+
+
+def _is_string_format(node: cst.Call) -> bool:
+    """`'/gpu:{}'.format(i)`: a device string, not a device function."""
+    return (
+        isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "format"
+        and isinstance(node.func.value, (cst.SimpleString, cst.ConcatenatedString))
+    )
 
 
 def mentions_gpu(node: cst.CSTNode, imports: ImportTable) -> bool:
@@ -217,11 +240,22 @@ def device_scopes(node: cst.CSTNode, imports: ImportTable) -> list[DeviceScope]:
 
 @dataclass
 class TowerLoop:
-    """A loop that builds one replica of the model per device."""
+    """A loop that builds one replica of the model per device.
+
+    ``scopes`` are the device scopes that make it one: those in the loop's body, or, for a
+    loop that only calls a tower function (``for i in range(n): build_tower(i)``, where
+    ``build_tower`` opens ``tf.device('/gpu:%d' % i)`` on its parameter), that function's
+    scopes, which then lie outside the loop. ``via`` lists such functions; nodes inside them
+    count as inside the tower (``enclosing_tower``), and ``loop_names`` then also holds the
+    names the function derives from its parameters.
+    """
 
     loop: cst.For
     loop_names: set[str]  # the loop variables and names computed from them in the body
     scopes: list[DeviceScope] = field(default_factory=list)
+    via: list[cst.FunctionDef] = field(default_factory=list)
+    #: The function (or module) the loop is in.
+    owner: cst.CSTNode | None = field(default=None, repr=False, compare=False)
 
     def contains(self, node: cst.CSTNode) -> bool:
         return contains(self.loop, node)
@@ -262,34 +296,87 @@ def _builds_something(with_node: cst.With) -> bool:
     return any(isinstance(n, cst.Call) for n in walk(with_node.body))
 
 
-def _device_withs(module: cst.Module, imports: ImportTable):
+@dataclass
+class _Walk:
+    """What one walk of the module collects for the tower analysis."""
+
+    scopes: list[tuple[DeviceScope, list[cst.For]]] = field(default_factory=list)
+    listing_names: set[str] = field(default_factory=set)
+    # Calls of a plain or `self.` function made inside a loop (same function), with the loops.
+    loop_calls: list[tuple[cst.Call, str, list[cst.For]]] = field(default_factory=list)
+    functions: dict[str, list[cst.FunctionDef]] = field(default_factory=dict)
+    owner: dict[int, cst.CSTNode] = field(default_factory=dict)  # id(for) -> function or module
+
+
+def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
     """One walk of the module: each device scope with the ``for`` loops around it (in the
-    same function, outermost first), and the names bound to a TF2 device listing."""
+    same function, outermost first), the names bound to a TF2 device listing, the calls
+    made in loops and the functions they may call, and the function each loop is in."""
     loops: list[list[cst.For]] = [[]]  # a stack of enclosing loops per function
-    found: list[tuple[DeviceScope, list[cst.For]]] = []
-    listing_names: set[str] = set()
+    owners: list[cst.CSTNode] = [module]
+    walked = _Walk()
     for node, entering in events(module):
         if isinstance(node, cst.FunctionDef):
             if entering:
                 loops.append([])
+                owners.append(node)
+                walked.functions.setdefault(node.name.value, []).append(node)
             else:
                 loops.pop()
+                owners.pop()
         elif isinstance(node, cst.For):
             if entering:
                 loops[-1].append(node)
+                walked.owner[id(node)] = owners[-1]
             else:
                 loops[-1].pop()
-        elif isinstance(node, cst.With) and entering and loops[-1]:
+        elif not entering:
+            continue
+        elif isinstance(node, cst.With) and loops[-1]:
             for item in node.items:
                 device = device_scope_arg(item.item, imports)
                 if device is not None:
-                    found.append((DeviceScope(node, device), list(loops[-1])))
-        elif isinstance(node, cst.Assign) and entering and _calls_device_listing(node.value, imports):
+                    walked.scopes.append((DeviceScope(node, device), list(loops[-1])))
+        elif isinstance(node, cst.Call) and loops[-1] and node.args:
+            func = node.func
+            if isinstance(func, cst.Name):
+                walked.loop_calls.append((node, func.value, list(loops[-1])))
+            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
+                walked.loop_calls.append((node, func.attr.value, list(loops[-1])))
+        elif isinstance(node, cst.Assign) and _calls_device_listing(node.value, imports):
             for target in node.targets:
-                listing_names |= names_used(target.target)
-    return found, listing_names
+                walked.listing_names |= names_used(target.target)
+    return walked
 
 
+def _colocates(device: cst.CSTNode) -> bool:
+    """`tf.device(var.device)`, `tf.device(op.device)`: placing work next to an existing
+    variable or op (per-variable gradient averaging), not one replica per device."""
+    return isinstance(device, cst.Attribute) and device.attr.value == "device"
+
+
+def _parameters(function: cst.FunctionDef) -> set[str]:
+    params = function.params
+    found = list(params.posonly_params) + list(params.params) + list(params.kwonly_params)
+    found += [p for p in (params.star_arg, params.star_kwarg) if isinstance(p, cst.Param)]
+    return {p.name.value for p in found} - {"self", "cls"}
+
+
+def _tower_function(function: cst.FunctionDef, imports: ImportTable) -> tuple[set[str], list[DeviceScope]] | None:
+    """(parameter-derived names, scopes) when ``function`` opens a device scope computed from
+    its parameters and builds ops in it (`def tower(i): with tf.device('/gpu:%d' % i): ...`)."""
+    scopes = device_scopes(function, imports)
+    if not scopes:
+        return None
+    derived = derived_names(function.body, _parameters(function))
+    kept = [
+        scope
+        for scope in scopes
+        if names_used(scope.device) & derived
+        and not mentions_only_cpu(scope.device, imports)
+        and _builds_something(scope.with_node)
+    ]
+    return (derived, kept) if kept else None
 def _calls_device_listing(node: cst.CSTNode, imports: ImportTable) -> bool:
     return any(imports.resolve(c.func) in DEVICE_LISTINGS for c in find(node, cst.Call))
 
@@ -304,36 +391,84 @@ def is_device_listing_loop(loop: cst.For, imports: ImportTable, listing_names: s
 
 
 def tower_loops(module: cst.Module, imports: ImportTable) -> list[TowerLoop]:
-    """Loops that open a device scope depending on the loop variable and build ops in it.
+    """Loops that open a device scope depending on the loop variable and build ops in it,
+    and loops that call a tower function with an argument computed from the loop variable.
 
     A loop that lists GPUs without placing anything on them, that places everything on
     one fixed device, that places only on CPUs, or that iterates over TF2's
     ``tf.config.list_logical_devices()``, is not a tower loop.
     """
-    found, listing_names = _device_withs(module, imports)
+    walked = _device_withs(module, imports)
+    listing_names = walked.listing_names
     candidates: dict[int, tuple[cst.For, list[DeviceScope]]] = {}
-    for scope, loops in found:
+    for scope, loops in walked.scopes:
         for loop in loops:
             candidates.setdefault(id(loop), (loop, []))[1].append(scope)
-    towers: list[TowerLoop] = []
+    towers: dict[int, TowerLoop] = {}
+    derived_of: dict[int, set[str]] = {}
+
+    def derived(loop: cst.For) -> set[str]:
+        if id(loop) not in derived_of:
+            derived_of[id(loop)] = loop_derived_names(loop)
+        return derived_of[id(loop)]
+
     for loop, scopes in candidates.values():
         if is_device_listing_loop(loop, imports, listing_names):
             continue
-        derived = loop_derived_names(loop)
         kept = [
             scope
             for scope in scopes
-            if names_used(scope.device) & derived
+            if not _colocates(scope.device)
+            and names_used(scope.device) & derived(loop)
             and not mentions_only_cpu(scope.device, imports)
             and _builds_something(scope.with_node)
         ]
         if kept:
-            towers.append(TowerLoop(loop=loop, loop_names=derived, scopes=kept))
+            towers[id(loop)] = TowerLoop(loop=loop, loop_names=derived(loop), scopes=kept)
+    _add_tower_function_loops(walked, imports, towers, derived)
+    order = {key: index for index, key in enumerate(walked.owner)}  # pre-order of the loops
+    ordered = sorted(towers.values(), key=lambda t: order.get(id(t.loop), 0))
+    for tower in ordered:
+        tower.owner = walked.owner.get(id(tower.loop))
     # A tower loop nested in another tower loop (rare) is reported once, at the outer loop.
-    nested = {id(loop) for tower in towers for loop in find(tower.loop.body, cst.For)}
-    return [tower for tower in towers if id(tower.loop) not in nested]
+    nested = {id(loop) for tower in ordered for loop in find(tower.loop.body, cst.For)}
+    return [tower for tower in ordered if id(tower.loop) not in nested]
 
 
+def _add_tower_function_loops(walked: _Walk, imports: ImportTable, towers: dict[int, TowerLoop], derived) -> None:
+    """`for i in range(num_gpus): towers.append(build_tower(i))`, where `build_tower` opens
+    `tf.device('/gpu:%d' % i)` on its parameter: a tower loop through a tower function."""
+    analysed: dict[int, tuple[set[str], list[DeviceScope]] | None] = {}
+    for call, name, loops in walked.loop_calls:
+        functions = walked.functions.get(name)
+        if not functions:
+            continue
+        for function in functions:
+            if id(function) not in analysed:
+                analysed[id(function)] = _tower_function(function, imports)
+            found = analysed[id(function)]
+            if found is None:
+                continue
+            function_names, scopes = found
+            on_gpu = any(mentions_gpu(scope.device, imports) for scope in scopes)
+            for loop in loops:
+                if walked.owner.get(id(loop)) is function:
+                    continue  # a loop inside the tower function itself
+                if is_device_listing_loop(loop, imports, walked.listing_names):
+                    continue
+                if not (on_gpu or looks_per_device(loop.iter)):
+                    continue
+                if not any(names_used(arg.value) & derived(loop) for arg in call.args):
+                    continue
+                tower = towers.get(id(loop))
+                if tower is None:
+                    tower = towers[id(loop)] = TowerLoop(
+                        loop=loop, loop_names=set(derived(loop)), scopes=list(scopes)
+                    )
+                if all(f is not function for f in tower.via):
+                    tower.via.append(function)
+                    tower.loop_names = tower.loop_names | function_names
+            break
 def describe_device(node: cst.CSTNode, module: cst.Module) -> str:
     code = module.code_for_node(node)
     return code if len(code) <= 60 else code[:57] + "..."
@@ -354,13 +489,18 @@ def module_tower_loops(context) -> list[TowerLoop]:
 
 
 def _tower_membership(context) -> dict[int, TowerLoop]:
-    """id(node) -> the tower loop it lies in, for every node inside a tower loop."""
+    """id(node) -> the tower loop it lies in, for every node inside a tower loop (or inside a
+    tower function that a tower loop calls)."""
 
     def compute() -> dict[int, TowerLoop]:
         members: dict[int, TowerLoop] = {}
         for tower in module_tower_loops(context):
             for node in walk(tower.loop):
                 members[id(node)] = tower
+        for tower in module_tower_loops(context):
+            for function in tower.via:
+                for node in walk(function.body):
+                    members.setdefault(id(node), tower)
         return members
 
     return context.memo("tower_membership", compute)
@@ -375,6 +515,128 @@ def tower_loop_at(context, loop: cst.CSTNode) -> TowerLoop | None:
     """The tower loop whose ``for`` statement is ``loop``, else None."""
     tower = enclosing_tower(context, loop)
     return tower if tower is not None and tower.loop is loop else None
+
+
+def _filled_names(loop: cst.For) -> set[str]:
+    """Names a loop's body fills or binds: `out.append(..)`, `out[i] = ..`, `x = ..`."""
+    found: set[str] = set()
+    for node in walk(loop.body):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value in ("append", "extend", "insert", "add", "update", "setdefault"):
+                found |= names_used(node.func.value)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                found |= names_used(target.target)
+        elif isinstance(node, (cst.AugAssign, cst.AnnAssign)):
+            found |= names_used(node.target)
+    return found
+
+
+def collected_names(loop: cst.For) -> set[str]:
+    """Names a loop collects results in: `out.append(..)` (`extend`, `insert`), `out[i] = ..`,
+    `out += ..`."""
+    found: set[str] = set()
+    for node in walk(loop.body):
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+            if node.func.attr.value in ("append", "extend", "insert"):
+                found |= _base_names(node.func.value)
+        elif isinstance(node, cst.Assign):
+            for target in node.targets:
+                if isinstance(target.target, cst.Subscript):
+                    found |= _base_names(target.target)
+        elif isinstance(node, cst.AugAssign):
+            found |= _base_names(node.target)
+    return found
+
+
+def _base_names(node: cst.CSTNode) -> set[str]:
+    while isinstance(node, (cst.Subscript, cst.Attribute)):
+        node = node.value
+    return {node.value} if isinstance(node, cst.Name) else set()
+
+
+def tower_collections(context) -> frozenset[str]:
+    """Every name a tower loop of the module collects its towers' results in."""
+    return context.memo(
+        "tower_collections",
+        lambda: frozenset().union(*(collected_names(t.loop) for t in module_tower_loops(context))),
+    )
+
+
+def _reads(node: cst.CSTNode) -> set[str]:
+    """Plain names an expression or block reads (keyword argument names excluded)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            found.add(current.value)
+        elif isinstance(current, cst.Attribute):
+            stack.append(current.value)
+        elif isinstance(current, cst.Arg):
+            stack.append(current.value)
+        else:
+            stack.extend(children(current))
+    return found - {"True", "False", "None"}
+
+
+def _iteration_key(iterable: cst.CSTNode, module: cst.Module) -> str:
+    """What a loop iterates over, spelled one way: `enumerate(X)` and `range(len(X))` are X,
+    `range(0, n)` is `range(n)`."""
+    node = iterable
+    while True:
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
+            args = [a.value for a in node.args if a.keyword is None and not a.star]
+            if node.func.value in ("enumerate", "list", "tuple") and len(args) == 1:
+                node = args[0]
+                continue
+            if node.func.value == "range" and len(args) == 2 and isinstance(args[0], cst.Integer) and args[0].value == "0":
+                return "range(" + "".join(module.code_for_node(args[1]).split()) + ")"
+            if node.func.value == "range" and len(args) == 1 and isinstance(args[0], cst.Call):
+                inner = args[0]
+                if isinstance(inner.func, cst.Name) and inner.func.value == "len" and len(inner.args) == 1:
+                    node = inner.args[0].value
+                    continue
+        return "".join(module.code_for_node(node).split())
+
+
+def tower_groups(context) -> dict[int, list[TowerLoop]]:
+    """id(tower loop) -> the loops that build the same towers, in source order.
+
+    Towers are often built in several loops over the same devices: the model in one, the
+    loss in the next, the gradients in a third, each reading what the one before filled
+    (`logits[i]`). Loops in the same function, over the same devices (`range(num_gpus)`,
+    `enumerate(gpus)` and `range(len(gpus))` are the same), where each later loop reads a
+    name an earlier one fills, are one group. A loop alone is a group of one."""
+
+    def compute() -> dict[int, list[TowerLoop]]:
+        towers = module_tower_loops(context)
+        groups: dict[int, list[TowerLoop]] = {id(t.loop): [t] for t in towers}
+        if len(towers) < 2:
+            return groups
+        open_groups: dict[tuple[int, str], list[tuple[list[TowerLoop], set[str]]]] = {}
+        for tower in towers:
+            key = (id(tower.owner), _iteration_key(tower.loop.iter, context.module))
+            filled = _filled_names(tower.loop)
+            used = _reads(tower.loop.body) - filled  # what it reads, not what it collects in
+            for group, group_filled in open_groups.get(key, []):
+                if used & group_filled:
+                    group.append(tower)
+                    group_filled |= filled
+                    groups[id(tower.loop)] = group
+                    break
+            else:
+                group = groups[id(tower.loop)]
+                open_groups.setdefault(key, []).append((group, set(filled)))
+        return groups
+
+    return context.memo("tower_groups", compute)
+
+
+def tower_group(context, loop: cst.CSTNode) -> list[TowerLoop]:
+    """The tower loops building the same towers as the tower loop at ``loop`` (itself
+    included, first loop first); empty when ``loop`` is not a tower loop."""
+    return tower_groups(context).get(id(loop), [])
 
 
 def _per_device_names(context) -> dict[int, frozenset[str]]:

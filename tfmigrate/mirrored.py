@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.devices import children, device_scope_arg, find, mentions_only_cpu, names_used, walk
+from tfmigrate.devices import children, device_scope_arg, find, mentions_only_cpu, names_used, tower_group, walk
 from tfmigrate.rule import Edit, FixSafety
 
 # A Python int (not a numpy one): `reuse=i > 0` must stay a real bool for variable_scope.
@@ -271,6 +271,15 @@ def plan(rule, tower) -> Edit:
     parents = _parents(context)
     tf = _Names(rule)
 
+    if tower.via:
+        names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
+        raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
+    group = tower_group(context, loop)
+    if len(group) > 1:
+        raise Refused(f"the towers are built across {len(group)} loops; merge them into one loop first")
+    owner = tower.owner
+    if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
+        raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
     grads = _find_gradients(loop)
     if not _last_in_body(grads.append, loop, parents):
         raise Refused("statements follow the gradient collection in the loop body")
