@@ -115,9 +115,10 @@ class GradientAveraging(Rule):
             return opt.minimize(loss)
     """
     fix_notes = """
-        No automatic fix: the helper goes away together with the tower loop (TFM101), whose
-        fix rewrites the loss scaling from what this rule finds. Delete the helper by hand once
-        nothing calls it.
+        No automatic fix of its own: the helper goes away together with the tower loop
+        (TFM101), whose fix scales the loss from what the helper does (divided by the replica
+        count when it averaged, unchanged when it summed) and deletes the helper once nothing
+        else calls it.
     """
 
     valid = [

@@ -48,9 +48,11 @@ class PerTowerFeeds(Rule):
         dist_dataset = strategy.experimental_distribute_dataset(dataset)
     """
     fix_notes = """
-        No automatic fix: the feeding code that fills the placeholders lives around the
-        `Session.run` calls and is migrated with the tower loop (TFM101), which reads the
-        program's own batch source through `tf.data.Dataset.from_generator`.
+        No automatic fix of its own: the placeholders are part of the tower loop, and the
+        TFM101 fix keeps them working as they are: the replica function creates one set per
+        replica (the replica index replaces the loop variable), so the program's `feed_dict`
+        still fills them. Moving the feed to a `tf.data.Dataset.from_generator` over the
+        program's batch source (faster on real GPUs) is left to the user.
     """
 
     valid = [
