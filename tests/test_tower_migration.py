@@ -164,3 +164,15 @@ def test_shapes_that_are_not_rewritten_say_why(name):
     (finding,) = [f for f in run_check(code) if f.code == "TFM101"]
     assert finding.fix_title is None
     assert f"no automatic fix: " in finding.message and reason in finding.message, finding.message
+
+
+def test_tf2_target_applies_the_compat_rewrite_and_says_why():
+    from tfmigrate.config import Config
+    from tfmigrate.fixer import fix_text
+    from tfmigrate.runner import check_text
+
+    source = (FIXTURES / "programs" / "legacy_towers.py").read_text()
+    (finding,) = [f for f in check_text(source, Config(root=ROOT, target="tf2")) if f.code == "TFM101"]
+    assert "compat target" in finding.fix_title and "Session" in finding.fix_title
+    compat = fix_text(source, Config(root=ROOT), unsafe=True)
+    assert fix_text(source, Config(root=ROOT, target="tf2"), unsafe=True) == compat

@@ -265,8 +265,6 @@ def _references(module: cst.Module, name: str) -> int:
 def plan(rule, tower) -> Edit:
     """The MirroredStrategy rewrite of ``tower`` as an Edit, or Refused with the reason."""
     context, imports = rule.context, rule.imports
-    if context.target != "compat":
-        raise Refused("only the compat target is rewritten for tower loops so far")
     module, loop = context.module, tower.loop
     parents = _parents(context)
     tf = _Names(rule)
@@ -410,8 +408,14 @@ def plan(rule, tower) -> Edit:
         inside = sum(_references(node, name) for node in removed)
         if _references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
+    title = "rewrite the tower loop with tf.distribute.MirroredStrategy"
+    if context.target == "tf2":
+        # The tower code is graph code (it runs in a Session and creates variables through
+        # variable scopes); a tf.function + GradientTape step cannot keep it, so the compat
+        # rewrite is what applies, and the fix title says why.
+        title += " (compat target: the tower code is TF1 graph code run in a Session, which the tf2 target cannot keep)"
     return Edit(
-        changes, "rewrite the tower loop with tf.distribute.MirroredStrategy",
+        changes, title,
         add_imports=tf.imports, safety=FixSafety.UNSAFE,
     )
 
