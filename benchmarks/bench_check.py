@@ -9,6 +9,10 @@ temporary folder and times, in one run:
   --slow-max files: both take minutes on 10,000 files);
 - a one-file `tfmigrate check`, process start to exit (the pre-commit case), median of 7 runs.
 
+A warm run is only valid if nobody edits tfmigrate's or the rules' sources meanwhile (the cache is
+keyed by their hash): the benchmark retries a warm run up to 3 times and, if the cache was still
+invalidated, labels the row INVALID and prints a warning.
+
 Usage: python benchmarks/bench_check.py [--sizes 100,1000,10000] [--skip-slow] [--jobs N]
 """
 
@@ -205,6 +209,12 @@ def timed(command: list[str], cwd: Path, env: dict | None = None) -> float:
     return elapsed
 
 
+def _cache_state(cache: Path) -> tuple[int, tuple[str, ...]]:
+    """The number of cache entries and the engine folders (one per engine fingerprint)."""
+    engines = tuple(sorted(str(p) for p in cache.glob("*/*") if p.is_dir()))
+    return sum(1 for _ in cache.rglob("*.json")), engines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="tree sizes in files (comma-separated)")
@@ -222,6 +232,7 @@ def main() -> None:
 
     rows: list[tuple] = []
     growth: list[tuple] = []
+    invalidated: list[int] = []
     with tempfile.TemporaryDirectory(prefix="tfmigrate-bench-") as temp:
         temp_path = Path(temp)
         env = {**os.environ, "TFMIGRATE_CACHE_DIR": str(temp_path / "cache")}
@@ -231,16 +242,22 @@ def main() -> None:
             print(f"{size} files, {lines} lines ...", file=sys.stderr, flush=True)
             cold = timed(check + ["--no-cache", "."], tree, env)
             cache = temp_path / "cache"
+            valid = False
             for _ in range(3):
                 timed(check + ["."], tree, env)  # fills the cache
-                before = sum(1 for _ in cache.rglob("*.json"))
+                before = _cache_state(cache)
                 warm = timed(check + ["."], tree, env)
-                # New entries mean the engine's or the rules' sources changed between the runs
-                # (someone is editing the checkout): the warm run was cold. Measure again.
-                if sum(1 for _ in cache.rglob("*.json")) == before:
+                # A new engine folder or new entries mean the engine's or the rules' sources
+                # changed between the runs (someone is editing the checkout): the warm run was
+                # (partly) cold. Measure again; say so if it never held.
+                if _cache_state(cache) == before:
+                    valid = True
                     break
                 print("  sources changed during the warm run; again", file=sys.stderr, flush=True)
-            results = [("tfmigrate check (cold)", cold), ("tfmigrate check (warm)", warm)]
+            if not valid:
+                invalidated.append(size)
+            warm_name = "tfmigrate check (warm)" if valid else "tfmigrate check (warm, INVALID: cache invalidated)"
+            results = [("tfmigrate check (cold)", cold), (warm_name, warm)]
             if not args.skip_slow and size <= args.slow_max:
                 if upgrade:
                     out = temp_path / f"out{size}"
@@ -260,7 +277,10 @@ def main() -> None:
         (path,) = one.rglob("*.py")
         one_cold = statistics.median(timed(check + ["--no-cache", str(path)], one, env) for _ in range(7))
         timed(check + [str(path)], one, env)
+        before = _cache_state(temp_path / "cache")
         one_warm = statistics.median(timed(check + [str(path)], one, env) for _ in range(7))
+        if _cache_state(temp_path / "cache") != before:
+            invalidated.append(1)
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"\nPython {sys.version.split()[0]}, {cores} cores, tfmigrate --jobs {args.jobs or cores}\n")
@@ -275,9 +295,13 @@ def main() -> None:
         print(f"| {size:,} | {cold_rate:.2f} | {warm_rate:.2f} |")
     print(f"\nOne file, process start to exit (median of 7): {one_cold:.3f} s cold (--no-cache), "
           f"{one_warm:.3f} s from the cache")
+    if invalidated:
+        print(f"\nWARNING: the cache was invalidated during the warm runs on {', '.join(map(str, invalidated))} "
+              "file(s): tfmigrate's or the rules' sources changed while the benchmark ran, so those warm "
+              "figures include re-checking. Re-run on a checkout nobody is editing.")
     by = {(size, name): seconds for size, name, seconds, _, _ in rows}
     for size in sizes:
-        if (size, "tf_upgrade_v2") in by:
+        if (size, "tf_upgrade_v2") in by and (size, "tfmigrate check (warm)") in by:
             base = by[(size, "tf_upgrade_v2")]
             print(f"{size:,} files: tfmigrate cold is {base / by[(size, 'tfmigrate check (cold)')]:.1f}x and warm "
                   f"{base / by[(size, 'tfmigrate check (warm)')]:.1f}x faster than tf_upgrade_v2")

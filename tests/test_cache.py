@@ -140,3 +140,85 @@ def test_two_concurrent_runs_share_the_cache(tmp_path):
     assert len(stored) == 60
     assert all(json.loads(p.read_text())["key"] == p.stem for p in stored)
     assert not list((tmp_path / "shared").rglob("*.tmp"))
+
+
+# --- start-up: what a run served from the cache does not load --------------------------------
+PROBE = (
+    "import sys\n"
+    "sys.argv = ['tfmigrate', 'check', '--quiet', '.']\n"
+    "from tfmigrate.cli import main\n"
+    "try:\n"
+    "    main()\n"
+    "except SystemExit as exc:\n"
+    "    status = exc.code\n"
+    "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('libcst', 'typer', 'pydantic')"
+    " or m.startswith('tfmigrate.rules'))\n"
+    "print(status, heavy, file=sys.stderr)\n"
+)
+
+
+def test_warm_run_imports_neither_libcst_nor_rules_nor_typer(tmp_path):
+    tree(tmp_path)
+    env = {**os.environ, ENV_VAR: str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert first.stderr.strip().splitlines()[-1].startswith("2 [")  # bad.py: exit 2
+    assert "libcst" in first.stderr  # cold: the files were parsed
+    warm = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert warm.stderr.strip().splitlines()[-1] == "2 []"
+    assert warm.stdout == first.stdout and "TFM101" in warm.stdout
+    # The catalog lives next to the entries, under the engine fingerprint.
+    assert len(list((tmp_path / "cache").rglob("rules.catalog"))) == 1
+
+
+def test_fast_path_and_typer_give_the_same_output(tmp_path):
+    tree(tmp_path)
+    write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\nper-file-ignores = { "pkg/m0.py" = ["TFM1"] }\n')
+    script = [sys.executable, "-m", "tfmigrate"]
+    for args in (
+        ["check", "--no-cache", "."],
+        ["check", "--no-cache", "--format=json", "pkg", "--select", "TFM1", "--ignore", "TFM103"],
+        ["check", "--no-cache", "-q", "--statistics", "--exit-zero", "--jobs", "1", "--", "pkg"],
+        ["check", "--no-cache", "--no-show-source", "--target", "tf2", "--format", "sarif", "."],
+        ["check", "--no-cache", "--select", "TFM999", "."],  # a usage error
+        ["check", "--no-cache", "missing.py"],
+    ):
+        fast = subprocess.run(script + args, cwd=tmp_path, capture_output=True, text=True)
+        typer_run = run(args, tmp_path)
+        assert (fast.returncode, fast.stdout) == (typer_run.exit_code, typer_run.stdout), args
+
+
+def test_fast_walk_calls_the_rules_like_libcst(tmp_path):
+    """The runner's own walk calls visit_/leave_ methods on the same nodes in the same order
+    as LibCST's ``module.visit`` (which rebuilds every node it passes)."""
+    import libcst as cst
+
+    from tfmigrate.runner import _batched, _walk_rules
+
+    node_types = [n for n in dir(cst) if isinstance(getattr(cst, n), type) and issubclass(getattr(cst, n), cst.CSTNode)]
+
+    def recorder(types):
+        def method(kind, name):
+            return lambda self, node: self.log.append((kind, name, id(node)))
+
+        namespace = {}
+        for name in types:
+            namespace["visit_" + name] = method("visit", name)
+            namespace["leave_" + name] = method("leave", name)
+        return type("Recorder", (cst.BatchableCSTVisitor,), namespace)
+
+    everything = recorder(node_types)  # whitespace too: nothing skipped
+    some = recorder(["Call", "Name", "Attribute", "For", "With", "FunctionDef", "Decorator", "IfExp", "Lambda"])
+    root = Path(__file__).resolve().parent.parent
+    sources = sorted((root / "fixtures").rglob("*.py")) + sorted((root / "tfmigrate").glob("*.py"))
+    assert sources
+    for path in sources:
+        try:
+            module = cst.parse_module(path.read_text(encoding="utf-8"))
+        except cst.ParserSyntaxError:
+            continue
+        for visitor_class in (everything, some):
+            expected, got = visitor_class(), visitor_class()
+            expected.log, got.log = [], []
+            module.visit(_batched([expected]))
+            _walk_rules(module, [got])
+            assert got.log == expected.log, path

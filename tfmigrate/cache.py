@@ -10,7 +10,10 @@ a rule invalidates every entry without a version bump).
 
 Layout, like ruff's: ``.tfmigrate_cache/`` at the project root (``TFMIGRATE_CACHE_DIR``
 overrides it), holding a ``CACHEDIR.TAG`` (backup tools skip it) and a ``.gitignore`` of ``*``.
-Entries live in ``<version>/<engine hash>/<2 hex>/<key>.json``. Each is written to a temporary
+Entries live in ``<version>/<engine hash>/<2 hex>/<key>.json``, next to ``rules.catalog``, the
+rule catalog of that engine (see :mod:`tfmigrate.registry`: codes, names, trigger words), so
+that a run can validate codes, prefilter files and answer from the cache without importing a
+rule or LibCST. Each is written to a temporary
 file and moved into place with ``os.replace``, so two runs sharing the folder never see half an
 entry; an entry that does not read back as what we wrote is ignored and recomputed. Nothing
 here ever fails a run: a cache folder that cannot be written is simply not used.
@@ -82,7 +85,7 @@ def _finding_to_json(finding) -> dict:
 
 
 def _finding_from_json(data: dict, path: str):
-    from tfmigrate.rule import Finding, FixSafety, Location
+    from tfmigrate.findings import Finding, FixSafety, Location
 
     return Finding(
         **{**data, "path": path, "start": Location(**data["start"]), "end": Location(**data["end"]),
@@ -116,8 +119,10 @@ class Cache:
 
     def get(self, path: str, config):
         """The cached FileResult for the file as it is now, or None."""
-        from tfmigrate.runner import FileResult
+        from tfmigrate.findings import FileResult
 
+        if not os.path.isfile(path):  # a FIFO would block the open: let the check report it
+            return None
         try:
             with open(path, "rb") as handle:
                 digest = content_digest(handle.read())
@@ -182,3 +187,46 @@ class Cache:
                     handle.write(text)
                 os.replace(temp, path)
         self._prepared = True
+
+
+# --- the rule catalog -----------------------------------------------------------------------
+CATALOG_NAME = "rules.catalog"  # JSON; not *.json, which are the entries
+
+
+def load_catalog(root: Path):
+    """The rule catalog stored for this engine under ``root``, or None (missing, damaged, or
+    written by another engine: the folder is named by the engine fingerprint)."""
+    from tfmigrate.registry import RuleInfo
+
+    path = Path(root) / __version__ / engine_fingerprint() / CATALOG_NAME
+    try:
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read())
+        if data.get("engine") != engine_fingerprint():
+            return None
+        entries = tuple(RuleInfo.from_json(item) for item in data["rules"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return entries or None
+
+
+def save_catalog(root: Path, entries) -> None:
+    """Store the catalog (computed from the rules) for the next run; never fails a run."""
+    cache = Cache(root)
+    path = cache.folder / CATALOG_NAME
+    try:
+        cache._prepare()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=".catalog-", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump({"engine": engine_fingerprint(), "rules": [e.to_json() for e in entries]}, handle)
+            os.replace(temp, path)
+        except BaseException:
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+            raise
+    except OSError:
+        pass

@@ -5,35 +5,37 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import List, Optional
-
-import typer
-from rich.console import Console
+from typing import TYPE_CHECKING, List, Optional
 
 from tfmigrate import __version__
 from tfmigrate.config import TARGETS, Config, ConfigError, load_config
 from tfmigrate.discovery import discover
-from tfmigrate.registry import all_rules, rule_by_code
+from tfmigrate.findings import FileResult
+from tfmigrate.registry import all_rules, catalog, rule_by_code
 from tfmigrate.reporters import FORMATS, render_text, statistics_table, summary_line, write_machine
-from tfmigrate.runner import FileResult, check_file
+from tfmigrate.runner import check_file
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# Start-up matters (a pre-commit hook runs `check` on one file). Nothing imported above loads
+# LibCST or a rule: the rules are imported when a file has to be parsed, or when the rule
+# catalog is not in the cache yet. rich is loaded when something is printed. Typer (with the
+# pydantic it builds its parameter converters with: ~0.3 s) is loaded only for the command
+# line that `main()`'s fast path does not read itself (see `_plain_check`): the Typer app,
+# `app`, is built on first use (`__getattr__` at the end of this module).
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 
-app = typer.Typer(
-    name="tfmigrate",
-    help="Find hand-rolled TensorFlow multi-GPU code and migrate it to tf.distribute and tf.data.",
-    add_completion=False,
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-)
-
-
 def _stdout() -> Console:
+    from rich.console import Console
+
     return Console(soft_wrap=True)
 
 
 def _stderr() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, soft_wrap=True)
 
 
@@ -45,16 +47,33 @@ def _split_codes(values: Optional[List[str]]) -> list[str]:
 
 
 def _known_prefix(code: str) -> bool:
-    return any(rule.code.startswith(code) for rule in all_rules())
+    return any(info.code.startswith(code) for info in catalog())
+
+
+def install_catalog(config: Config) -> None:
+    """Use the rule catalog stored in the cache folder; compute (importing the rules) and store
+    it when it is not there yet."""
+    from tfmigrate import registry
+    from tfmigrate.cache import cache_root, load_catalog, save_catalog
+
+    root = cache_root(config.root)
+    stored = load_catalog(root)
+    if stored is not None:
+        registry.use_catalog(stored)
+    else:
+        save_catalog(root, registry.catalog())
 
 
 def build_config(
     paths: list[str], select: Optional[List[str]], ignore: Optional[List[str]], config_file: Optional[str],
-    target: Optional[str] = None,
+    target: Optional[str] = None, *, use_cache: bool = False,
 ) -> Config:
     """Config from pyproject.toml, with the command line on top (``--select`` replaces,
-    ``--ignore`` adds, as in ruff). Raises ConfigError on nonsense."""
+    ``--ignore`` adds, as in ruff). Raises ConfigError on nonsense. ``use_cache``: take the
+    rule catalog from the cache folder (see ``install_catalog``)."""
     config = load_config(paths, config_file)
+    if use_cache:
+        install_catalog(config)
     selected, ignored = _split_codes(select), _split_codes(ignore)
     for code in selected + ignored + config.select + config.ignore:
         if not _known_prefix(code):
@@ -179,49 +198,30 @@ def check_files(
     return results  # type: ignore[return-value]
 
 
-PathsArg = typer.Argument(None, help="Files or folders to check (default: the current folder).")
-SelectOpt = typer.Option(None, "--select", help="Only these codes or prefixes (e.g. TFM1,TFM201).")
-IgnoreOpt = typer.Option(None, "--ignore", help="Skip these codes or prefixes.")
-ConfigOpt = typer.Option(None, "--config", help="Read this pyproject.toml instead of the nearest one.")
-ForceExcludeOpt = typer.Option(
-    False, "--force-exclude", help="Apply `exclude` to files named on the command line too (pre-commit)."
-)
-JobsOpt = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: one per core).")
-
-
 def print_notes(results, err: Console) -> None:
     for result in results:
         for note in result.notes:
             err.print(f"{result.path}: note: {note}", highlight=False, markup=False)
 
 
-@app.command()
-def check(
-    paths: Optional[List[str]] = PathsArg,
-    output_format: str = typer.Option("text", "--format", help=f"One of: {', '.join(FORMATS)}."),
-    select: Optional[List[str]] = SelectOpt,
-    ignore: Optional[List[str]] = IgnoreOpt,
-    statistics: bool = typer.Option(False, "--statistics", help="Count findings per code instead of listing them."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print findings only, no source lines or summary."),
-    show_source: bool = typer.Option(True, "--show-source/--no-show-source", help="Show the offending line."),
-    exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
-    target: Optional[str] = typer.Option(None, "--target", help="Migration target: compat or tf2."),
-    config_file: Optional[str] = ConfigOpt,
-    force_exclude: bool = ForceExcludeOpt,
-    jobs: Optional[int] = JobsOpt,
-    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache (.tfmigrate_cache/)."),
-) -> None:
-    """Report legacy multi-GPU and queue-input patterns."""
+def run_check(
+    paths: Optional[List[str]] = None, output_format: str = "text", select: Optional[List[str]] = None,
+    ignore: Optional[List[str]] = None, statistics: bool = False, quiet: bool = False, show_source: bool = True,
+    exit_zero: bool = False, target: Optional[str] = None, config_file: Optional[str] = None,
+    force_exclude: bool = False, jobs: Optional[int] = None, no_cache: bool = False,
+) -> int:
+    """`tfmigrate check`; returns the exit status (the Typer command and the fast path in
+    `main()` both call this)."""
     paths = paths or ["."]
     err = _stderr()
     if output_format not in FORMATS:
         err.print(f"error: --format must be one of {', '.join(FORMATS)}")
-        raise typer.Exit(EXIT_ERROR)
+        return EXIT_ERROR
     try:
-        config = build_config(paths, select, ignore, config_file, target)
+        config = build_config(paths, select, ignore, config_file, target, use_cache=not no_cache)
     except ConfigError as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
-        raise typer.Exit(EXIT_ERROR)
+        return EXIT_ERROR
     found = discover(paths, config, force_exclude=force_exclude)
     results = check_files(
         found.files, config, quiet=quiet or output_format != "text", jobs=jobs, use_cache=not no_cache
@@ -251,69 +251,187 @@ def check(
             out.print(summary_line(findings, errors, len(found.files)), highlight=False, markup=False)
 
     if errors:
-        raise typer.Exit(EXIT_ERROR)
+        return EXIT_ERROR
     if any(not f.informational for f in findings) and not exit_zero:
-        raise typer.Exit(EXIT_FINDINGS)
-    raise typer.Exit(EXIT_CLEAN)
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
 
 
-@app.command("rules")
-def list_rules(
-    output_format: str = typer.Option("text", "--format", help="text or json."),
-) -> None:
-    """List every rule: code, name, fix safety, summary."""
-    from rich.table import Table
+# --- main() and its fast path ---------------------------------------------------------------
+# `check`'s options, as (keyword of run_check, takes a value). Any other argument, a repeated
+# single-valued option, or a value the fast path would have to judge (a number for --jobs that
+# is not a positive integer, a value that looks like an option) sends the whole command line
+# to Typer, which then answers exactly as it always has (usage errors, --help...).
+_CHECK_VALUES = {
+    "--format": "output_format", "--target": "target", "--config": "config_file", "--jobs": "jobs", "-j": "jobs",
+}
+_CHECK_LISTS = {"--select": "select", "--ignore": "ignore"}
+_CHECK_FLAGS = {
+    "--statistics": ("statistics", True), "--quiet": ("quiet", True), "-q": ("quiet", True),
+    "--show-source": ("show_source", True), "--no-show-source": ("show_source", False),
+    "--exit-zero": ("exit_zero", True), "--force-exclude": ("force_exclude", True), "--no-cache": ("no_cache", True),
+}
 
-    if output_format == "json":
-        import json
 
-        json.dump([
-            {"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix_safety.value,
-             "informational": r.informational}
-            for r in all_rules()
-        ], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+def _plain_check(argv: list[str]) -> dict | None:
+    """run_check's arguments for a plain ``check ...`` command line; None for anything else."""
+    if not argv or argv[0] != "check":
+        return None
+    options: dict = {}
+    paths: list[str] = []
+    rest = iter(argv[1:])
+    for arg in rest:
+        if arg == "--":
+            paths += rest
+            break
+        if not arg.startswith("-") or arg == "-":
+            paths.append(arg)
+            continue
+        name, equals, value = arg.partition("=")
+        if name in _CHECK_FLAGS and not equals:
+            key, flag = _CHECK_FLAGS[name]
+            options[key] = flag
+            continue
+        if name not in _CHECK_VALUES and name not in _CHECK_LISTS:
+            return None
+        if not equals:
+            value = next(rest, None)
+            if value is None or value.startswith("-"):
+                return None
+        if name in _CHECK_LISTS:
+            options.setdefault(_CHECK_LISTS[name], []).append(value)
+            continue
+        key = _CHECK_VALUES[name]
+        if key in options:
+            return None
+        if key == "jobs":
+            if not value.isdigit() or int(value) < 1:
+                return None
+            options[key] = int(value)
+        else:
+            options[key] = value
+    return {"paths": paths or None, **options}
+
+
+def main() -> None:
+    arguments = _plain_check(sys.argv[1:])
+    if arguments is None:
+        __getattr__("app")()
         return
-    table = Table(box=None, header_style="bold")
-    table.add_column("code")
-    table.add_column("name")
-    table.add_column("fix")
-    table.add_column("summary")
-    for rule in all_rules():
-        table.add_row(rule.code, rule.name, rule.fix_safety.value, rule.summary)
-    _stdout().print(table)
+    try:
+        status = run_check(**arguments)
+    except KeyboardInterrupt:  # what Typer (click) does
+        print("\nAborted!", file=sys.stderr)
+        status = 1
+    sys.exit(status)
 
 
-@app.command()
-def explain(code: str = typer.Argument(..., help="A rule code (TFM101) or name (manual-tower-loop).")) -> None:
-    """Show a rule's documentation, with its before/after example."""
-    rule = rule_by_code(code)
-    if rule is None:
-        _stderr().print(f"error: unknown rule: {code} (see `tfmigrate rules`)", highlight=False, markup=False)
-        raise typer.Exit(EXIT_ERROR)
-    out = _stdout()
-    if out.is_terminal:
-        from rich.markdown import Markdown
-
-        out.print(Markdown(rule.documentation()))
-    else:
-        sys.stdout.write(rule.documentation())
+# --- the Typer app (built on first use) -----------------------------------------------------
+_TYPER_NAMES = ("app", "PathsArg", "SelectOpt", "IgnoreOpt", "ConfigOpt", "ForceExcludeOpt", "JobsOpt")
 
 
-def _version_callback(value: bool) -> None:
-    if value:
-        print(f"tfmigrate {__version__}")
-        raise typer.Exit()
+def _build_app() -> None:
+    import typer
+
+    global app, PathsArg, SelectOpt, IgnoreOpt, ConfigOpt, ForceExcludeOpt, JobsOpt
+
+    app = typer.Typer(
+        name="tfmigrate",
+        help="Find hand-rolled TensorFlow multi-GPU code and migrate it to tf.distribute and tf.data.",
+        add_completion=False,
+        no_args_is_help=True,
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
+    )
+    PathsArg = typer.Argument(None, help="Files or folders to check (default: the current folder).")
+    SelectOpt = typer.Option(None, "--select", help="Only these codes or prefixes (e.g. TFM1,TFM201).")
+    IgnoreOpt = typer.Option(None, "--ignore", help="Skip these codes or prefixes.")
+    ConfigOpt = typer.Option(None, "--config", help="Read this pyproject.toml instead of the nearest one.")
+    ForceExcludeOpt = typer.Option(
+        False, "--force-exclude", help="Apply `exclude` to files named on the command line too (pre-commit)."
+    )
+    JobsOpt = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: one per core).")
+
+    @app.command()
+    def check(
+        paths: Optional[List[str]] = PathsArg,
+        output_format: str = typer.Option("text", "--format", help=f"One of: {', '.join(FORMATS)}."),
+        select: Optional[List[str]] = SelectOpt,
+        ignore: Optional[List[str]] = IgnoreOpt,
+        statistics: bool = typer.Option(False, "--statistics", help="Count findings per code instead of listing them."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Print findings only, no source lines or summary."),
+        show_source: bool = typer.Option(True, "--show-source/--no-show-source", help="Show the offending line."),
+        exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
+        target: Optional[str] = typer.Option(None, "--target", help="Migration target: compat or tf2."),
+        config_file: Optional[str] = ConfigOpt,
+        force_exclude: bool = ForceExcludeOpt,
+        jobs: Optional[int] = JobsOpt,
+        no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache (.tfmigrate_cache/)."),
+    ) -> None:
+        """Report legacy multi-GPU and queue-input patterns."""
+        raise typer.Exit(run_check(
+            paths, output_format, select, ignore, statistics, quiet, show_source, exit_zero, target, config_file,
+            force_exclude, jobs, no_cache,
+        ))
+
+    @app.command("rules")
+    def list_rules(
+        output_format: str = typer.Option("text", "--format", help="text or json."),
+    ) -> None:
+        """List every rule: code, name, fix safety, summary."""
+        from rich.table import Table
+
+        if output_format == "json":
+            import json
+
+            json.dump([
+                {"code": r.code, "name": r.name, "summary": r.summary, "fix": r.fix_safety.value,
+                 "informational": r.informational}
+                for r in all_rules()
+            ], sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return
+        table = Table(box=None, header_style="bold")
+        table.add_column("code")
+        table.add_column("name")
+        table.add_column("fix")
+        table.add_column("summary")
+        for rule in all_rules():
+            table.add_row(rule.code, rule.name, rule.fix_safety.value, rule.summary)
+        _stdout().print(table)
+
+    @app.command()
+    def explain(code: str = typer.Argument(..., help="A rule code (TFM101) or name (manual-tower-loop).")) -> None:
+        """Show a rule's documentation, with its before/after example."""
+        rule = rule_by_code(code)
+        if rule is None:
+            _stderr().print(f"error: unknown rule: {code} (see `tfmigrate rules`)", highlight=False, markup=False)
+            raise typer.Exit(EXIT_ERROR)
+        out = _stdout()
+        if out.is_terminal:
+            from rich.markdown import Markdown
+
+            out.print(Markdown(rule.documentation()))
+        else:
+            sys.stdout.write(rule.documentation())
+
+    def _version_callback(value: bool) -> None:
+        if value:
+            print(f"tfmigrate {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+        ),
+    ) -> None:
+        pass
+
+    _register_optional_commands(app)
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version."),
-) -> None:
-    pass
-
-
-def _register_optional_commands() -> None:
+def _register_optional_commands(app) -> None:
     """Commands that live in their own modules (none of them imports TensorFlow at load)."""
     import importlib
 
@@ -327,8 +445,10 @@ def _register_optional_commands() -> None:
         module.register(app)
 
 
-_register_optional_commands()
-
-
-def main() -> None:
-    app()
+def __getattr__(name: str):
+    """``app`` and the shared Typer parameters, built on first use."""
+    if name in _TYPER_NAMES:
+        if "app" not in globals():
+            _build_app()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

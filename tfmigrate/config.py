@@ -40,6 +40,8 @@ class Config:
         return best_select >= 0 and best_select > best_ignore
 
     def ignores_for(self, path: str) -> list[str]:
+        if not self.per_file_ignores:
+            return []  # (resolving the path is most of a cache lookup's time)
         relative = _relative(path, self.root)
         codes: list[str] = []
         for pattern, ignored in self.per_file_ignores.items():

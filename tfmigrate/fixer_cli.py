@@ -6,20 +6,45 @@ import functools
 import os
 import sys
 from collections import Counter
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from tfmigrate.config import ConfigError
 from tfmigrate.discovery import discover
-from tfmigrate.fixer import FixResult, fix_file
-from tfmigrate.rule import FixSafety
+from tfmigrate.findings import FixSafety
+
+if TYPE_CHECKING:
+    from tfmigrate.fixer import FixResult
+
+# Why a file was skipped, from its one-line error (the summary counts files per reason).
+_REASONS = [
+    ("read-only", "read-only"),
+    ("changed while", "changed on disk"),
+    ("deleted while", "deleted on disk"),
+    ("could not write", "could not write"),
+    ("Python 2 syntax", "Python 2 syntax"),
+    ("syntax error", "syntax error"),
+    ("cannot decode", "cannot decode"),
+    ("NUL bytes", "cannot decode"),
+    ("LibCST does not reproduce", "not reproducible by LibCST"),
+    ("LibCST cannot parse", "not parsable by LibCST"),
+    ("not a regular file", "not a regular file"),
+    ("permission denied", "cannot read"),
+    ("internal error", "internal error"),
+    ("no such file", "not found"),
+]
+
+
+def skip_reason(message: str) -> str:
+    return next((reason for needle, reason in _REASONS if needle in message), "other error")
 
 
 def _summary(results: list[FixResult], missing: list[str], write: bool, unsafe: bool) -> list[str]:
-    fixed = sum(len(r.fixed) for r in results)
-    changed = [r for r in results if r.changed and not r.error]
-    remaining = [f for r in results for f in r.remaining if not f.informational]
+    ok = [r for r in results if not r.error]
+    fixed = sum(len(r.fixed) for r in ok)
+    changed = [r for r in ok if r.changed]
+    remaining = [f for r in ok for f in r.remaining if not f.informational]
     why = Counter(
         "need --unsafe-fixes" if f.fixable and f.fix_safety == FixSafety.UNSAFE and not unsafe else "have no automatic fix"
         for f in remaining
@@ -30,9 +55,13 @@ def _summary(results: list[FixResult], missing: list[str], write: bool, unsafe: 
     if remaining:
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(why.items()))
         lines.append(f"{len(remaining)} remain ({reasons}); see `tfmigrate check`.")
-    failed = [r for r in results if r.error] + [None] * len(missing)
-    if failed:
-        lines.append(f"{len(failed)} file{'s' if len(failed) != 1 else ''} skipped (errors above).")
+    skipped = Counter(skip_reason(r.error) for r in results if r.error)
+    skipped.update("not found" for _ in missing)
+    skipped.update("symlink outside the paths given" for r in ok if r.skipped)
+    if skipped:
+        total = sum(skipped.values())
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
+        lines.append(f"{total} file{'s' if total != 1 else ''} skipped ({reasons}); see the messages above.")
     return lines
 
 
@@ -79,7 +108,16 @@ def register(app: typer.Typer) -> None:
                 seen.add(key)
                 files.append(path)
 
-        work = functools.partial(fix_file, unsafe=unsafe_fixes, write=write)  # picklable, for the workers
+        if write:  # temporary files a killed earlier run left behind (see RELIABILITY.md)
+            from tfmigrate.source import remove_stale_temp_files
+
+            for folder in sorted({os.path.dirname(os.path.realpath(path)) for path in files}):
+                remove_stale_temp_files(folder)
+        within = tuple(os.path.realpath(path) for path in paths)  # a link out of these is not fixed
+        from tfmigrate.fixer import fix_file  # LibCST and the rules: only when there is something to fix
+
+        # picklable, for the workers
+        work = functools.partial(fix_file, unsafe=unsafe_fixes, write=write, within=within)
         results: list[FixResult] = run_files(files, config, work, quiet=quiet, label="Fixing", jobs=jobs)
         if not quiet:
             print_notes(results, err)
@@ -88,6 +126,8 @@ def register(app: typer.Typer) -> None:
         for result in results:
             if result.error:
                 err.print(f"{result.path}: error: {result.error}", highlight=False, markup=False)
+            elif result.skipped:
+                err.print(f"{result.path}: note: {result.skipped}", highlight=False, markup=False)
             elif not write and result.changed and not quiet:
                 sys.stdout.write(result.diff())
         if not quiet:

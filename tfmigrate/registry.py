@@ -1,6 +1,13 @@
 """Finds the rules: every module in ``tfmigrate.rules`` defines one ``Rule`` subclass.
 
 The engine never names a rule; adding a rule is adding a module (and its fixtures).
+
+Importing the rules imports LibCST (about a second of start-up with everything the rules
+use). What `check` needs before it parses anything -- the codes (to validate ``--select``),
+names and trigger words (the prefilter) -- is the rule *catalog*: plain data computed from the
+rules once and stored in the cache folder under the engine fingerprint (see
+:mod:`tfmigrate.cache`). A run that finds the catalog there and whose files are all cache
+hits or prefiltered never imports LibCST or a rule.
 """
 
 from __future__ import annotations
@@ -11,9 +18,12 @@ import importlib.util
 import inspect
 import pkgutil
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tfmigrate.rule import Rule
+if TYPE_CHECKING:
+    from tfmigrate.rule import Rule
 
 
 def _rules_package():
@@ -41,6 +51,8 @@ def _rules_package():
 
 @functools.lru_cache(maxsize=None)
 def all_rules() -> tuple[type[Rule], ...]:
+    from tfmigrate.rule import Rule
+
     package = _rules_package()
 
     found: list[type[Rule]] = []
@@ -71,4 +83,74 @@ def rule_by_code(code: str) -> type[Rule] | None:
     for rule in all_rules():
         if rule.code == code or rule.name == code.lower():
             return rule
+    return None
+
+
+# --- the catalog ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RuleInfo:
+    """What the engine knows about a rule without importing it."""
+
+    code: str
+    name: str
+    summary: str
+    triggers: tuple[str, ...]
+    fix_safety: str  # FixSafety's value
+    informational: bool
+
+    def mentioned_in(self, text: str) -> bool:
+        """The prefilter (``runner.rules_for``): the text mentions one of the trigger words."""
+        return any(word in text for word in self.triggers)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "triggers": list(self.triggers)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> RuleInfo:
+        triggers = data["triggers"]
+        if not isinstance(triggers, list) or not all(isinstance(t, str) for t in triggers):
+            raise TypeError("triggers")
+        info = cls(
+            code=str(data["code"]), name=str(data["name"]), summary=str(data["summary"]),
+            triggers=tuple(triggers), fix_safety=str(data["fix_safety"]), informational=bool(data["informational"]),
+        )
+        return info
+
+
+_catalog: tuple[RuleInfo, ...] | None = None  # from the cache, or computed by catalog()
+
+
+def computed_catalog() -> tuple[RuleInfo, ...]:
+    """The catalog, from the rules themselves (imports them)."""
+    return tuple(
+        RuleInfo(rule.code, rule.name, rule.summary, tuple(rule.triggers), rule.fix_safety.value, rule.informational)
+        for rule in all_rules()
+    )
+
+
+def use_catalog(entries: tuple[RuleInfo, ...] | None) -> None:
+    """Install a catalog read back from the cache (it must describe the rules of this very
+    engine: the cache keys it by the engine fingerprint)."""
+    global _catalog
+    _catalog = entries
+
+
+def stored_catalog() -> tuple[RuleInfo, ...] | None:
+    """The catalog installed by ``use_catalog``, if any."""
+    return _catalog
+
+
+def catalog() -> tuple[RuleInfo, ...]:
+    """Every rule's code, name, triggers...: the stored catalog when one was installed, else
+    computed from the rules."""
+    global _catalog
+    if _catalog is None:
+        _catalog = computed_catalog()
+    return _catalog
+
+
+def info_by_code(code: str) -> RuleInfo | None:
+    for info in catalog():
+        if info.code == code:
+            return info
     return None

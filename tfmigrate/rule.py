@@ -7,22 +7,22 @@ the test-suite turns into tests.
 
 from __future__ import annotations
 
-import enum
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence, Union
 
 import libcst as cst
-from libcst.codemod.visitors import ImportItem
 from libcst.metadata import CodeRange, PositionProvider
 
+# Plain data, importable without LibCST; re-exported here for the rules.
+from tfmigrate.findings import Finding, FixSafety, Location
 from tfmigrate.names import ImportTable
 
+if TYPE_CHECKING:
+    # libcst.codemod imports libcst.matchers (~0.4 s): only a fix that adds an import needs it.
+    from libcst.codemod.visitors import ImportItem
 
-class FixSafety(str, enum.Enum):
-    SAFE = "safe"  # applied by `fix`
-    UNSAFE = "unsafe"  # applied only with --unsafe-fixes; check the result with `verify`
-    NONE = "none"  # the message says what to do by hand
+__all__ = ["Edit", "Finding", "FixSafety", "Invalid", "Location", "Replacement", "Rule", "RuleContext"]
 
 
 Replacement = Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]
@@ -42,34 +42,6 @@ class Edit:
     add_imports: Sequence[ImportItem] = ()
     remove_imports: Sequence[ImportItem] = ()
     safety: FixSafety | None = None  # defaults to the rule's own
-
-
-@dataclass(frozen=True)
-class Location:
-    row: int
-    column: int  # 1-based, like ruff's JSON
-
-
-@dataclass
-class Finding:
-    code: str
-    name: str
-    message: str
-    path: str
-    start: Location
-    end: Location
-    fix_safety: FixSafety  # what fixing this finding needs: safe, unsafe, or none (by hand)
-    fix_title: str | None = None  # set when a fix is available for this occurrence
-    informational: bool = False
-    cell: int | None = None  # notebook cell (1-based) when the file is a notebook
-    url: str | None = None
-
-    @property
-    def fixable(self) -> bool:
-        return self.fix_title is not None
-
-    def sort_key(self) -> tuple:
-        return (self.path, self.cell or 0, self.start.row, self.start.column, self.code)
 
 
 @dataclass
@@ -174,6 +146,8 @@ class Rule(cst.BatchableCSTVisitor):
         are reached through compat.v1, which re-exports ``data``, ``distribute`` and ``nn``.
         When TensorFlow is not imported, the import to add is returned too.
         """
+        from libcst.codemod.visitors import ImportItem
+
         assert target.startswith("tensorflow.")
         rest = target[len("tensorflow."):]
         bindings = self.imports.bindings

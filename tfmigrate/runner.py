@@ -1,33 +1,36 @@
-"""Check one file: read it once, parse it once, run every enabled rule in one pass."""
+"""Check one file: read it once, parse it once, run every enabled rule in one pass.
+
+LibCST and the rules are imported only when a file has to be parsed: the prefilter works
+from the rule catalog (:func:`tfmigrate.registry.catalog`), so a run whose files are cache hits
+or mention no rule's trigger words starts in a fraction of the time.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import re
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-
-import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tfmigrate.config import Config
-from tfmigrate.names import ImportTable
+from tfmigrate.findings import FileResult, Finding, Location
+from tfmigrate import registry
 from tfmigrate.registry import all_rules
-from tfmigrate.rule import Edit, Finding, Location, Rule, RuleContext
-from tfmigrate.source import SourceError, SourceFile, decode_source, parse_source, read_bytes
+from tfmigrate.source import SourceError, SourceFile, decode_source, read_bytes, split_lines
 
+if TYPE_CHECKING:
+    import libcst as cst
+    from libcst.metadata import MetadataWrapper
 
-@dataclass
-class FileResult:
-    """What checking one file gave: plain data, sent back from worker processes and cached."""
+    from tfmigrate.rule import Edit, Rule
 
-    path: str
-    findings: list[Finding] = field(default_factory=list)
-    error: str | None = None
-    parsed: bool = False  # False when the prefilter showed no rule could fire
-    notes: list[str] = field(default_factory=list)  # said on stderr; not errors (a skipped notebook cell)
-    digest: str | None = None  # hash of the bytes checked (the cache key)
+__all__ = [
+    "Analysis", "FileResult", "analyze_module", "analyze_source", "check_file", "check_text", "enabled_rules",
+    "in_cells", "internal_error", "is_notebook", "is_suppressed", "might_fire", "rules_for", "suppressions",
+]
 
 
 @dataclass
@@ -46,7 +49,7 @@ def suppressions(text: str) -> dict[int, set[str] | None]:
     found: dict[int, set[str] | None] = {}
     if "tfmigrate:" not in text:
         return found
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(split_lines(text), start=1):
         if "#" not in line:
             continue
         for match in SUPPRESSION.finditer(line):
@@ -74,6 +77,19 @@ def might_fire(text: str, rules: list[type[Rule]]) -> bool:
     return any(word in text for rule in rules for word in rule.triggers)
 
 
+def codes_for(text: str, config: Config, path: str | None = None) -> set[str]:
+    """The prefilter: the codes of the enabled rules whose trigger words the text mentions.
+    From the rule catalog read from the cache when there is one (no rule imported), else from
+    the rules themselves (``all_rules`` here, which tests replace with rules of their own)."""
+    rules = registry.stored_catalog() if all_rules is registry.all_rules else None
+    if rules is None:
+        rules = all_rules()
+    return {
+        rule.code for rule in rules
+        if config.enabled(rule.code, path) and any(word in text for word in rule.triggers)
+    }
+
+
 def rules_for(text: str, rules: list[type[Rule]]) -> list[type[Rule]]:
     """The rules whose trigger words the text mentions: only they walk the parsed module."""
     return [rule for rule in rules if any(word in text for word in rule.triggers)]
@@ -94,33 +110,145 @@ def _visitor_method_names(cls: type) -> tuple[str, ...]:
     )
 
 
-class _Batched(cst.CSTVisitor):
-    """One walk of the tree calling every rule's visit_/leave_ methods (what
-    ``libcst.visit_batched`` does, with the method table looked up per class)."""
+def _is_attribute_hook(name: str) -> bool:
+    """``visit_Call_func`` (called around one field's children), as opposed to ``visit_Call``:
+    node class names have no underscore."""
+    return "_" in name.split("_", 1)[1]
 
-    def __init__(self, visitors: list[cst.BatchableCSTVisitor]) -> None:
-        super().__init__()
-        self.methods: dict[str, list] = {}
-        for visitor in visitors:
-            for name in _visitor_method_names(type(visitor)):
-                self.methods.setdefault(name, []).append(getattr(visitor, name))
 
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        for method in self.methods.get("visit_" + type(node).__name__, ()):
+# --- one walk over the tree, calling every rule ---------------------------------------------
+# `CSTNode.visit` rebuilds every node it passes (`_visit_and_replace_children` constructs and
+# validates a copy even for a read-only visitor, which then throws it away): a LibCST walk
+# costs more than the parse. The rules only read the tree, so the walk below reads each node's
+# child fields directly, in the order LibCST's own walk visits them, and calls the same visit_
+# and leave_ methods on the same (original) nodes, in the same order.
+
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    """The fields LibCST's walk descends into, in its order.
+
+    ``_visit_and_replace_children`` names each field it visits as a string constant
+    (``visit_required(self, "func", self.func, visitor)``), in the order it visits them, so the
+    constants of its code object, in order of first appearance, are that order.
+    """
+    order = _CHILD_FIELDS.get(cls)
+    if order is None:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        seen: list[str] = []
+        for constant in cls._visit_and_replace_children.__code__.co_consts:
+            if isinstance(constant, str) and constant in fields and constant not in seen:
+                seen.append(constant)
+        order = _CHILD_FIELDS[cls] = tuple(seen)
+    return order
+
+
+@functools.lru_cache(maxsize=None)
+def _trivia_types() -> frozenset:
+    """Nodes that hold nothing but whitespace, comments and punctuation (a third of a tree)."""
+    import libcst as cst
+
+    def subclasses(base: type) -> set:
+        found = set()
+        for sub in base.__subclasses__():
+            found |= {sub} | subclasses(sub)
+        return found
+
+    types = {
+        cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline,
+        cst.Comment, cst.Comma, cst.Dot, cst.LeftParen, cst.RightParen, cst.LeftSquareBracket,
+        cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.Colon, cst.Semicolon,
+        cst.AssignEqual, cst.ImportStar,
+    }
+    for base in (cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp):
+        types |= subclasses(base)
+    return frozenset(t for t in types if not t.__name__.startswith("_"))
+
+
+def _walk_rules(module: cst.Module, visitors: list) -> None:
+    """Call the visitors' visit_X/leave_X methods over the module, as ``module.visit`` of a
+    batched visitor would."""
+    import libcst as cst
+
+    names = [(visitor, name) for visitor in visitors for name in _visitor_method_names(type(visitor))]
+    if any(_is_attribute_hook(name) for _, name in names):
+        module.visit(_batched(visitors))  # per-field hooks: LibCST's own walk calls them
+        return
+    enter: dict[str, list] = {}
+    leave: dict[str, list] = {}
+    for visitor, name in names:
+        kind, _, node_type = name.partition("_")
+        (enter if kind == "visit" else leave).setdefault(node_type, []).append(getattr(visitor, name))
+    skip = _trivia_types()
+    if any(t.__name__ in enter or t.__name__ in leave for t in skip):
+        skip = frozenset()
+    # Whether a value is a node to walk into, by type (isinstance on LibCST's abstract node
+    # classes is slow, and a tree has few distinct types).
+    walkable: dict[type, bool] = {tuple: False, list: False, str: False}
+    fields_of = _CHILD_FIELDS
+    no_methods: tuple = ()
+
+    def is_walkable(kind: type) -> bool:
+        walkable[kind] = answer = issubclass(kind, cst.CSTNode) and kind not in skip
+        return answer
+
+    def walk(node) -> None:
+        cls = type(node)
+        name = cls.__name__
+        for method in enter.get(name, no_methods):
             method(node)
-        return True
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        for method in self.methods.get("leave_" + type(original_node).__name__, ()):
-            method(original_node)
-
-    def on_visit_attribute(self, node: cst.CSTNode, attribute: str) -> None:
-        for method in self.methods.get(f"visit_{type(node).__name__}_{attribute}", ()):
+        fields = fields_of.get(cls) or _child_fields(cls)
+        for field_name in fields:
+            value = getattr(node, field_name)
+            kind = type(value)
+            if kind is tuple or kind is list:
+                for child in value:
+                    child_kind = type(child)
+                    answer = walkable.get(child_kind)
+                    if answer or (answer is None and is_walkable(child_kind)):
+                        walk(child)
+            else:
+                answer = walkable.get(kind)
+                if answer or (answer is None and is_walkable(kind)):
+                    walk(value)
+        for method in leave.get(name, no_methods):
             method(node)
 
-    def on_leave_attribute(self, original_node: cst.CSTNode, attribute: str) -> None:
-        for method in self.methods.get(f"leave_{type(original_node).__name__}_{attribute}", ()):
-            method(original_node)
+    walk(module)
+
+
+def _batched(visitors: list):
+    """LibCST's walk with every rule's methods (what ``libcst.visit_batched`` does, with the
+    method table looked up per class): used when a rule has per-field hooks."""
+    import libcst as cst
+
+    class Batched(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.methods: dict[str, list] = {}
+            for visitor in visitors:
+                for name in _visitor_method_names(type(visitor)):
+                    self.methods.setdefault(name, []).append(getattr(visitor, name))
+
+        def on_visit(self, node) -> bool:
+            for method in self.methods.get("visit_" + type(node).__name__, ()):
+                method(node)
+            return True
+
+        def on_leave(self, original_node) -> None:
+            for method in self.methods.get("leave_" + type(original_node).__name__, ()):
+                method(original_node)
+
+        def on_visit_attribute(self, node, attribute: str) -> None:
+            for method in self.methods.get(f"visit_{type(node).__name__}_{attribute}", ()):
+                method(node)
+
+        def on_leave_attribute(self, original_node, attribute: str) -> None:
+            for method in self.methods.get(f"leave_{type(original_node).__name__}_{attribute}", ()):
+                method(original_node)
+
+    return Batched()
 
 
 class _LazyPositions(Mapping):
@@ -134,6 +262,8 @@ class _LazyPositions(Mapping):
 
     def _positions(self) -> Mapping:
         if self.table is None:
+            from libcst.metadata import PositionProvider
+
             self.table = self.wrapper.resolve(PositionProvider)
         return self.table
 
@@ -148,6 +278,11 @@ class _LazyPositions(Mapping):
 
 
 def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], config: Config, text: str) -> Analysis:
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from tfmigrate.names import ImportTable
+    from tfmigrate.rule import RuleContext
+
     context = RuleContext(path=path, module=module, imports=ImportTable.from_module(module), target=config.target)
     # unsafe_skip_copy: the module is ours and never mutated; copying it costs as much as parsing.
     wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
@@ -157,7 +292,7 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
         # What MetadataDependent.resolve does, with the positions computed only when asked for.
         others = [p for p in visitor.get_inherited_dependencies() if p is not PositionProvider]
         visitor.metadata = {**wrapper.resolve_many(others), PositionProvider: positions}
-    module.visit(_Batched(visitors))
+    _walk_rules(module, visitors)
     table = suppressions(text)
     kept = [(r, f, e) for (r, f, e) in context.reports if not is_suppressed(f, table)]
     kept.sort(key=lambda item: item[1].sort_key())
@@ -166,9 +301,12 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
 
 def analyze_source(source: SourceFile, config: Config) -> Analysis | None:
     """Parse and run the rules; None when the prefilter rules the file out."""
-    rules = rules_for(source.text, enabled_rules(config, source.path))
-    if not rules:
-        return None
+    codes = codes_for(source.text, config, source.path)
+    if not codes:
+        return None  # decided from the catalog: neither LibCST nor any rule is imported
+    from tfmigrate.source import parse_source
+
+    rules = [rule for rule in all_rules() if rule.code in codes]
     module = parse_source(source)
     return analyze_module(module, source.path, rules, config, source.text)
 
@@ -176,6 +314,8 @@ def analyze_source(source: SourceFile, config: Config) -> Analysis | None:
 def internal_error(exc: BaseException) -> str:
     """A one-line report of a bug, naming the rule it happened in when there is one."""
     code = None
+    rule_module = sys.modules.get("tfmigrate.rule")  # no rule ran if it was never imported
+    Rule = getattr(rule_module, "Rule", ())
     tb = exc.__traceback__
     while tb is not None:  # the innermost frame that belongs to a rule
         owner = tb.tb_frame.f_locals.get("self")
