@@ -3,7 +3,6 @@ from __future__ import annotations
 import builtins
 
 import libcst as cst
-import libcst.matchers as m
 
 from tfmigrate.devices import derived_names, device_scope_arg, enclosing_tower, find, names_used, tower_collections
 from tfmigrate.names import dotted_name
@@ -418,8 +417,8 @@ class GradientAveraging(Rule):
     def _how(self, body: cst.CSTNode, sums_only: bool = False) -> tuple[str, str] | None:
         """('averages' | 'sums' | 'combines', the API that shows it), or None."""
         mean = total = gather = sparse = None
-        divides = bool(m.findall(body, m.BinaryOperation(operator=m.Divide())))
-        for call in m.findall(body, m.Call()):
+        divides = any(isinstance(b.operator, cst.Divide) for b in find(body, cst.BinaryOperation))
+        for call in find(body, cst.Call):
             name = self.call_name(call)
             if name in _INDEXED_SLICES and sparse is None:
                 sparse = name
@@ -486,7 +485,7 @@ def _parameter_data(function: cst.FunctionDef) -> set[str]:
     data = {p.name.value for p in _all_params(function.params)}
     assignments = [
         (target.target, assign.value)
-        for assign in m.findall(function.body, m.Assign())
+        for assign in find(function.body, cst.Assign)
         for target in assign.targets
     ]
     changed = True
@@ -524,7 +523,7 @@ def _divides(node: cst.CSTNode) -> bool:
 def _free_names(expr: cst.BaseExpression) -> set[str]:
     """Names an expression reads, less those its own comprehensions bind."""
     bound: set[str] = set()
-    for comp in m.findall(expr, m.CompFor()):
+    for comp in find(expr, cst.CompFor):
         bound |= names_used(comp.target)
     return names_used(expr) - bound
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import libcst as cst
-import libcst.matchers as m
 
-from tfmigrate.devices import TowerLoop, enclosing_tower, names_used, tower_loop_at
+from tfmigrate.devices import TowerLoop, enclosing_tower, find, names_used, tower_loop_at
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 SPLITS = {"tensorflow.split", "tensorflow.unstack"}
@@ -38,14 +37,17 @@ def bound_names(target: cst.CSTNode) -> set[str]:
 def tower_outputs(tower: TowerLoop) -> set[str]:
     """Names the tower loop collects results in: `out.append(..)`, `out[i] = ..`, `out += ..`."""
     found: set[str] = set()
-    collect = m.Call(func=m.Attribute(attr=m.Name("append") | m.Name("extend") | m.Name("insert")))
-    for call in m.findall(tower.loop.body, collect):
+    collecting = [
+        call for call in find(tower.loop.body, cst.Call)
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("append", "extend", "insert")
+    ]
+    for call in collecting:
         found |= bound_names(call.func.value)
-    for assign in m.findall(tower.loop.body, m.Assign()):
+    for assign in find(tower.loop.body, cst.Assign):
         for target in assign.targets:
             if isinstance(target.target, cst.Subscript):
                 found |= bound_names(target.target)
-    for assign in m.findall(tower.loop.body, m.AugAssign()):
+    for assign in find(tower.loop.body, cst.AugAssign):
         found |= bound_names(assign.target)
     return found
 
@@ -183,7 +185,7 @@ class SplitConcatParallel(Rule):
     def visit_Assign(self, node: cst.Assign) -> None:
         scope = self.scopes[-1]
         targets = set().union(*(bound_names(t.target) for t in node.targets))
-        for call in m.findall(node.value, m.Call()):
+        for call in find(node.value, cst.Call):
             name = self.call_name(call)
             if name in SPLITS:
                 self.filled[id(call)] = targets
@@ -302,6 +304,6 @@ class SplitConcatParallel(Rule):
         for ret in scope.returns:
             if ret.value is None:
                 continue
-            if any(c is concat for c in m.findall(ret.value, m.Call())) or names_used(ret.value) & scope.joined:
+            if any(c is concat for c in find(ret.value, cst.Call)) or names_used(ret.value) & scope.joined:
                 return True
         return False

@@ -20,7 +20,7 @@ class EstimatorTowers(Rule):
     code = "TFM107"
     name = "estimator-tower-model-fn"
     summary = "An Estimator model_fn builds one tower per GPU itself"
-    triggers = ("model_fn", "mode")
+    triggers = ("device",)  # a model_fn is only reported when it builds towers (TFM101 needs tf.device)
     fix_safety = FixSafety.NONE
 
     what_it_finds = """

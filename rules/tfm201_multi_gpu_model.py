@@ -1,10 +1,9 @@
 from __future__ import annotations
 
 import libcst as cst
-from libcst.codemod.visitors import ImportItem
 
 from tfmigrate.callargs import argument, has_star_args
-from tfmigrate.rule import Edit, FixSafety, Invalid, Rule
+from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 
 #: Canonical names (tfmigrate/names.py folds keras.utils.training_utils,
 #: keras.utils.multi_gpu_utils, tf.keras, tensorflow.python.keras, tf.compat.v1.keras and

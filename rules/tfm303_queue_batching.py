@@ -23,7 +23,9 @@ class QueueBatching(Rule):
     code = "TFM303"
     name = "queue-batching"
     summary = "Batches are assembled by a TF1 batching queue (`tf.train.batch`, `shuffle_batch`, ...)"
-    triggers = ("batch",)
+    # Every spelling is a call: `tf.train.batch(`, `shuffle_batch(`, `maybe_batch(`, `batch(` after a
+    # from-import; only the *_join variants do not end in "batch(".
+    triggers = ("batch(", "batch_join")
     fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """

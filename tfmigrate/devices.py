@@ -62,12 +62,23 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     found: list[cst.CSTNode] = []
     for name in names:
         value = getattr(node, name)
-        if isinstance(value, cst.CSTNode):
-            if not isinstance(value, _LEAVES):
-                found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, cst.CSTNode) and not isinstance(v, _LEAVES))
+        if isinstance(value, (list, tuple)):
+            found.extend(v for v in value if _holds_code(type(v)))
+        elif _holds_code(type(value)):
+            found.append(value)
     return found
+
+
+_HOLDS_CODE: dict[type, bool] = {}
+
+
+def _holds_code(kind: type) -> bool:
+    """Whether nodes of this type can contain code (isinstance against LibCST's abstract
+    classes is slow, and this is asked millions of times: remember the answer per type)."""
+    answer = _HOLDS_CODE.get(kind)
+    if answer is None:
+        answer = _HOLDS_CODE[kind] = issubclass(kind, cst.CSTNode) and not issubclass(kind, _LEAVES)
+    return answer
 
 
 def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:

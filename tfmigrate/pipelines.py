@@ -36,10 +36,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import libcst as cst
-from libcst.codemod.visitors import ImportItem
 
 from tfmigrate.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
-from tfmigrate.rule import Edit, FixSafety
+from tfmigrate.rule import Edit, FixSafety, ImportItem
 
 if TYPE_CHECKING:
     from tfmigrate.rule import Rule
