@@ -20,7 +20,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from tfmigrate.config import Config
 from tfmigrate.rule import Edit, Finding, FixSafety, Rule
 from tfmigrate.runner import analyze_source, in_cells, internal_error, is_notebook
-from tfmigrate.source import SourceError, SourceFile, decode_source, read_bytes, write_atomic
+from tfmigrate.source import (
+    SourceError, SourceFile, compile_error, compile_failure, decode_source, read_bytes, write_atomic,
+)
 
 MAX_PASSES = 8
 
@@ -33,6 +35,7 @@ class FixResult:
     fixed: list[Finding] = field(default_factory=list)
     remaining: list[Finding] = field(default_factory=list)
     error: str | None = None
+    skipped: str | None = None  # why a file was deliberately left alone (not an error)
     written: bool = False
     notes: list[str] = field(default_factory=list)
     # A notebook: cell number -> (old source, new source) of the cells that change, and the
@@ -123,8 +126,29 @@ def apply_edits(module: cst.Module, edits: list[Edit]) -> tuple[cst.Module, list
     return new_module, applied
 
 
+def _first_difference(a: str, b: str) -> int:
+    """The line number (1-based) where two texts first differ."""
+    index = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return a.count("\n", 0, index) + 1
+
+
+def _check_round_trip(module: cst.Module, text: str) -> None:
+    """LibCST must give back the text it parsed, or the untouched parts of a fixed file would
+    change too (LibCST 1.x drops a form feed that starts a statement line)."""
+    code = module.code
+    if code != text:
+        line = _first_difference(code, text)
+        lines = text.split("\n")  # not splitlines(): it splits at form feeds too
+        what = " (a form feed starts it)" if line <= len(lines) and "\f" in lines[line - 1] else ""
+        raise SourceError(
+            f"cannot rewrite this file without changing line {line}{what}: LibCST does not reproduce it "
+            "byte for byte; file left untouched"
+        )
+
+
 def fix_source(source: SourceFile, config: Config, *, unsafe: bool = False) -> FixResult:
-    """Fix one source in memory. Raises SourceError when it cannot be parsed."""
+    """Fix one source in memory. Raises SourceError when it cannot be parsed, or when the
+    result would change anything outside the fixed statements or would not compile."""
     result = FixResult(path=source.path, source=source)
     current = source
     for _ in range(MAX_PASSES):
@@ -139,12 +163,20 @@ def fix_source(source: SourceFile, config: Config, *, unsafe: bool = False) -> F
         if not candidates:
             result.remaining = [finding for _, finding, _ in analysis.reports]
             break
+        if current is source:  # about to change it: it must compile, and survive LibCST intact
+            failure = compile_failure(source)
+            if failure is not None:
+                raise failure
+            _check_round_trip(analysis.module, source.text)
         new_module, applied = apply_edits(analysis.module, [edit for _, _, edit in candidates])
         new_text = new_module.code
         codes = sorted({candidates[i][0].code for i in applied})
-        try:
+        try:  # both parsers: LibCST accepts a few things Python does not
             cst.parse_module(new_text)
+            broken = compile_error(new_text, source.path) is not None
         except cst.ParserSyntaxError:
+            broken = True
+        if broken:
             raise SourceError(
                 f"internal error: the fix of {', '.join(codes)} would not parse; file left untouched, please report it"
             ) from None
@@ -179,9 +211,41 @@ def _fix_notebook(path: str, raw: bytes, config: Config, unsafe: bool) -> FixRes
     return result
 
 
-def fix_file(path: str, config: Config, *, unsafe: bool = False, write: bool = False) -> FixResult:
+def _outside(path: str, within: tuple[str, ...]) -> bool:
+    """A symlink whose target is not under any of the paths given (their real paths)."""
+    if not within or not os.path.islink(path):
+        return False
+    target = os.path.realpath(path)
+    return not any(target == root or target.startswith(root.rstrip(os.sep) + os.sep) for root in within)
+
+
+def _encoded(source: SourceFile, text: str) -> bytes:
+    """The bytes to write for ``text``: they must read back as ``text`` (same encoding found
+    from the same BOM or coding cookie), or nothing is written."""
+    try:
+        data = source.encode(text)
+        if decode_source(source.path, data).text == text:
+            return data
+    except (UnicodeError, SourceError):
+        pass
+    raise SourceError(
+        f"internal error: the fixed text would not read back as {source.encoding}; file left untouched, please report it"
+    )
+
+
+def fix_file(
+    path: str, config: Config, *, unsafe: bool = False, write: bool = False, within: tuple[str, ...] = (),
+) -> FixResult:
+    """Fix one file (written only with ``write``). ``within``: the real paths of the paths the
+    user gave; a symlink found in them that points outside all of them is not fixed."""
     try:
         raw = read_bytes(path)
+        if _outside(path, within):
+            analysis = None if is_notebook(path) else analyze_source(decode_source(path, raw), config)
+            return FixResult(
+                path=path, skipped=f"symlink to {os.path.realpath(path)}, outside the paths given; not fixed",
+                remaining=[] if analysis is None else [finding for _, finding, _ in analysis.reports],
+            )
         if is_notebook(path):
             result = _fix_notebook(path, raw, config, unsafe)
         else:
@@ -191,9 +255,12 @@ def fix_file(path: str, config: Config, *, unsafe: bool = False, write: bool = F
     except Exception as exc:  # a bug in a rule must not stop the run over the other files
         return FixResult(path=path, error=internal_error(exc) + "; file left untouched")
     if write and result.changed:
-        data = result.notebook_bytes if result.notebook_bytes is not None else result.source.encode(result.new_text)
         try:
-            if not os.access(path, os.W_OK):
+            if result.notebook_bytes is not None:
+                data = result.notebook_bytes
+            else:
+                data = _encoded(result.source, result.new_text)
+            if not os.access(path, os.W_OK) and os.path.exists(path):  # a deleted file: write_atomic says so
                 raise SourceError("file is read-only; not fixed")
             write_atomic(path, data, expected_original=raw)
             result.written = True

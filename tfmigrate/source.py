@@ -11,13 +11,27 @@ import codecs
 import io
 import os
 import re
+import stat
 import tempfile
+import time
 import tokenize
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import libcst as cst
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as Python and LibCST count them. ``str.splitlines`` also splits at form feeds,
+    vertical tabs, \\x1c-\\x1e, \\x85 and \\u2028, which old files have in comments and strings:
+    every line number after one would be off."""
+    lines = _LINE_BREAK.split(text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 class SourceError(Exception):
@@ -34,7 +48,7 @@ class SourceFile:
 
     @property
     def lines(self) -> list[str]:
-        return self.text.splitlines()
+        return split_lines(self.text)
 
     def encode(self, text: str) -> bytes:
         data = text.encode(self.encoding)
@@ -70,7 +84,14 @@ def decode_source(path: str, raw: bytes) -> SourceFile:
 
 def read_bytes(path: str) -> bytes:
     try:
-        with open(path, "rb") as handle:
+        # O_NONBLOCK: opening a FIFO named like a source file must not wait for a writer.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+        with open(fd, "rb") as handle:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(mode):
+                raise SourceError("not a regular file")
             return handle.read()
     except FileNotFoundError:
         raise SourceError("no such file") from None
@@ -103,7 +124,7 @@ _PY2_PATTERNS = [
 
 def python2_reason(text: str, line: int) -> str | None:
     """If the failing line looks like Python 2, name the construct."""
-    lines = text.splitlines()
+    lines = split_lines(text)
     candidates = [line] + [n for n in range(1, len(lines) + 1) if n != line]
     for number in candidates:
         if not 1 <= number <= len(lines):
@@ -123,6 +144,30 @@ def _python_syntax_error(source: SourceFile) -> SyntaxError | None:
     except (ValueError, RecursionError, MemoryError):
         pass
     return None
+
+
+def compile_error(text: str, path: str) -> SyntaxError | None:
+    """Python's verdict on the whole file: parsing, and the checks of the compiler proper that
+    a parse alone does not make (a repeated keyword argument, ``return`` outside a function,
+    ``nonlocal`` at module level...). `fix` writes only files that pass it, before and after.
+    Top-level ``await`` is allowed (notebooks); warnings are not printed."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(text, path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except SyntaxError as exc:
+        return exc
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return SyntaxError(str(exc) or type(exc).__name__)
+    return None
+
+
+def compile_failure(source: SourceFile) -> SourceError | None:
+    """``compile_error`` worded like a parse error; None when the file compiles."""
+    error = compile_error(source.text, source.path)
+    if error is None:
+        return None
+    return _syntax_failure(source, error.lineno or 1, error.offset or 1, error.msg)
 
 
 def _syntax_failure(source: SourceFile, line: int, column: int, message: str) -> SourceError:
@@ -146,7 +191,12 @@ def parse_source(source: SourceFile) -> cst.Module:
         error = _python_syntax_error(source)
         if error is not None:
             raise _syntax_failure(source, error.lineno or exc.raw_line, error.offset or 1, error.msg) from None
-        raise _syntax_failure(source, exc.raw_line, exc.raw_column + 1, "invalid syntax") from None
+        # Python compiles it: a limit of LibCST's parser (some mixes of tabs and spaces CPython
+        # accepts), not an error in the file. Its position is often meaningless (1:1).
+        reason = (exc.message or "invalid syntax").splitlines()[0]
+        raise SourceError(
+            f"LibCST cannot parse this file though Python can ({reason}); not checked, please report it"
+        ) from None
     except RecursionError:
         raise SourceError("too deeply nested to parse") from None
     error = _python_syntax_error(source)
@@ -155,8 +205,14 @@ def parse_source(source: SourceFile) -> cst.Module:
     return module
 
 
+TEMP_PREFIX, TEMP_SUFFIX = ".tfmigrate-", ".tmp"
+# A temporary file this old was left by a run that was killed between writing and renaming it
+# (a write takes milliseconds): a later `fix --write` removes it.
+STALE_TEMP_SECONDS = 600
+
+
 def write_atomic(path: str, data: bytes, expected_original: bytes | None = None) -> None:
-    """Replace ``path`` with ``data`` in one step, keeping its permissions.
+    """Replace ``path`` with ``data`` in one step, keeping its permissions and owner.
 
     The new content goes to a temporary file in the same folder, is flushed to disk, and then
     renamed over the original: a reader (or a crash) sees the old file or the new one, never a
@@ -173,14 +229,22 @@ def write_atomic(path: str, data: bytes, expected_original: bytes | None = None)
         if current != expected_original:
             raise SourceError("file changed while tfmigrate was working; skipped")
     folder = os.path.dirname(target) or "."
-    mode = os.stat(target).st_mode & 0o7777
-    fd, temp = tempfile.mkstemp(prefix=".tfmigrate-", suffix=".tmp", dir=folder)
+    try:
+        info = os.stat(target)
+    except FileNotFoundError:
+        raise SourceError("file was deleted while tfmigrate was working; skipped") from None
+    fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temp, mode)
+        if hasattr(os, "chown") and (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
+            try:  # root fixing someone else's file: the file stays theirs
+                os.chown(temp, info.st_uid, info.st_gid)
+            except OSError:
+                pass
+        os.chmod(temp, stat.S_IMODE(info.st_mode))
         os.replace(temp, target)
     except BaseException:
         try:
@@ -188,3 +252,27 @@ def write_atomic(path: str, data: bytes, expected_original: bytes | None = None)
         except OSError:
             pass
         raise
+
+
+def remove_stale_temp_files(folder: str, older_than: float = STALE_TEMP_SECONDS) -> list[str]:
+    """Remove the temporary files a killed `fix --write` left in ``folder``; return their paths.
+
+    Only ``.tfmigrate-*.tmp`` files last modified more than ``older_than`` seconds ago are
+    removed, so a run writing into the same folder right now keeps its own.
+    """
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not (entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(TEMP_SUFFIX)):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False) and now - entry.stat(follow_symlinks=False).st_mtime > older_than:
+                os.unlink(entry.path)
+                removed.append(entry.path)
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,93 @@
+"""`fix --write` killed at random moments: every file is the old version or the new one.
+
+60 files each with a fixable TFM305 line; `fix --write` runs in a subprocess and gets SIGKILL
+after a random (seeded) delay, several times over fresh copies. After each kill every file
+must be byte-for-byte its original or its fixed version, never a mix or empty. A SIGKILL can
+leave a ``.tfmigrate-*.tmp`` file (written, not yet renamed): it is never mistaken for source
+(its name does not end in ``.py``), and the next `fix --write` removes it once it is stale
+(RELIABILITY.md); a final run then completes the job.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tfmigrate.source
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+
+FILES = 60
+ORIGINAL = "import tensorflow as tf\n\n# file {n}\nit = ds{n}.make_one_shot_iterator()\n"
+FIXED = "import tensorflow as tf\n\n# file {n}\nit = tf.compat.v1.data.make_one_shot_iterator(ds{n})\n"
+
+
+def _make_tree(folder: Path) -> None:
+    folder.mkdir()
+    for n in range(FILES):
+        (folder / f"m{n:02}.py").write_text(ORIGINAL.format(n=n))
+
+
+def _command(folder: Path) -> list[str]:
+    return [sys.executable, "-m", "tfmigrate", "fix", "--write", "--jobs", "2", str(folder)]
+
+
+def _state(folder: Path) -> tuple[int, int, list[str]]:
+    """(files still original, files fixed, leftover temporary files); fails on anything else."""
+    old = new = 0
+    for n in range(FILES):
+        text = (folder / f"m{n:02}.py").read_text()
+        if text == ORIGINAL.format(n=n):
+            old += 1
+        elif text == FIXED.format(n=n):
+            new += 1
+        else:
+            pytest.fail(f"m{n:02}.py is neither the old nor the new version: {text!r}")
+    temps = sorted(p.name for p in folder.iterdir() if not p.name.endswith(".py"))
+    assert all(name.startswith(".tfmigrate-") and name.endswith(".tmp") for name in temps), temps
+    return old, new, temps
+
+
+def _first_write(folder: Path, process: subprocess.Popen, limit: float = 60.0) -> None:
+    """Wait until the run has written a file (or ended)."""
+    deadline = time.monotonic() + limit
+    while process.poll() is None and time.monotonic() < deadline:
+        if any((folder / f"m{n:02}.py").read_text() != ORIGINAL.format(n=n) for n in range(0, FILES, 6)):
+            return
+        time.sleep(0.002)
+
+
+def test_killed_fix_leaves_old_or_new_files(tmp_path):
+    rng = random.Random(8)
+    env = {**os.environ, "TFMIGRATE_CACHE_DIR": str(tmp_path / "cache")}
+    outcomes = []
+    for attempt in range(6):
+        folder = tmp_path / f"run{attempt}"
+        _make_tree(folder)
+        process = subprocess.Popen(_command(folder), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if attempt == 0:
+            time.sleep(rng.uniform(0.05, 0.3))  # during start-up: nothing may have changed
+        else:  # during the writes: the run has started writing, kill it a moment later
+            _first_write(folder, process)
+            time.sleep(rng.uniform(0.0, 0.15))
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        old, new, temps = _state(folder)
+        outcomes.append((old, new, len(temps)))
+        # Stale leftovers are removed by the next run, which finishes the job.
+        for name in temps:
+            past = time.time() - tfmigrate.source.STALE_TEMP_SECONDS - 1
+            os.utime(folder / name, (past, past))
+        finish = subprocess.run(_command(folder), env=env, capture_output=True, text=True)
+        assert finish.returncode == 0, finish.stderr
+        assert _state(folder) == (0, FILES, [])
+    print("kills: (old, new, temp files) =", outcomes)
+    # The kills did land while files were being written.
+    assert sum(0 < new < FILES for _, new, _ in outcomes) >= 2, outcomes
