@@ -4,6 +4,7 @@ import libcst as cst
 
 from tfmigrate.callargs import argument, has_star_args
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
+from tfmigrate.walker import visit_read_only
 
 #: Canonical names (tfmigrate/names.py folds keras.utils.training_utils,
 #: keras.utils.multi_gpu_utils, tf.keras, tensorflow.python.keras, tf.compat.v1.keras and
@@ -250,8 +251,10 @@ class MultiGpuModel(Rule):
                 self._fit_batch.setdefault(func.value.value, self._code(batch))
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        if not self._calls:
+            return
         blocks = _Blocks()
-        original_node.visit(blocks)
+        visit_read_only(original_node, blocks)
         for call, target in self._calls:
             edit, blocker = self._edit(call, target, blocks)
             message = self._message(call, target)
@@ -357,7 +360,7 @@ class MultiGpuModel(Rule):
             def visit_Name(self, name: cst.Name) -> None:
                 found.add(name.value)
 
-        node.visit(Names())
+        visit_read_only(node, Names())
         return found
 
     def _devices(self, call: cst.Call) -> str | bool:

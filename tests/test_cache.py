@@ -220,5 +220,46 @@ def test_fast_walk_calls_the_rules_like_libcst(tmp_path):
             expected, got = visitor_class(), visitor_class()
             expected.log, got.log = [], []
             module.visit(_batched([expected]))
-            _walk_rules(module, [got])
+            _walk_rules(module, [got], {})
             assert got.log == expected.log, path
+
+
+def test_read_only_visit_matches_libcst_and_honours_false():
+    """``visit_read_only`` calls a plain visitor like ``module.visit`` does, and a visit_X
+    returning False keeps it out of that node's children, as in LibCST."""
+    import libcst as cst
+
+    from tfmigrate.walker import visit_read_only
+
+    class Log(cst.CSTVisitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.log: list = []
+
+        def visit_Name(self, node) -> None:
+            self.log.append(("name", node.value))
+
+        def visit_Call(self, node) -> None:
+            self.log.append(("call", id(node)))
+
+        def visit_Lambda(self, node) -> bool:
+            self.log.append(("lambda", id(node)))
+            return False  # names inside a lambda are not logged
+
+        def leave_Call(self, node) -> None:
+            self.log.append(("left", id(node)))
+
+    class Hook(cst.CSTVisitor):
+        def visit_Call_func(self, node) -> None:
+            pass
+
+    root = Path(__file__).resolve().parent.parent
+    module = cst.parse_module((root / "fixtures" / "programs" / "towers_cifar.py").read_text()
+                              + "\nf = lambda inside_lambda: inside_lambda + 1\n")
+    expected, got = Log(), Log()
+    module.visit(expected)
+    visit_read_only(module, got)
+    assert got.log == expected.log
+    assert ("name", "inside_lambda") not in got.log and any(kind == "lambda" for kind, _ in got.log)
+    with pytest.raises(TypeError, match="visit_Call_func"):
+        visit_read_only(module, Hook())

@@ -52,20 +52,36 @@ _LEAVES = (
     cst.Semicolon,
 )
 _FIELDS: dict[type, tuple[str, ...]] = {}
+# Fields that only ever hold whitespace, comments or punctuation, whatever the node type.
+_TRIVIA_FIELDS = frozenset({
+    "lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "comma", "colon", "semicolon", "dot",
+    "equal", "newline", "leading_lines", "lines_after_decorators", "trailing_whitespace", "header", "footer",
+})
 
 
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The child nodes of ``node`` that can hold code, in source order."""
-    names = _FIELDS.get(type(node))
+    cls = type(node)
+    names = _FIELDS.get(cls)
     if names is None:
-        names = _FIELDS[type(node)] = tuple(f.name for f in dataclasses.fields(node))
+        names = _FIELDS[cls] = tuple(
+            f.name for f in dataclasses.fields(cls)
+            if f.name not in _TRIVIA_FIELDS and not f.name.startswith("whitespace_")
+        )
+    holds_code = _HOLDS_CODE
     found: list[cst.CSTNode] = []
     for name in names:
         value = getattr(node, name)
-        if isinstance(value, (list, tuple)):
-            found.extend(v for v in value if _holds_code(type(v)))
-        elif _holds_code(type(value)):
-            found.append(value)
+        kind = type(value)
+        if kind is tuple or kind is list:
+            for item in value:
+                answer = holds_code.get(type(item))
+                if answer or (answer is None and _holds_code(type(item))):
+                    found.append(item)
+        else:
+            answer = holds_code.get(kind)
+            if answer or (answer is None and _holds_code(kind)):
+                found.append(value)
     return found
 
 

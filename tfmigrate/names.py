@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.walker import visit_read_only
+
 # Spellings of the same API, mapped to one canonical spelling so that rules list each API once.
 # Order matters: compat prefixes first, then Keras.
 _CANONICAL_PREFIXES = (
@@ -86,7 +88,7 @@ class ImportTable(cst.CSTVisitor):
     @classmethod
     def from_module(cls, module: cst.Module) -> "ImportTable":
         table = cls()
-        module.visit(table)
+        visit_read_only(module, table)
         for name in table._reassigned:
             table.aliases.pop(name, None)
         return table

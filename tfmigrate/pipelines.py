@@ -39,6 +39,7 @@ import libcst as cst
 
 from tfmigrate.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.rule import Edit, FixSafety, ImportItem
+from tfmigrate.walker import visit_read_only
 
 if TYPE_CHECKING:
     from tfmigrate.rule import Rule
@@ -108,10 +109,10 @@ def _names_in(node: cst.CSTNode) -> set[str]:
             found.add(name.value)
 
         def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            attribute.value.visit(self)  # `x.name`: the attribute is not a variable
+            visit_read_only(attribute.value, self)  # `x.name`: the attribute is not a variable
             return False
 
-    node.visit(Names())
+    visit_read_only(node, Names())
     return found
 
 
@@ -208,9 +209,9 @@ class _Planner:
         self.rule = rule
         self.module = rule.context.module
         self.blocks = _Blocks()
-        self.module.visit(self.blocks)
+        visit_read_only(self.module, self.blocks)
         self.calls = _Calls(rule)
-        self.module.visit(self.calls)
+        visit_read_only(self.module, self.calls)
         self.all_names = {n.value for n in self.calls.names}
         self.imports: list = []
 
@@ -643,7 +644,7 @@ class _Scaffolding:
                     plan.while_tests[id(node)] = test
                     allowed.update(id(n) for n in _name_nodes(node.test))
 
-        module.visit(Uses())
+        visit_read_only(module, Uses())
         for name in self.planner.calls.names:
             if name.value in coords | threads and id(name) not in allowed:
                 if name.value in coords:
@@ -680,7 +681,7 @@ def _name_nodes(node: cst.CSTNode) -> list[cst.Name]:
         def visit_Name(self, name: cst.Name) -> None:
             found.append(name)
 
-    node.visit(Names())
+    visit_read_only(node, Names())
     return found
 
 

@@ -8,10 +8,8 @@ or mention no rule's trigger words starts in a fraction of the time.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +18,8 @@ from tfmigrate.findings import FileResult, Finding, Location
 from tfmigrate import registry
 from tfmigrate.registry import all_rules
 from tfmigrate.source import SourceError, SourceFile, decode_source, read_bytes, split_lines
+from tfmigrate.positions import LazyPositions
+from tfmigrate.walker import is_attribute_hook, skipped_types, visitor_method_names, walk
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -95,84 +95,13 @@ def rules_for(text: str, rules: list[type[Rule]]) -> list[type[Rule]]:
     return [rule for rule in rules if any(word in text for word in rule.triggers)]
 
 
-@functools.lru_cache(maxsize=None)
-def _visitor_method_names(cls: type) -> tuple[str, ...]:
-    """The visit_/leave_ methods a visitor class really defines (not LibCST's no-op stubs).
-
-    LibCST's ``visit_batched`` finds them with ``inspect.getmembers`` on every visitor instance
-    of every file; over the hundreds of stubs of a visitor class that took 12 ms per rule per
-    file, more than parsing. A class's methods do not change: look once per class.
-    """
-    return tuple(
-        name for name in dir(cls)
-        if name.startswith(("visit_", "leave_")) and callable(getattr(cls, name))
-        and not getattr(getattr(cls, name), "_is_no_op", False)
-    )
-
-
-def _is_attribute_hook(name: str) -> bool:
-    """``visit_Call_func`` (called around one field's children), as opposed to ``visit_Call``:
-    node class names have no underscore."""
-    return "_" in name.split("_", 1)[1]
-
-
-# --- one walk over the tree, calling every rule ---------------------------------------------
-# `CSTNode.visit` rebuilds every node it passes (`_visit_and_replace_children` constructs and
-# validates a copy even for a read-only visitor, which then throws it away): a LibCST walk
-# costs more than the parse. The rules only read the tree, so the walk below reads each node's
-# child fields directly, in the order LibCST's own walk visits them, and calls the same visit_
-# and leave_ methods on the same (original) nodes, in the same order.
-
-_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _child_fields(cls: type) -> tuple[str, ...]:
-    """The fields LibCST's walk descends into, in its order.
-
-    ``_visit_and_replace_children`` names each field it visits as a string constant
-    (``visit_required(self, "func", self.func, visitor)``), in the order it visits them, so the
-    constants of its code object, in order of first appearance, are that order.
-    """
-    order = _CHILD_FIELDS.get(cls)
-    if order is None:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        seen: list[str] = []
-        for constant in cls._visit_and_replace_children.__code__.co_consts:
-            if isinstance(constant, str) and constant in fields and constant not in seen:
-                seen.append(constant)
-        order = _CHILD_FIELDS[cls] = tuple(seen)
-    return order
-
-
-@functools.lru_cache(maxsize=None)
-def _trivia_types() -> frozenset:
-    """Nodes that hold nothing but whitespace, comments and punctuation (a third of a tree)."""
-    import libcst as cst
-
-    def subclasses(base: type) -> set:
-        found = set()
-        for sub in base.__subclasses__():
-            found |= {sub} | subclasses(sub)
-        return found
-
-    types = {
-        cst.SimpleWhitespace, cst.ParenthesizedWhitespace, cst.TrailingWhitespace, cst.EmptyLine, cst.Newline,
-        cst.Comment, cst.Comma, cst.Dot, cst.LeftParen, cst.RightParen, cst.LeftSquareBracket,
-        cst.RightSquareBracket, cst.LeftCurlyBrace, cst.RightCurlyBrace, cst.Colon, cst.Semicolon,
-        cst.AssignEqual, cst.ImportStar,
-    }
-    for base in (cst.BaseBinaryOp, cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp, cst.BaseAugOp):
-        types |= subclasses(base)
-    return frozenset(t for t in types if not t.__name__.startswith("_"))
-
-
-def _walk_rules(module: cst.Module, visitors: list) -> None:
+def _walk_rules(module: cst.Module, visitors: list, statement_of: dict[int, int]) -> None:
     """Call the visitors' visit_X/leave_X methods over the module, as ``module.visit`` of a
-    batched visitor would."""
-    import libcst as cst
-
-    names = [(visitor, name) for visitor in visitors for name in _visitor_method_names(type(visitor))]
-    if any(_is_attribute_hook(name) for _, name in names):
+    batched visitor would, with the read-only walk of :mod:`tfmigrate.walker` (the rules only
+    read the tree). A rule's visit_X returning False does not stop the others. Fills
+    ``statement_of``: id(node) -> index of the top-level statement it lies in."""
+    names = [(visitor, name) for visitor in visitors for name in visitor_method_names(type(visitor))]
+    if any(is_attribute_hook(name) for _, name in names):
         module.visit(_batched(visitors))  # per-field hooks: LibCST's own walk calls them
         return
     enter: dict[str, list] = {}
@@ -180,42 +109,24 @@ def _walk_rules(module: cst.Module, visitors: list) -> None:
     for visitor, name in names:
         kind, _, node_type = name.partition("_")
         (enter if kind == "visit" else leave).setdefault(node_type, []).append(getattr(visitor, name))
-    skip = _trivia_types()
-    if any(t.__name__ in enter or t.__name__ in leave for t in skip):
-        skip = frozenset()
-    # Whether a value is a node to walk into, by type (isinstance on LibCST's abstract node
-    # classes is slow, and a tree has few distinct types).
-    walkable: dict[type, bool] = {tuple: False, list: False, str: False}
-    fields_of = _CHILD_FIELDS
     no_methods: tuple = ()
 
-    def is_walkable(kind: type) -> bool:
-        walkable[kind] = answer = issubclass(kind, cst.CSTNode) and kind not in skip
-        return answer
+    top_level = {id(statement): index for index, statement in enumerate(module.body)}
+    current = -1
 
-    def walk(node) -> None:
-        cls = type(node)
-        name = cls.__name__
-        for method in enter.get(name, no_methods):
-            method(node)
-        fields = fields_of.get(cls) or _child_fields(cls)
-        for field_name in fields:
-            value = getattr(node, field_name)
-            kind = type(value)
-            if kind is tuple or kind is list:
-                for child in value:
-                    child_kind = type(child)
-                    answer = walkable.get(child_kind)
-                    if answer or (answer is None and is_walkable(child_kind)):
-                        walk(child)
-            else:
-                answer = walkable.get(kind)
-                if answer or (answer is None and is_walkable(kind)):
-                    walk(value)
-        for method in leave.get(name, no_methods):
+    def on_visit(node) -> None:
+        nonlocal current
+        key = id(node)
+        current = top_level.get(key, current)
+        statement_of[key] = current
+        for method in enter.get(type(node).__name__, no_methods):
             method(node)
 
-    walk(module)
+    def on_leave(node) -> None:
+        for method in leave.get(type(node).__name__, no_methods):
+            method(node)
+
+    walk(module, on_visit, on_leave, skipped_types(name for _, name in names))
 
 
 def _batched(visitors: list):
@@ -228,7 +139,7 @@ def _batched(visitors: list):
             super().__init__()
             self.methods: dict[str, list] = {}
             for visitor in visitors:
-                for name in _visitor_method_names(type(visitor)):
+                for name in visitor_method_names(type(visitor)):
                     self.methods.setdefault(name, []).append(getattr(visitor, name))
 
         def on_visit(self, node) -> bool:
@@ -251,32 +162,6 @@ def _batched(visitors: list):
     return Batched()
 
 
-class _LazyPositions(Mapping):
-    """Node positions, computed on the first lookup. Positions take a code-generation pass
-    over the whole module (as long as the rules' own walk), and only a file with a finding
-    needs them: most files checked have none."""
-
-    def __init__(self, wrapper: MetadataWrapper) -> None:
-        self.wrapper = wrapper
-        self.table: Mapping | None = None
-
-    def _positions(self) -> Mapping:
-        if self.table is None:
-            from libcst.metadata import PositionProvider
-
-            self.table = self.wrapper.resolve(PositionProvider)
-        return self.table
-
-    def __getitem__(self, node):
-        return self._positions()[node]
-
-    def __iter__(self):
-        return iter(self._positions())
-
-    def __len__(self) -> int:
-        return len(self._positions())
-
-
 def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], config: Config, text: str) -> Analysis:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
@@ -284,15 +169,19 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
     from tfmigrate.rule import RuleContext
 
     context = RuleContext(path=path, module=module, imports=ImportTable.from_module(module), target=config.target)
-    # unsafe_skip_copy: the module is ours and never mutated; copying it costs as much as parsing.
-    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    wrapper = None
     visitors = [rule(context) for rule in rules]
-    positions = _LazyPositions(wrapper)
+    statement_of: dict[int, int] = {}
+    positions = LazyPositions(module, text, statement_of)
     for visitor in visitors:
         # What MetadataDependent.resolve does, with the positions computed only when asked for.
         others = [p for p in visitor.get_inherited_dependencies() if p is not PositionProvider]
-        visitor.metadata = {**wrapper.resolve_many(others), PositionProvider: positions}
-    _walk_rules(module, visitors)
+        if others and wrapper is None:
+            # unsafe_skip_copy: the module is ours and never mutated; copying it costs as much as parsing.
+            wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        resolved = wrapper.resolve_many(others) if others else {}
+        visitor.metadata = {**resolved, PositionProvider: positions}
+    _walk_rules(module, visitors, statement_of)
     table = suppressions(text)
     kept = [(r, f, e) for (r, f, e) in context.reports if not is_suppressed(f, table)]
     kept.sort(key=lambda item: item[1].sort_key())

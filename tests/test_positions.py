@@ -1,0 +1,95 @@
+"""The positions computed one top-level statement at a time are LibCST's own, node for node."""
+
+from __future__ import annotations
+
+import textwrap
+
+import libcst as cst
+import pytest
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from tests.conftest import FIXTURES, ROOT
+from tfmigrate.positions import LazyPositions
+from tfmigrate.walker import skipped_types, walk
+
+TRICKY = {
+    "header_comments": "#!/usr/bin/env python\n# header\n\n\nimport tensorflow as tf\n",
+    "semicolons": "import os; import sys\nx = 1; y = 2; z = 3\nfor i in range(2): print(i); print(i)\n",
+    "decorators_with_comments": textwrap.dedent("""\
+        import functools
+
+        # before the decorators
+        @functools.lru_cache()
+
+        # between two decorators
+        @functools.wraps(
+            print,
+        )
+        def f(
+            a,
+        ):
+            return a  # trailing
+        # footer of the block
+        x = f(1)
+        """),
+    "decorator_expression_on_next_line": "@(\n    staticmethod\n)\ndef g():\n    pass\n",
+    "continuations": "x = 1 + \\\n    2\nif x:\n    y = [\n        1,\n    ]\n",
+    "crlf": "import tensorflow as tf\r\n\r\nfor i in range(2):\r\n    with tf.device('/gpu:%d' % i):\r\n        pass\r\n",
+    "strings_spanning_lines": 's = """a\nb\nc"""\nt = (\'x\'\n     \'y\')\nclass C:\n    """doc\n    string"""\n',
+    "form_feed_in_string": "a = '\\x0c'\nb = 'x\x0cy'\nc = 2\n",
+    "no_final_newline": "import tensorflow as tf\nx = tf.constant(1)",
+    "tabs": "if True:\n\tx = 1\n\tif x:\n\t\ty = 2\n",
+}
+
+
+# Python puts a decorator on the line of its expression, not of its `@`: the shift cannot be
+# known, the text check catches it, and the whole module's positions are used (still exact).
+FALLS_BACK = {"decorator_expression_on_next_line"}
+
+
+def _corpus() -> list:
+    cases = [pytest.param(text, name in FALLS_BACK, id=name) for name, text in TRICKY.items()]
+    for path in sorted(FIXTURES.rglob("*.py")) + sorted((ROOT / "tfmigrate").glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        cases.append(pytest.param(text, False, id=str(path.relative_to(ROOT))))
+    return cases
+
+
+def _statement_of(module: cst.Module) -> dict[int, int]:
+    top = {id(statement): index for index, statement in enumerate(module.body)}
+    found: dict[int, int] = {}
+    current = -1
+
+    def on_visit(node) -> None:
+        nonlocal current
+        current = top.get(id(node), current)
+        found[id(node)] = current
+
+    walk(module, on_visit, lambda node: None, skipped_types(()))
+    return found
+
+
+@pytest.mark.parametrize(("text", "falls_back"), _corpus())
+def test_positions_per_statement_equal_libcst_positions(text, falls_back):
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError:
+        pytest.skip("a deliberately broken fixture")
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    statement_of = _statement_of(module)
+    positions = LazyPositions(module, text, statement_of)
+    nodes = [node for node in expected if statement_of.get(id(node), -1) >= 0]
+    assert nodes or not module.body
+    for node in nodes:
+        assert positions[node] == expected[node], (type(node).__name__, module.code_for_node(node)[:60])
+    # Exactness came from the per-statement pass, not from the whole-module fallback.
+    assert (positions.whole is not None) == falls_back
+
+
+def test_a_statement_whose_text_does_not_match_falls_back_to_the_whole_module():
+    text = "x = 1\ny = 2\n"
+    module = cst.parse_module(text)
+    positions = LazyPositions(module, "x = 1\nz = 2\n", _statement_of(module))  # stale text
+    target = module.body[1]
+    assert positions[target].start.line == 2
+    assert positions.whole is not None
