@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence, Union
 
 import libcst as cst
-from libcst.metadata import CodeRange, PositionProvider
 
 # Plain data, importable without LibCST; re-exported here for the rules.
 from tfmigrate.findings import Finding, FixSafety, Location
 from tfmigrate.names import ImportTable
+
+if TYPE_CHECKING:
+    from libcst.metadata import CodeRange
 
 
 
@@ -72,6 +74,8 @@ class RuleContext:
     imports: ImportTable
     target: str = "compat"
     reports: list[tuple["Rule", Finding, Edit | None]] = field(default_factory=list)
+    #: node -> its ``CodeRange`` (what LibCST's PositionProvider gives), filled by the runner.
+    positions: Mapping[cst.CSTNode, "CodeRange"] = field(default_factory=dict)
     _memo: dict[Any, Any] = field(default_factory=dict)
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
@@ -87,8 +91,6 @@ def _dedent(text: str) -> str:
 
 class Rule(cst.BatchableCSTVisitor):
     """Base class of every rule in ``tfmigrate.rules``."""
-
-    METADATA_DEPENDENCIES = (PositionProvider,)
 
     code: ClassVar[str]
     name: ClassVar[str]
@@ -172,7 +174,9 @@ class Rule(cst.BatchableCSTVisitor):
         return cst.parse_expression(f"{alias}.{rest}"), [item]
 
     def position(self, node: cst.CSTNode) -> CodeRange:
-        return self.get_metadata(PositionProvider, node)
+        # Not LibCST's metadata machinery: positions are computed only for the statements
+        # that have a finding (tfmigrate.positions), and libcst.metadata is not imported.
+        return self.context.positions[node]
 
     def report(self, node: cst.CSTNode, message: str, *, edit: Edit | None = None) -> None:
         where = self.position(node)

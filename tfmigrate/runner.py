@@ -163,24 +163,23 @@ def _batched(visitors: list):
 
 
 def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], config: Config, text: str) -> Analysis:
-    from libcst.metadata import MetadataWrapper, PositionProvider
-
     from tfmigrate.names import ImportTable
     from tfmigrate.rule import RuleContext
 
-    context = RuleContext(path=path, module=module, imports=ImportTable.from_module(module), target=config.target)
-    wrapper = None
-    visitors = [rule(context) for rule in rules]
     statement_of: dict[int, int] = {}
-    positions = LazyPositions(module, text, statement_of)
-    for visitor in visitors:
-        # What MetadataDependent.resolve does, with the positions computed only when asked for.
-        others = [p for p in visitor.get_inherited_dependencies() if p is not PositionProvider]
-        if others and wrapper is None:
-            # unsafe_skip_copy: the module is ours and never mutated; copying it costs as much as parsing.
-            wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        resolved = wrapper.resolve_many(others) if others else {}
-        visitor.metadata = {**resolved, PositionProvider: positions}
+    context = RuleContext(
+        path=path, module=module, imports=ImportTable.from_module(module), target=config.target,
+        positions=LazyPositions(module, text, statement_of),
+    )
+    visitors = [rule(context) for rule in rules]
+    needed = [visitor for visitor in visitors if visitor.get_inherited_dependencies()]
+    if needed:  # no rule here asks for LibCST metadata, but a new one may
+        from libcst.metadata import MetadataWrapper
+
+        # unsafe_skip_copy: the module is ours and never mutated; copying it costs as much as parsing.
+        wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+        for visitor in needed:
+            visitor.metadata = wrapper.resolve_many(visitor.get_inherited_dependencies())
     _walk_rules(module, visitors, statement_of)
     table = suppressions(text)
     kept = [(r, f, e) for (r, f, e) in context.reports if not is_suppressed(f, table)]
