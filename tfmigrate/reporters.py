@@ -78,7 +78,8 @@ class _Printer:
         if self.plain and not any(_NOT_PLAIN.search(s) for s in (segments if check is None else check)):
             from rich._emoji_replace import _emoji_replace
 
-            self.console.file.write("".join(_emoji_replace(s) for s in segments) + "\n")
+            # Emoji codes look like `:smile:`: a segment without a colon has none.
+            self.console.file.write("".join(_emoji_replace(s) if ":" in s else s for s in segments) + "\n")
             self.wrote = True
             return
         self.flush()
