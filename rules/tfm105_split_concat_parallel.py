@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from tfmigrate import parallel_call
 from tfmigrate.devices import TowerLoop, enclosing_tower, find, names_used, tower_loop_at
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
@@ -70,7 +71,7 @@ class SplitConcatParallel(Rule):
     name = "split-concat-parallel"
     summary = "A batch split with tf.split across devices and joined with tf.concat"
     triggers = ("split", "Lambda")
-    fix_safety = FixSafety.NONE
+    fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """
         Data parallelism by hand in one function or module: a batch cut with `tf.split` (or
@@ -110,8 +111,28 @@ class SplitConcatParallel(Rule):
         result = strategy.gather(per_replica, axis=0)
     """
     fix_notes = """
-        No automatic fix: what replaces the helper depends on what its callers do with the
-        joined result (a loss to minimise becomes a `step_fn` under `strategy.run`).
+        Unsafe (`--unsafe-fixes`), for the `compat` target (the Session program stays), and only
+        for the `make_parallel(fn, num_gpus, **kwargs)` helper: a module-level function that
+        only cuts each keyword input with `tf.split(value, num_gpus)`, calls `fn(**<slice i>)`
+        once per device in a `for i in range(num_gpus)` tower loop and ends with
+        `return tf.concat(outputs, axis=0)`, called once in the module as
+        `loss = make_parallel(fn, n, x=x, ...)` and followed in the same block by
+        `train_op = opt.minimize(tf.reduce_mean(loss), ...)` (or `reduce_sum`, or through a
+        `mean_loss = tf.reduce_mean(loss)` line). The call becomes a replica function that
+        `MirroredStrategy(devices=['/gpu:%d' % k for k in range(n)])` runs with `strategy.run`:
+        each replica calls `fn` on its slice `tf.split(x, strategy.num_replicas_in_sync)[i]` and
+        runs the `minimize` step itself (a v1 optimizer cannot minimize in the cross-replica
+        context); MirroredStrategy sums the replicas' gradients, so a `reduce_mean` loss is
+        divided by `strategy.num_replicas_in_sync` (equal slices: the global mean is the sum
+        of the replica means / N) and a `reduce_sum` loss is not. An optimizer built inline is
+        built once before the replica function; `colocate_gradients_with_ops` goes. `loss`
+        stays the replicas' outputs concatenated in order and `train_op` its op, so the
+        `Session.run` code is unchanged; the graph is built under `strategy.scope()` (as for
+        TFM101); the helper is deleted. Anything else gets no fix and the message says what
+        blocks it: a helper imported from or called in another module, called more than once,
+        doing more than split / call / concat, a result not minimized in the same block, a
+        name the `minimize` reads set between the call and it, the inline and Keras forms.
+        Check the result with `tfmigrate verify old.py new.py`.
     """
 
     valid = [
@@ -288,16 +309,22 @@ class SplitConcatParallel(Rule):
             )
             return
         if isinstance(scope.node, cst.FunctionDef) and self._returns_join(scope, concat):
-            self.report(
-                scope.node,
+            message = (
                 f"`{scope.node.name.value}` splits a batch across devices with tf.split and "
-                f"joins the towers' outputs with tf.concat: {advice}",
+                f"joins the towers' outputs with tf.concat: {advice}"
             )
+            try:
+                edit = parallel_call.plan(self, scope.node)
+            except parallel_call.Refused as reason:
+                edit = None
+                message += f" (no automatic fix: {reason})"
+            self.report(scope.node, message, edit=edit)
         else:
             self.report(
                 split,
                 f"batch split across devices with tf.split and joined with tf.concat after the "
-                f"tower loop: {advice}",
+                f"tower loop: {advice} (no automatic fix: only a `make_parallel(fn, num_gpus, **kwargs)` "
+                "helper is rewritten)",
             )
 
     def _returns_join(self, scope: _Scope, concat: cst.Call) -> bool:

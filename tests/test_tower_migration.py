@@ -20,8 +20,11 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT
 
-PROGRAMS = ["legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers"]
-HELPERS = ("average_gradients(", "sum_gradients(")
+PROGRAMS = [
+    "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
+    "parallel_make_parallel",
+]
+HELPERS = ("average_gradients(", "sum_gradients(", "make_parallel(")
 
 
 def tfmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -58,6 +61,9 @@ def test_rewrite_parses_is_idempotent_and_leaves_no_towers(migrated, name):
 def test_sum_helper_keeps_the_loss_scale_and_mean_helper_divides(migrated):
     assert "loss / strategy.num_replicas_in_sync" in migrated["towers_cifar"].read_text()
     assert "compute_gradients(loss)" in migrated["towers_layers"].read_text()
+    assert "opt.minimize(tf.reduce_mean(loss) / strategy.num_replicas_in_sync)" in (
+        migrated["parallel_make_parallel"].read_text()
+    )
 
 
 def _verify(old: Path, new: Path, tmp_path: Path) -> tuple[int, dict]:
@@ -90,20 +96,63 @@ def test_unscaled_loss_is_caught(migrated, tmp_path):
     assert code == 1
 
 
-REFUSALS = {
-    "make_parallel": (
-        """\
-        import tensorflow as tf
-        def make_parallel(fn, num_gpus, **kwargs):
-            in_splits = {k: tf.split(v, num_gpus) for k, v in kwargs.items()}
-            out_split = []
-            for i in range(num_gpus):
-                with tf.device(tf.DeviceSpec(device_type='GPU', device_index=i)):
-                    out_split.append(fn(**{k: v[i] for k, v in in_splits.items()}))
-            return tf.concat(out_split, axis=0)
-        """,
-        "does not collect `opt.compute_gradients(loss)`",
+MAKE_PARALLEL = """\
+import tensorflow as tf
+def make_parallel(fn, num_gpus, **kwargs):
+    in_splits = {k: tf.split(v, num_gpus) for k, v in kwargs.items()}
+    out_split = []
+    for i in range(num_gpus):
+        with tf.device(tf.DeviceSpec(device_type='GPU', device_index=i)):
+            out_split.append(fn(**{k: v[i] for k, v in in_splits.items()}))
+    return tf.concat(out_split, axis=0)
+"""
+
+# TFM105's make_parallel rewrite: shapes it leaves alone, and what its message says.
+PARALLEL_REFUSALS = {
+    "not_minimized": (
+        MAKE_PARALLEL + "logits = make_parallel(model, 2, x=x)\npredictions = tf.argmax(logits, axis=1)\n",
+        "`logits` is not minimized in the same block",
     ),
+    "called_twice": (
+        MAKE_PARALLEL + "a = make_parallel(model, 2, x=x)\nb = make_parallel(model, 2, x=y)\n"
+        "train_op = opt.minimize(tf.reduce_mean(a))\n",
+        "`make_parallel` is used 2 times in this module",
+    ),
+    "not_called_here": (MAKE_PARALLEL, "`make_parallel` is not called in this module"),
+    "loss_not_a_mean": (
+        MAKE_PARALLEL + "loss = make_parallel(model, 2, x=x)\ntrain_op = opt.minimize(tf.reduce_max(loss))\n",
+        "`loss` is not minimized in the same block as `tf.reduce_mean(loss)`",
+    ),
+    "more_than_split_and_concat": (
+        MAKE_PARALLEL.replace("    return tf.concat", "    tf.summary.histogram('out', out_split[0])\n    return tf.concat")
+        + "loss = make_parallel(model, 2, x=x)\ntrain_op = opt.minimize(tf.reduce_mean(loss))\n",
+        "`make_parallel` also calls `tf.summary.histogram`",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARALLEL_REFUSALS))
+def test_make_parallel_shapes_that_are_not_rewritten_say_why(name):
+    from tests.conftest import run_check
+
+    code, reason = PARALLEL_REFUSALS[name]
+    (finding,) = [f for f in run_check(code) if f.code == "TFM105"]
+    assert finding.fix_title is None
+    assert "no automatic fix: " in finding.message and reason in finding.message, finding.message
+    # The tower loop inside the helper is TFM101's, which cannot rewrite it either.
+    (loop,) = [f for f in run_check(code) if f.code == "TFM101"]
+    assert loop.fix_title is None and "does not collect `opt.compute_gradients(loss)`" in loop.message
+
+
+def test_make_parallel_rewrite_is_offered_as_an_unsafe_fix():
+    from tests.conftest import run_check
+
+    code = MAKE_PARALLEL + "loss = make_parallel(model, 2, x=x)\ntrain_op = opt.minimize(tf.reduce_mean(loss))\n"
+    (finding,) = [f for f in run_check(code) if f.code == "TFM105"]
+    assert finding.fix_safety.value == "unsafe" and "MirroredStrategy" in finding.fix_title
+
+
+REFUSALS = {
     "imported_helper": (
         """\
         import tensorflow as tf
