@@ -55,6 +55,17 @@ def _state(folder: Path) -> tuple[int, int, list[str]]:
     return old, new, temps
 
 
+def _wait_for_group_gone(group: int, limit: float = 5.0) -> None:
+    """Until no process of the killed group is left to touch the folder."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.02)
+
+
 def _first_write(folder: Path, process: subprocess.Popen, limit: float = 60.0) -> None:
     """Wait until the run has written a file (or ended)."""
     deadline = time.monotonic() + limit
@@ -71,14 +82,19 @@ def test_killed_fix_leaves_old_or_new_files(tmp_path):
     for attempt in range(6):
         folder = tmp_path / f"run{attempt}"
         _make_tree(folder)
-        process = subprocess.Popen(_command(folder), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Its own process group: the kill takes the worker processes too, as killing the job
+        # does (a SIGKILL of the parent alone leaves its workers writing after it died).
+        process = subprocess.Popen(
+            _command(folder), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
         if attempt == 0:
             time.sleep(rng.uniform(0.05, 0.3))  # during start-up: nothing may have changed
         else:  # during the writes: the run has started writing, kill it a moment later
             _first_write(folder, process)
             time.sleep(rng.uniform(0.0, 0.15))
-        process.send_signal(signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        _wait_for_group_gone(process.pid)
         old, new, temps = _state(folder)
         outcomes.append((old, new, len(temps)))
         # Stale leftovers are removed by the next run, which finishes the job.
