@@ -225,3 +225,21 @@ def test_tf2_target_applies_the_compat_rewrite_and_says_why():
     assert "compat target" in finding.fix_title and "Session" in finding.fix_title
     compat = fix_text(source, Config(root=ROOT), unsafe=True)
     assert fix_text(source, Config(root=ROOT, target="tf2"), unsafe=True) == compat
+
+
+@pytest.mark.tensorflow
+def test_a_fetched_per_example_loss_is_read_from_every_replica(migrated, tmp_path):
+    """With no scalar loss fetched, verify sums the losses the replicas passed to their
+    optimizer (each replica's, not only the last one's: they share one update op)."""
+    pytest.importorskip("tensorflow")
+    fetch = "_, loss_value = sess.run([train_op, mean_loss], {x: xs, y: ys})"
+    vector = "_, per_example = sess.run([train_op, loss], {x: xs, y: ys}); loss_value = per_example.mean()"
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    for source, target in ((FIXTURES / "programs" / "parallel_make_parallel.py", old),
+                           (migrated["parallel_make_parallel"], new)):
+        text = source.read_text()
+        assert fetch in text
+        target.write_text(text.replace(fetch, vector))
+    code, report = _verify(old, new, tmp_path)
+    assert code == 0, json.dumps(report, indent=1)[:3000]
+    assert any(note.startswith("NEW:") and "sum of the 2 losses" in note for note in report["notes"]), report["notes"]

@@ -388,7 +388,10 @@ class Recorder:
                     upstream = cone(roots)
                     losses = [(loss, replica) for loss, gops, replica in rec.grad_losses.get(id(op.graph), [])
                               if gops & upstream]
-                    rec.apply_ops.setdefault(id(op.graph), {})[op] = losses
+                    # Under MirroredStrategy each replica's apply_gradients returns the same
+                    # update op, with its own loss upstream: keep every replica's, not the last.
+                    known = rec.apply_ops.setdefault(id(op.graph), {}).setdefault(op, [])
+                    known.extend(item for item in losses if not any(item[0] is k[0] for k in known))
             except Exception:
                 pass
             return result
