@@ -122,8 +122,9 @@ def find(node: cst.CSTNode, *types: type) -> list:
     return [n for n in walk(node) if isinstance(n, types)]
 
 
-def names_used(node: cst.CSTNode) -> set[str]:
-    """Every plain name read in an expression (attribute names like ``x.gpu`` excluded)."""
+def names_used(node: cst.CSTNode, *, keywords: bool = True) -> set[str]:
+    """Every plain name read in an expression (attribute names like ``x.gpu`` excluded, and
+    with ``keywords=False`` the names of keyword arguments too)."""
     found: set[str] = set()
     stack = [node]
     while stack:
@@ -131,6 +132,8 @@ def names_used(node: cst.CSTNode) -> set[str]:
         if isinstance(current, cst.Name):
             found.add(current.value)
         elif isinstance(current, cst.Attribute):
+            stack.append(current.value)
+        elif not keywords and isinstance(current, cst.Arg):
             stack.append(current.value)
         else:
             stack.extend(children(current))
@@ -592,19 +595,7 @@ def tower_collections(context) -> frozenset[str]:
 
 def _reads(node: cst.CSTNode) -> set[str]:
     """Plain names an expression or block reads (keyword argument names excluded)."""
-    found: set[str] = set()
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Name):
-            found.add(current.value)
-        elif isinstance(current, cst.Attribute):
-            stack.append(current.value)
-        elif isinstance(current, cst.Arg):
-            stack.append(current.value)
-        else:
-            stack.extend(children(current))
-    return found - {"True", "False", "None"}
+    return names_used(node, keywords=False) - {"True", "False", "None"}
 
 
 def _iteration_key(iterable: cst.CSTNode, module: cst.Module) -> str:
