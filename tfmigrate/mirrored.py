@@ -12,6 +12,7 @@ The shape it rewrites, in one block of a function::
                 tower_grads.append(opt.compute_gradients(loss))
     grads = average_gradients(tower_grads)       # a helper of this module that averages (or sums)
     train_op = opt.apply_gradients(grads, global_step=global_step)
+    # or, in one statement: train_op = opt.apply_gradients(average_gradients(tower_grads), ...)
 
 becomes a replica function that MirroredStrategy runs once per device::
 
@@ -296,32 +297,45 @@ def plan(rule, tower) -> Edit:
          and isinstance(s.body[0].value, cst.List) and not s.body[0].value.elements),
         None,
     )
-    average = apply = None
+    def is_averaging(call: cst.Call | None) -> bool:
+        return (call is not None and isinstance(call.func, cst.Name) and len(call.args) == 1
+                and _code(call.args[0].value) == grads.tower_list)
+
+    def is_apply(call: cst.Call | None, first_argument: str) -> bool:
+        return (call is not None and _method_call(call, "apply_gradients") and bool(call.args)
+                and _code(call.func.value) == grads.optimizer and _code(call.args[0].value) == first_argument)
+
+    # `grads = helper(tower_grads)` then `opt.apply_gradients(grads, ...)`, or the two in one
+    # statement: `opt.apply_gradients(helper(tower_grads), ...)`.
+    average = apply = average_call = averaged = None
     for statement in body[at + 1:]:
         used = names_used(statement)
         if average is None:
             if grads.tower_list not in used:
                 continue
             call = _only_call(statement)
-            if (call is None or not _assigned_name(statement) or len(call.args) != 1
-                    or _code(call.args[0].value) != grads.tower_list or not isinstance(call.func, cst.Name)):
+            inner = call.args[0].value if call is not None and call.args else None
+            if isinstance(inner, cst.Call) and is_averaging(inner) and is_apply(call, _code(inner)):
+                average = apply = statement
+                average_call = inner
+                continue
+            if not (is_averaging(call) and _assigned_name(statement)):
                 raise Refused(f"`{grads.tower_list}` is used after the loop other than by one averaging call")
-            average = statement
+            average, average_call, averaged = statement, call, _assigned_name(statement)
         elif apply is None:
-            averaged = _assigned_name(average)
             if averaged not in used:
                 continue
-            call = _only_call(statement)
-            if (call is None or not _method_call(call, "apply_gradients")
-                    or _code(call.func.value) != grads.optimizer or not call.args
-                    or _code(call.args[0].value) != averaged):
+            if not is_apply(_only_call(statement), averaged):
                 raise Refused(f"the averaged gradients are used other than by `{grads.optimizer}.apply_gradients(...)`")
             apply = statement
-        elif ({grads.tower_list, _assigned_name(average)} & used):
+        elif ({grads.tower_list, averaged} & used):
             raise Refused("the gradients are used again after apply_gradients")
     if average is None or apply is None:
-        raise Refused("no `grads = <helper>(tower_grads)` and `opt.apply_gradients(grads, ...)` after the loop")
-    helper_name = _code(_only_call(average).func)
+        raise Refused(
+            "no `grads = <helper>(tower_grads)` and `opt.apply_gradients(grads, ...)` (or "
+            "`opt.apply_gradients(<helper>(tower_grads), ...)`) after the loop"
+        )
+    helper_name = _code(average_call.func)
     helper, averages = _averaging(helper_name, module, imports)
 
     # Names the loop body binds that the code after it reads would vanish into the function.
@@ -346,7 +360,12 @@ def plan(rule, tower) -> Edit:
     new_compute = grads.compute.with_changes(
         args=[grads.compute.args[0].with_changes(value=scaled), *grads.compute.args[1:]]
     )
-    grads_name = _assigned_name(grads.compute_statement) if grads.compute_statement else _assigned_name(average)
+    if grads.compute_statement is not None:
+        grads_name = _assigned_name(grads.compute_statement)
+    elif averaged is not None:
+        grads_name = averaged
+    else:  # averaged inside apply_gradients(...): the replica's gradients need a name
+        grads_name = next(n for n in ("grads", "grads_and_vars", "replica_grads") if _references(module, n) == 0)
     train_name = _assigned_name(apply) or "train_op"
     apply_call = _only_call(apply)
     apply_statement = cst.parse_statement(
@@ -384,7 +403,9 @@ def plan(rule, tower) -> Edit:
         function,
         cst.parse_statement(
             f"{grads.loss} = {strategy}.reduce({reduce_op}, {strategy}.run({step}), axis=None)\n"
-        ).with_changes(leading_lines=[cst.EmptyLine(indent=False), *_comments(average), *_comments(apply)]),
+        ).with_changes(leading_lines=[
+            cst.EmptyLine(indent=False), *_comments(average), *(_comments(apply) if apply is not average else ()),
+        ]),
         cst.parse_statement(f"{train_name} = {grads.loss}.op\n"),
     ]
     region = {id(outer): cst.FlattenSentinel(replacement), id(average): cst.RemovalSentinel.REMOVE,
