@@ -144,6 +144,8 @@ def setup_devices(tf, count: int) -> dict:
 
 
 _GPU = re.compile(r"(?i)(/device:|/)gpu:(\d+)")
+_OTHER_CPU = re.compile(r"(?i)(/device:|/)cpu:([1-9]\d*)")  # a logical CPU standing for a GPU
+_HOST_ONLY = re.compile(r"Dataset|Iterator")  # tf.data's op types (TensorSliceDataset, OneShotIterator...)
 
 
 def rewrite_device_string(device: str, count: int) -> str:
@@ -167,7 +169,14 @@ def install_device_rewrite(tf, count: int) -> None:
     def _apply_device_functions(self, op):
         original(self, op)
         device = op.device
-        if device and "GPU" in device.upper():
+        if not device:
+            return
+        if _HOST_ONLY.search(op.type) and ("GPU" in device.upper() or _OTHER_CPU.search(device)):
+            # tf.data ops have no GPU kernels: on a GPU machine soft placement puts a tower's
+            # dataset and iterator on the host, CPU:0, where TF also pins a one-shot iterator.
+            # Emulated, `/cpu:i` is a real device, and the pipeline would be split across two.
+            op._set_device_from_string(_OTHER_CPU.sub("/device:CPU:0", _GPU.sub("/device:CPU:0", device)))
+        elif "GPU" in device.upper():
             op._set_device_from_string(rewrite_device_string(device, count))
 
     ops.Graph._apply_device_functions = _apply_device_functions
@@ -505,7 +514,7 @@ class Recorder:
         for op in sorted((op for op in upstream if op.type in SOURCE_OPS), key=lambda o: o.name):
             for out in op.outputs:
                 if out.shape.rank is not None and out.shape.rank >= 1:
-                    dim = out.shape[0]
+                    dim = tf.compat.dimension_value(out.shape[0])  # a v1 Dimension(None) is not None
                     if dim is not None:
                         plan["sources"].append(int(dim))
                     else:
