@@ -148,7 +148,7 @@ def summary_line(findings: list[Finding], errors: list[tuple[str, str]], files: 
         if safe:
             parts.append(f"[*] {safe} fixable with `tfmigrate fix --write`.")
         if unsafe:
-            parts.append(f"{unsafe} more with `tfmigrate fix --write --unsafe-fixes`.")
+            parts.append(f"{unsafe} {'more ' if safe else ''}fixable with `tfmigrate fix --write --unsafe-fixes`.")
     if errors:
         parts.append(f"{len(errors)} file{'s' if len(errors) != 1 else ''} could not be checked.")
     return " ".join(parts)
