@@ -248,3 +248,19 @@ def test_worker_processes_give_the_same_output_in_the_same_order(tmp_path):
     assert serial.stdout == parallel.stdout and serial.stderr == parallel.stderr
     assert len(json.loads(parallel.stdout)) == 38
     assert run(["check", "--jobs", "0", "."], tmp_path).exit_code == 2
+
+
+def test_summary_counts_safe_and_unsafe_fixes_in_words():
+    from tfmigrate.findings import Finding, FixSafety, Location
+    from tfmigrate.reporters import summary_line
+
+    def finding(safety, title="fix it"):
+        return Finding("TFM101", "n", "m", "a.py", Location(1, 1), Location(1, 2), safety, fix_title=title)
+
+    only_unsafe = summary_line([finding(FixSafety.UNSAFE), finding(FixSafety.UNSAFE)], [], 1)
+    assert only_unsafe == "Found 2 findings (1 file checked). 2 fixable with `tfmigrate fix --write --unsafe-fixes`."
+    both = summary_line([finding(FixSafety.SAFE), finding(FixSafety.UNSAFE), finding(FixSafety.NONE, None)], [], 2)
+    assert both == (
+        "Found 3 findings (2 files checked). [*] 1 fixable with `tfmigrate fix --write`. "
+        "1 more fixable with `tfmigrate fix --write --unsafe-fixes`."
+    )
