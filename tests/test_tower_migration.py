@@ -243,3 +243,28 @@ def test_a_fetched_per_example_loss_is_read_from_every_replica(migrated, tmp_pat
     code, report = _verify(old, new, tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
     assert any(note.startswith("NEW:") and "sum of the 2 losses" in note for note in report["notes"]), report["notes"]
+
+
+def test_per_tower_shards_become_one_distributed_dataset(migrated):
+    text = migrated["towers_dataset_shard"].read_text()
+    assert "shard = dataset.shard(" not in text and "make_one_shot_iterator(" not in text
+    assert "strategy.experimental_distribute_dataset(\n            dataset.batch(PER_GPU_BATCH * strategy.num_replicas_in_sync)))" in text
+    assert "strategy.run(tower_step, args=(inputs.get_next(),))" in text
+    # Initialised right after the variables, in the same session.
+    assert "sess.run(tf.global_variables_initializer())\n            sess.run(inputs.initializer)\n" in text
+
+
+def test_shards_the_rewrite_cannot_merge_stay_per_replica(tmp_path):
+    """A shuffle after the shard: one global shuffle would not give the replicas the same
+    examples, so each replica keeps reading its own shard (the program still trains the same)."""
+    source = (FIXTURES / "programs" / "towers_dataset_shard.py").read_text()
+    per_tower = "dataset.shard(NUM_GPUS, i).batch(PER_GPU_BATCH)"
+    assert per_tower in source
+    target = tmp_path / "shuffled.py"
+    target.write_text(source.replace(per_tower, "dataset.shard(NUM_GPUS, i).shuffle(64, seed=1).batch(PER_GPU_BATCH)"))
+    result = tfmigrate("fix", "--write", "--unsafe-fixes", target.name, cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    text = target.read_text()
+    compile(text, str(target), "exec")
+    assert "strategy.run(tower_step)" in text and "experimental_distribute_dataset" not in text
+    assert "dataset.shard(NUM_GPUS, i).shuffle(64, seed=1).batch(PER_GPU_BATCH)" in text

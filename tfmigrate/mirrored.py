@@ -41,7 +41,10 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.devices import children, device_scope_arg, find, mentions_only_cpu, names_used, tower_group, walk
+from tfmigrate import tower_input
+from tfmigrate.devices import (
+    children, contains, device_scope_arg, find, mentions_only_cpu, names_used, tower_group, walk,
+)
 from tfmigrate.rule import Edit, FixSafety
 
 # A Python int (not a numpy one): `reuse=i > 0` must stay a real bool for variable_scope.
@@ -383,6 +386,20 @@ def plan(rule, tower) -> Edit:
     ))
     step_body = loop.body.visit(_RewriteBody(imports, grads, new_compute, tail))
     statements = list(step_body.body)
+    # Towers reading their own shard of one dataset: one dataset distributed by the strategy.
+    scope_owner = _scope_owner(outer, parents, imports)
+    owner = tower.owner if tower.owner is not None else module
+    order = {id(node): k for k, node in enumerate(walk(owner))}
+    loop_end = max(order.get(id(node), -1) for node in walk(outer))
+    feed = tower_input.plan(
+        statements, index, body[:at], owner, lambda node: order.get(id(node), -1) > loop_end,
+        strategy=strategy, tf=tf, tf_api=rule.call_name,
+        fresh=lambda *names: next((n for n in names if _references(module, n) == 0), names[-1] + "_"),
+    )
+    if feed is not None and scope_owner is not None and contains(scope_owner, feed.initializer):
+        statements = [feed.unpack] + [s for k, s in enumerate(statements) if k not in feed.dropped]
+    else:
+        feed = None
     used_in_step = set().union(*(names_used(s) for s in statements)) if statements else set()
     if other_targets & used_in_step:
         raise Refused(f"the tower code uses the loop's device variable {sorted(other_targets & used_in_step)}")
@@ -394,15 +411,19 @@ def plan(rule, tower) -> Edit:
         ))])
         statements.insert(0, index_line)
     # Comments above the statements that go stay with what replaces them.
+    comments = [*(init.leading_lines if init is not None else ()), *outer.leading_lines]
     function = cst.FunctionDef(
-        name=cst.Name(step), params=cst.Parameters(), body=cst.IndentedBlock(body=statements),
-        leading_lines=[*(init.leading_lines if init is not None else ()), *outer.leading_lines],
+        name=cst.Name(step), body=cst.IndentedBlock(body=statements),
+        params=cst.Parameters(params=[cst.Param(cst.Name(feed.parameter))] if feed else []),
+        leading_lines=[cst.EmptyLine(indent=False)] if feed else comments,
     )
     reduce_op = tf("tensorflow.distribute.ReduceOp.MEAN")
     replacement = [
-        function,
+        *([feed.iterator_statement.with_changes(leading_lines=comments), function] if feed else [function]),
         cst.parse_statement(
-            f"{grads.loss} = {strategy}.reduce({reduce_op}, {strategy}.run({step}), axis=None)\n"
+            f"{grads.loss} = {strategy}.reduce({reduce_op}, {strategy}.run({step}), axis=None)\n" if not feed else
+            f"{grads.loss} = {strategy}.reduce(\n"
+            f"    {reduce_op}, {strategy}.run({step}, args=({feed.get_next},)), axis=None)\n"
         ).with_changes(leading_lines=[
             cst.EmptyLine(indent=False), *_comments(average), *(_comments(apply) if apply is not average else ()),
         ]),
@@ -412,6 +433,8 @@ def plan(rule, tower) -> Edit:
               id(apply): cst.RemovalSentinel.REMOVE}
     if init is not None:
         region[id(init)] = cst.RemovalSentinel.REMOVE
+    if feed is not None:
+        region[id(feed.initializer)] = cst.FlattenSentinel([feed.initializer, feed.initialize])
 
     # --- the strategy and its scope ---------------------------------------------------
     create = cst.parse_statement(
@@ -476,24 +499,18 @@ def _place_scope(outer, parents, imports, region, create, scope_item):
     `/cpu:0`; otherwise the whole enclosing function body goes under the scope. Returns the
     node to replace and its replacement (with the loop region rewritten inside).
     """
-    node = parents[id(outer)]
-    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
-        if isinstance(node, cst.With):
-            graph = [i for i, item in enumerate(node.items) if _is_graph_scope(item.item)]
-            cpu = [i for i, item in enumerate(node.items)
-                   if device_scope_arg(item.item, imports) is not None
-                   and mentions_only_cpu(device_scope_arg(item.item, imports), imports)]
-            if graph or cpu:
-                items = [item for i, item in enumerate(node.items) if i not in cpu]
-                position = graph[-1] + 1 if graph else cpu[0]
-                items.insert(position, scope_item)
-                items = [item.with_changes(comma=cst.MaybeSentinel.DEFAULT) for item in items[:-1]] + [
-                    items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-                ]
-                rewritten = node.visit(_ReplaceById(region)).with_changes(items=items)
-                return node, cst.FlattenSentinel([create.with_changes(leading_lines=node.leading_lines),
-                                                  rewritten.with_changes(leading_lines=())])
-        node = parents.get(id(node))
+    node = _scope_owner(outer, parents, imports)
+    if isinstance(node, cst.With):
+        graph, cpu = _graph_items(node, imports)
+        items = [item for i, item in enumerate(node.items) if i not in cpu]
+        position = graph[-1] + 1 if graph else cpu[0]
+        items.insert(position, scope_item)
+        items = [item.with_changes(comma=cst.MaybeSentinel.DEFAULT) for item in items[:-1]] + [
+            items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        ]
+        rewritten = node.visit(_ReplaceById(region)).with_changes(items=items)
+        return node, cst.FlattenSentinel([create.with_changes(leading_lines=node.leading_lines),
+                                          rewritten.with_changes(leading_lines=())])
     if isinstance(node, cst.FunctionDef):
         body = list(node.body.visit(_ReplaceById(region)).body)
         docstring = body[:1] if body and _is_docstring(body[0]) else []
@@ -502,6 +519,26 @@ def _place_scope(outer, parents, imports, region, create, scope_item):
         return node, node.with_changes(body=node.body.with_changes(body=[*docstring, create, scoped]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
+
+
+def _graph_items(node: cst.With, imports) -> tuple[list[int], list[int]]:
+    """The items of a `with` that open the graph, and those that pin it to the CPU."""
+    graph = [i for i, item in enumerate(node.items) if _is_graph_scope(item.item)]
+    cpu = [i for i, item in enumerate(node.items)
+           if device_scope_arg(item.item, imports) is not None
+           and mentions_only_cpu(device_scope_arg(item.item, imports), imports)]
+    return graph, cpu
+
+
+def _scope_owner(outer, parents, imports) -> cst.CSTNode | None:
+    """What goes under ``strategy.scope()``: the nearest `with` around the loop that opens the
+    graph or pins it to the CPU, else the enclosing function (or the module)."""
+    node = parents[id(outer)]
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Module)):
+        if isinstance(node, cst.With) and any(_graph_items(node, imports)):
+            return node
+        node = parents.get(id(node))
+    return node
 
 
 def _is_graph_scope(expression: cst.CSTNode) -> bool:
