@@ -32,7 +32,9 @@ averaged is divided by the replica count; a helper that summed keeps the loss as
 replica index takes the place of the loop variable, so `x_parts[i]`, `'tower_%d' % i` and
 per-tower feeds keep working; variables are created by replica 0 and reused by the others,
 exactly what `reuse_variables()` did. The graph is built under ``strategy.scope()``, which
-takes the place of the hand placement on ``/cpu:0``. Anything else is refused with a reason.
+takes the place of the hand placement on ``/cpu:0``. Towers that each read their own
+``dataset.shard(N, i)`` get one distributed dataset instead (:mod:`tfmigrate.tower_input`).
+Anything else is refused with a reason.
 """
 
 from __future__ import annotations
