@@ -268,3 +268,20 @@ def test_shards_the_rewrite_cannot_merge_stay_per_replica(tmp_path):
     compile(text, str(target), "exec")
     assert "strategy.run(tower_step)" in text and "experimental_distribute_dataset" not in text
     assert "dataset.shard(NUM_GPUS, i).shuffle(64, seed=1).batch(PER_GPU_BATCH)" in text
+
+
+def test_the_iterator_is_initialised_where_a_named_initializer_runs(tmp_path):
+    """`init = tf.global_variables_initializer()` ... `sess.run(init)`: the iterator's
+    initializer runs right after it."""
+    source = (FIXTURES / "programs" / "towers_dataset_shard.py").read_text()
+    run_init = "            sess.run(tf.global_variables_initializer())\n"
+    assert run_init in source
+    source = source.replace(run_init, "            sess.run(init)\n").replace(
+        "        with tf.Session() as sess:\n", "        init = tf.global_variables_initializer()\n        with tf.Session() as sess:\n")
+    target = tmp_path / "named_init.py"
+    target.write_text(source)
+    result = tfmigrate("fix", "--write", "--unsafe-fixes", target.name, cwd=tmp_path)
+    assert result.returncode in (0, 1), result.stderr
+    text = target.read_text()
+    assert "            sess.run(init)\n            sess.run(inputs.initializer)\n" in text
+    assert "experimental_distribute_dataset" in text

@@ -111,16 +111,22 @@ def _reads_shard(value: cst.BaseExpression, shard: str, tf_api: Callable[[cst.Ca
             and isinstance(inner.args[0].value, cst.Name) and inner.args[0].value.value == shard)
 
 
-def _variables_initializer(statement: cst.CSTNode, tf_api) -> str | None:
-    """The session expression of ``sess.run(tf.global_variables_initializer())``, else None."""
+def _is_initializer(expression: cst.BaseExpression, tf_api) -> bool:
+    return isinstance(expression, cst.Call) and (tf_api(expression) or "").rsplit(".", 1)[-1] in INITIALIZERS
+
+
+def _variables_initializer(statement: cst.CSTNode, tf_api, initializer_names: set[str]) -> str | None:
+    """The session expression of ``sess.run(tf.global_variables_initializer())`` (or of
+    ``sess.run(init)`` with ``init = tf.global_variables_initializer()``), else None."""
     if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
             and isinstance(statement.body[0], cst.Expr)):
         return None
     call = statement.body[0].value
-    if _method(call) != "run" or len(call.args) != 1 or not isinstance(call.args[0].value, cst.Call):
+    if _method(call) != "run" or len(call.args) != 1 or call.args[0].keyword is not None:
         return None
-    name = tf_api(call.args[0].value) or ""
-    if name.rsplit(".", 1)[-1] not in INITIALIZERS:
+    argument = call.args[0].value
+    if not (_is_initializer(argument, tf_api)
+            or (isinstance(argument, cst.Name) and argument.value in initializer_names)):
         return None
     return cst.Module([]).code_for_node(call.func.value)
 
@@ -159,9 +165,15 @@ def plan(
             for s in before
         ):
             return None  # the dataset is not made before the loop, in the same block
+        lines = find(owner, cst.SimpleStatementLine)
+        initializer_names = {
+            assign.targets[0].target.value for s in lines
+            if (assign := _single_assign(s)) is not None and isinstance(assign.targets[0].target, cst.Name)
+            and _is_initializer(assign.value, tf_api)
+        }
         initializers = [
-            (s, session) for s in find(owner, cst.SimpleStatementLine)
-            if (session := _variables_initializer(s, tf_api)) is not None and after_loop(s)
+            (s, session) for s in lines
+            if (session := _variables_initializer(s, tf_api, initializer_names)) is not None and after_loop(s)
         ]
         if len(initializers) != 1:
             return None
