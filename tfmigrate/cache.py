@@ -93,6 +93,23 @@ def _finding_from_json(data: dict, path: str):
     )
 
 
+def _write_json(target: Path, data, *, prefix: str) -> None:
+    """Write ``data`` as JSON to ``target`` in one step (a temporary file renamed over it), so
+    that a run reading concurrently sees the old file or the new one, never part of one."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle)
+        os.replace(temp, target)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+
+
 class Cache:
     def __init__(self, folder: Path) -> None:
         self.root = Path(folder)
@@ -156,21 +173,9 @@ class Cache:
             "notes": result.notes,
             "findings": [_finding_to_json(f) for f in result.findings],
         }
-        target = self._entry(key)
         try:
             self._prepare()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(prefix=".entry-", suffix=".tmp", dir=target.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    json.dump(entry, handle)
-                os.replace(temp, target)
-            except BaseException:
-                try:
-                    os.unlink(temp)
-                except OSError:
-                    pass
-                raise
+            _write_json(self._entry(key), entry, prefix=".entry-")
         except OSError:
             self.usable = False  # read-only checkout, full disk...: run without a cache
 
@@ -216,17 +221,6 @@ def save_catalog(root: Path, entries) -> None:
     path = cache.folder / CATALOG_NAME
     try:
         cache._prepare()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=".catalog-", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump({"engine": engine_fingerprint(), "rules": [e.to_json() for e in entries]}, handle)
-            os.replace(temp, path)
-        except BaseException:
-            try:
-                os.unlink(temp)
-            except OSError:
-                pass
-            raise
+        _write_json(path, {"engine": engine_fingerprint(), "rules": [e.to_json() for e in entries]}, prefix=".catalog-")
     except OSError:
         pass
