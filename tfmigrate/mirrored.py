@@ -391,10 +391,18 @@ def plan(rule, tower) -> Edit:
     # Towers reading their own shard of one dataset: one dataset distributed by the strategy.
     scope_owner = _scope_owner(outer, parents, imports)
     owner = tower.owner if tower.owner is not None else module
-    order = {id(node): k for k, node in enumerate(walk(owner))}
-    loop_end = max(order.get(id(node), -1) for node in walk(outer))
+    order: dict[int, int] = {}
+
+    def after_loop(node: cst.CSTNode) -> bool:
+        # Document order, computed only when a shard was found (plan runs on every tower
+        # loop `check` sees, to know whether it is fixable).
+        if not order:
+            order.update((id(n), k) for k, n in enumerate(walk(owner)))
+            order[-1] = max(order.get(id(n), -1) for n in walk(outer))
+        return order.get(id(node), -1) > order[-1]
+
     feed = tower_input.plan(
-        statements, index, body[:at], owner, lambda node: order.get(id(node), -1) > loop_end,
+        statements, index, body[:at], owner, after_loop,
         strategy=strategy, tf=tf, tf_api=rule.call_name,
         fresh=lambda *names: next((n for n in names if _references(module, n) == 0), names[-1] + "_"),
     )

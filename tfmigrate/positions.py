@@ -33,6 +33,7 @@ class LazyPositions(Mapping):
         self.whole: Mapping | None = None
         self.parts: dict[int, tuple[Mapping, int] | None] = {}
         self._starts: list[int] | None = None  # top-level statement index -> first line (ast)
+        self._offsets: list[int] | None = None
 
     # -- the whole module, as LibCST computes it --
     def _whole(self) -> Mapping:
@@ -73,9 +74,11 @@ class LazyPositions(Mapping):
         return self._starts
 
     def _line_offsets(self) -> list[int]:
-        offsets = [0]
-        offsets.extend(match.end() for match in _LINE_END.finditer(self.text))
-        return offsets
+        """Where each line starts in the text (computed once per file)."""
+        if self._offsets is None:
+            self._offsets = [0]
+            self._offsets.extend(match.end() for match in _LINE_END.finditer(self.text))
+        return self._offsets
 
     def _part(self, index: int) -> tuple[Mapping, int] | None:
         """(positions within statement ``index`` generated alone, lines to add), or None."""
