@@ -26,6 +26,10 @@ class QueueBatching(Rule):
     # Every spelling is a call: `tf.train.batch(`, `shuffle_batch(`, `maybe_batch(`, `batch(` after a
     # from-import; only the *_join variants do not end in "batch(".
     triggers = ("batch(", "batch_join")
+    # They all live in `tf.train`, and names resolve from the text: any spelling of them has the
+    # word `train` somewhere (`tf.train.batch`, `from tensorflow.compat.v1.train import batch`,
+    # `from tensorflow.compat.v1 import train`). tf.data's `.batch(` alone does not.
+    requires = (r"\btrain\b",)
     fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """

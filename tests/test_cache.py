@@ -220,7 +220,7 @@ def test_fast_walk_calls_the_rules_like_libcst(tmp_path):
             expected, got = visitor_class(), visitor_class()
             expected.log, got.log = [], []
             module.visit(_batched([expected]))
-            _walk_rules(module, [got], {})
+            _walk_rules(module, [got], {}, {}, set(), {})
             assert got.log == expected.log, path
 
 

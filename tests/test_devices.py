@@ -200,3 +200,31 @@ def test_loops_over_the_same_devices_that_feed_each_other_are_one_group():
     assert tower_group(context, second) is group
     assert [t.loop for t in tower_group(context, third)] == [third]
     assert tower_group(context, context.module.body[0]) == []
+
+
+def test_per_device_names_from_the_walks_parents_equal_the_whole_module_pass():
+    """The rules' walk records each node's parent; the names found going up from a node are
+    those the one-pass computation over the module gives."""
+    from tests.conftest import FIXTURES
+    from tfmigrate.devices import _per_device_names
+    from tfmigrate.runner import _walk_rules
+
+    compared = 0
+    for path in sorted(FIXTURES.rglob("*.py")):
+        try:
+            module = cst.parse_module(path.read_text(encoding="utf-8"))
+        except (cst.ParserSyntaxError, UnicodeDecodeError):
+            continue
+        walked = RuleContext(path=str(path), module=module, imports=ImportTable.from_module(module))
+        _walk_rules(module, [], {}, {}, set(), walked.parents)
+        whole = _per_device_names(RuleContext(path=str(path), module=module, imports=walked.imports))
+        for node in (n for n in _all_nodes(module)):
+            assert per_device_names(walked, node) == whole.get(id(node), frozenset()), (path, type(node).__name__)
+            compared += bool(whole.get(id(node)))
+    assert compared > 1000  # nodes inside per-device loops
+
+
+def _all_nodes(module: cst.Module) -> list[cst.CSTNode]:
+    from tfmigrate.devices import walk
+
+    return list(walk(module))

@@ -247,3 +247,86 @@ def test_canonical_and_dotted_name():
     assert canonical("tensorflow.contrib.slim.prefetch_queue.prefetch_queue") == "slim.prefetch_queue.prefetch_queue"
     assert dotted_name(cst.parse_expression("a.b.c")) == "a.b.c"
     assert dotted_name(cst.parse_expression("a().b")) is None
+
+
+# --- the table is built from the statements alone ------------------------------------------
+STATEMENT_SHAPES = textwrap.dedent("""\
+    import os, tensorflow as tf
+    try:
+        import keras
+    except ImportError as missing:
+        keras = None
+    else:
+        slim = tf.contrib.slim
+    finally:
+        done = True
+    if os.name: import numpy as np
+    elif os.sep: from tensorflow.compat import v1
+    else:
+        v1 = None
+    while False: counter: int = 0
+    for (i, j) in []:
+        with open('x') as handle, tf.device('/gpu:0'):
+            total += 1
+    class Model:
+        layers = tf.keras.layers
+        def call(self, x, /, y=lambda tf: tf, *args, z, **kwargs):
+            async def inner(): pass
+    match os.name:
+        case 'nt':
+            from tensorflow import keras as k
+        case _:
+            pass
+    f = lambda inner_name: inner_name
+    """)
+
+
+def _full_walk_table(module: cst.Module) -> ImportTable:
+    from tfmigrate.walker import visit_read_only
+
+    table = ImportTable()
+    visit_read_only(module, table)
+    for name in table._reassigned:
+        table.aliases.pop(name, None)
+    return table
+
+
+def _state(table: ImportTable) -> tuple:
+    return (table.bindings, table.all_bindings, table.star_modules, table.aliases, table._reassigned, table._local_defs)
+
+
+def test_statement_walk_builds_the_full_walks_table_but_for_lambda_parameters():
+    from tests.conftest import FIXTURES, ROOT
+
+    texts = [STATEMENT_SHAPES] + [
+        path.read_text(encoding="utf-8", errors="replace")
+        for path in sorted(FIXTURES.rglob("*.py")) + sorted((ROOT / "tfmigrate").glob("*.py"))
+    ]
+    compared = 0
+    for text in texts:
+        try:
+            module = cst.parse_module(text)
+        except cst.ParserSyntaxError:
+            continue
+        fast, full = _state(ImportTable.from_module(module)), _state(_full_walk_table(module))
+        assert fast[:5] == full[:5]
+        lambdas = {p.name.value for node in _lambdas(module) for p in node.params.params}
+        assert fast[5] <= full[5] and full[5] - fast[5] <= lambdas
+        compared += 1
+    assert compared > 50
+    table = ImportTable.from_module(cst.parse_module(STATEMENT_SHAPES))
+    assert {"missing", "handle", "i", "j", "total", "keras", "v1", "counter"} <= table._reassigned
+    assert {"Model", "call", "inner", "self", "x", "y", "args", "z", "kwargs"} <= table._local_defs
+    assert table.bindings["np"] == "numpy" and table.bindings["k"] == "tensorflow.keras"
+
+
+def _lambdas(module: cst.Module) -> list[cst.Lambda]:
+    from tfmigrate.devices import find
+
+    return find(module, cst.Lambda)
+
+
+def test_beside_a_star_import_lambda_parameters_are_local_names():
+    source = "from tensorflow import *\nif map(lambda device: device, []):\n    pass\ndevice\n"
+    assert resolve(source) is None  # bound by the lambda: not tensorflow.device
+    assert resolve("from tensorflow import *\ndevice\n") == "tensorflow.device"

@@ -93,3 +93,54 @@ def test_a_statement_whose_text_does_not_match_falls_back_to_the_whole_module():
     target = module.body[1]
     assert positions[target].start.line == 2
     assert positions.whole is not None
+
+
+TWINS_TEXT = textwrap.dedent("""\
+    import tensorflow as tf
+    NAME = 'café'; other = tf.constant('ü' * 3)
+
+
+    def towers(n):  # the loop and calls below get ast's ranges
+        for i in range(n):
+            with tf.device('/gpu:%d' % i), tf.name_scope('t'):
+                x = tf.get_variable('w', [1]).read_value()(  # chained calls start together
+                    1)
+                y = (tf.identity(x))  # parenthesized: LibCST's range includes the parentheses
+                print('é', tf.reduce_sum(y))
+        async def g():
+            async for a in b():
+                async with c() as d:
+                    pass
+        return [f(k) for k in g(lambda: h(1))]
+
+
+    def log(x):  # calls inside f-strings take the generated code's ranges
+        print(f"{tf.shape(x)} {f'{len(x)}'}", str(x))
+    """)
+
+
+def test_calls_and_loops_take_pythons_ranges_without_generating_code():
+    module = cst.parse_module(TWINS_TEXT)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    statement_of = _statement_of(module)
+    positions = LazyPositions(module, TWINS_TEXT, statement_of)
+    twins = [n for n in expected if isinstance(n, (cst.Call, cst.For, cst.With)) and statement_of[id(n)] >= 0]
+    in_fstrings = set()
+    for fstring in [n for n in expected if isinstance(n, cst.FormattedString)]:
+        walk(fstring, lambda n: in_fstrings.add(id(n)), lambda n: None, skipped_types(()))
+    plain = [n for n in twins if id(n) not in in_fstrings and not (isinstance(n, cst.Call) and n.lpar)]
+    assert len(plain) >= 20 and len(twins) - len(plain) == 3
+    for node in plain:
+        assert positions[node] == expected[node], module.code_for_node(node)[:40]
+    # ... and no statement's code was generated for them.
+    assert positions.parts == {} and positions.whole is None
+    for node in twins:  # the rest (parentheses, f-strings) through the generated code: still exact
+        assert positions[node] == expected[node], module.code_for_node(node)[:40]
+
+
+def test_a_twin_whose_text_does_not_start_as_the_node_is_not_used():
+    text = "x = f(1)\n"
+    module = cst.parse_module(text)
+    positions = LazyPositions(module, "x = g(1)\n", _statement_of(module))  # stale text
+    call = module.body[0].body[0].value
+    assert positions._twin_range(call, 0) is None

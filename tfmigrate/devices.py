@@ -345,7 +345,16 @@ def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
     loops: list[list[cst.For]] = [[]]  # a stack of enclosing loops per function
     owners: list[cst.CSTNode] = [module]
     walked = _Walk()
-    for node, entering in events(module):
+    # `events(module)`, with two savings: a leave step only for the two node types that need
+    # one, and no walk into an expression outside a loop (an expression holds no statement,
+    # and its calls matter only in a loop).
+    stack: list[tuple[cst.CSTNode, bool]] = [(module, True)]
+    while stack:
+        node, entering = stack.pop()
+        if entering and (loops[-1] or not _is_expression_part(type(node))):
+            if isinstance(node, (cst.FunctionDef, cst.For)):
+                stack.append((node, False))
+            stack.extend((child, True) for child in reversed(children(node)))
         if isinstance(node, cst.FunctionDef):
             if entering:
                 loops.append([])
@@ -377,6 +386,19 @@ def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
             for target in node.targets:
                 walked.listing_names |= names_used(target.target)
     return walked
+
+
+_EXPRESSION_PART: dict[type, bool] = {}
+
+
+def _is_expression_part(kind: type) -> bool:
+    """Whether nodes of this type hold expressions only (never a statement)."""
+    answer = _EXPRESSION_PART.get(kind)
+    if answer is None:
+        answer = _EXPRESSION_PART[kind] = issubclass(
+            kind, (cst.BaseExpression, cst.Arg, cst.Decorator, cst.Parameters, cst.Annotation, cst.WithItem)
+        )
+    return answer
 
 
 def _colocates(device: cst.CSTNode) -> bool:
@@ -663,7 +685,6 @@ def _per_device_names(context) -> dict[int, frozenset[str]]:
     (`looks_per_device`)."""
 
     def compute() -> dict[int, frozenset[str]]:
-        towers = {id(t.loop): t for t in module_tower_loops(context)}
         found: dict[int, frozenset[str]] = {}
 
         stack: list[frozenset[str]] = [frozenset()]
@@ -673,13 +694,7 @@ def _per_device_names(context) -> dict[int, frozenset[str]]:
                 if id(node) in opened:
                     stack.pop()
                 continue
-            names: frozenset[str] | None = None
-            if id(node) in towers:
-                names = frozenset(towers[id(node)].loop_names)
-            elif isinstance(node, cst.For) and looks_per_device(node.iter):
-                names = frozenset(loop_derived_names(node))
-            elif isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
-                names = _comprehension_names(node.for_in)
+            names = _opened_names(context, node)
             if names:
                 stack.append(stack[-1] | names)
                 opened.add(id(node))
@@ -702,4 +717,30 @@ def _comprehension_names(comp: cst.CompFor) -> frozenset[str] | None:
 def per_device_names(context, node: cst.CSTNode) -> frozenset[str]:
     """The loop variables (and names derived from them) of the per-device loops around
     ``node``; empty when ``node`` is in none."""
-    return _per_device_names(context).get(id(node), frozenset())
+    parents = context.parents
+    if id(node) not in parents:  # not from the rules' walk: every node's names, in one walk
+        return _per_device_names(context).get(id(node), frozenset())
+    # From the node up through its parents (what the rules' walk has recorded so far).
+    opened: dict[int, frozenset[str] | None] = context.memo("per_device_names_opened", dict)
+    names: frozenset[str] = frozenset()
+    current = node
+    while current is not None:
+        key = id(current)
+        if key not in opened:
+            opened[key] = _opened_names(context, current)
+        if opened[key]:
+            names |= opened[key]
+        current = parents.get(key)
+    return names
+
+
+def _opened_names(context, node: cst.CSTNode) -> frozenset[str] | None:
+    """The names a per-device loop or comprehension at ``node`` opens, else None."""
+    towers = context.memo("tower_loop_ids", lambda: {id(t.loop): t for t in module_tower_loops(context)})
+    if id(node) in towers:
+        return frozenset(towers[id(node)].loop_names)
+    if isinstance(node, cst.For) and looks_per_device(node.iter):
+        return frozenset(loop_derived_names(node))
+    if isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
+        return _comprehension_names(node.for_in)
+    return None

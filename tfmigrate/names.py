@@ -44,6 +44,33 @@ _CANONICAL_PREFIXES = (
 )
 
 
+def _blocks_in(statement: cst.CSTNode) -> list[cst.CSTNode]:
+    """The statements directly inside a compound statement, in source order (a one-line
+    body, ``if x: import y``, as its SimpleStatementSuite)."""
+    found: list = []
+
+    def add(suite) -> None:
+        if isinstance(suite, cst.IndentedBlock):
+            found.extend(suite.body)
+        else:
+            found.append(suite)  # SimpleStatementSuite
+
+    body = getattr(statement, "body", None)
+    if isinstance(body, cst.BaseSuite):
+        add(body)
+    for clause in (*getattr(statement, "handlers", ()), *getattr(statement, "cases", ())):
+        add(clause.body)
+    orelse = getattr(statement, "orelse", None)
+    if isinstance(orelse, cst.If):  # elif
+        found.append(orelse)
+    elif orelse is not None:
+        add(orelse.body)
+    finalbody = getattr(statement, "finalbody", None)
+    if finalbody is not None:
+        add(finalbody.body)
+    return found
+
+
 def canonical(name: str) -> str:
     changed = True
     while changed:
@@ -88,10 +115,45 @@ class ImportTable(cst.CSTVisitor):
     @classmethod
     def from_module(cls, module: cst.Module) -> "ImportTable":
         table = cls()
-        visit_read_only(module, table)
+        # Everything the table reads is a statement (or a function's parameters), so only
+        # statements are walked. The exception is a lambda's parameters, which only matter
+        # beside a star import: then the whole tree is walked.
+        table._statements(module.body)
+        if table.star_modules:
+            table = cls()
+            visit_read_only(module, table)
         for name in table._reassigned:
             table.aliases.pop(name, None)
         return table
+
+    def _statements(self, statements) -> None:
+        """The table's visit_X methods over ``statements`` and the statements in them, in
+        the order of a walk of the tree."""
+        for statement in statements:
+            kind = type(statement)
+            if kind is cst.SimpleStatementLine or kind is cst.SimpleStatementSuite:
+                for small in statement.body:
+                    visit = _SMALL_STATEMENT_VISITS.get(type(small))
+                    if visit is not None:
+                        visit(self, small)
+                continue
+            if kind is cst.FunctionDef:
+                self.visit_FunctionDef(statement)
+                params = statement.params
+                for param in (*params.posonly_params, *params.params, params.star_arg, *params.kwonly_params,
+                              params.star_kwarg):
+                    if isinstance(param, cst.Param):
+                        self.visit_Param(param)
+            elif kind is cst.ClassDef:
+                self.visit_ClassDef(statement)
+            elif kind is cst.For:
+                self.visit_For(statement)
+            for named in (*getattr(statement, "items", ()), *getattr(statement, "handlers", ())):
+                # `with ... as x`, `except ... as x`
+                as_name = getattr(named, "asname", None) or getattr(named, "name", None)
+                if isinstance(as_name, cst.AsName):
+                    self.visit_AsName(as_name)
+            self._statements(_blocks_in(statement))
 
     def _bind(self, name: str, target: str) -> None:
         self.bindings[name] = target
@@ -240,3 +302,10 @@ class ImportTable(cst.CSTVisitor):
     def aliases_of(self, module: str) -> list[str]:
         """Local names bound to exactly ``module`` (canonicalised), e.g. ['tf'] for tensorflow."""
         return [n for n, t in self.bindings.items() if canonical(t + ".")[:-1] == module]
+
+
+_SMALL_STATEMENT_VISITS = {
+    cst.Import: ImportTable.visit_Import, cst.ImportFrom: ImportTable.visit_ImportFrom,
+    cst.Assign: ImportTable.visit_Assign, cst.AnnAssign: ImportTable.visit_AnnAssign,
+    cst.AugAssign: ImportTable.visit_AugAssign,
+}

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -97,24 +98,30 @@ class RuleInfo:
     triggers: tuple[str, ...]
     fix_safety: str  # FixSafety's value
     informational: bool
-
-    def mentioned_in(self, text: str) -> bool:
-        """The prefilter (``runner.rules_for``): the text mentions one of the trigger words."""
-        return any(word in text for word in self.triggers)
+    requires: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        return {**asdict(self), "triggers": list(self.triggers)}
+        return {**asdict(self), "triggers": list(self.triggers), "requires": list(self.requires)}
 
     @classmethod
     def from_json(cls, data: dict) -> RuleInfo:
-        triggers = data["triggers"]
-        if not isinstance(triggers, list) or not all(isinstance(t, str) for t in triggers):
-            raise TypeError("triggers")
+        triggers, requires = data["triggers"], data["requires"]
+        for words in (triggers, requires):
+            if not isinstance(words, list) or not all(isinstance(t, str) for t in words):
+                raise TypeError("triggers")
         info = cls(
             code=str(data["code"]), name=str(data["name"]), summary=str(data["summary"]),
             triggers=tuple(triggers), fix_safety=str(data["fix_safety"]), informational=bool(data["informational"]),
+            requires=tuple(requires),
         )
         return info
+
+
+def could_fire(rule, text: str) -> bool:
+    """The prefilter, for a rule or its RuleInfo: the text mentions one of its trigger words
+    and matches each of its ``requires`` patterns. A file no enabled rule could fire on is
+    not parsed."""
+    return any(word in text for word in rule.triggers) and all(re.search(pattern, text) for pattern in rule.requires)
 
 
 _catalog: tuple[RuleInfo, ...] | None = None  # from the cache, or computed by catalog()
@@ -123,7 +130,10 @@ _catalog: tuple[RuleInfo, ...] | None = None  # from the cache, or computed by c
 def computed_catalog() -> tuple[RuleInfo, ...]:
     """The catalog, from the rules themselves (imports them)."""
     return tuple(
-        RuleInfo(rule.code, rule.name, rule.summary, tuple(rule.triggers), rule.fix_safety.value, rule.informational)
+        RuleInfo(
+            rule.code, rule.name, rule.summary, tuple(rule.triggers), rule.fix_safety.value, rule.informational,
+            tuple(rule.requires),
+        )
         for rule in all_rules()
     )
 

@@ -50,19 +50,16 @@ def _marker(finding: Finding) -> str:
     return " [*]" if finding.fix_safety == FixSafety.SAFE else " [*unsafe]"
 
 
-# A character that makes rich's rendering of a text differ from the text itself: markup
-# brackets and escapes, tabs (expanded), control codes (stripped).
-_NOT_PLAIN = re.compile(r"[\[\\\x00-\x1f\x7f]")
+# A character that rich does not print as itself: tabs (expanded) and control codes (stripped).
+_NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class _Printer:
-    """``console.print(markup, highlight=False)``, or, when the console does no styling (not a
-    terminal, no colour: a pipe, a file, CI), the same characters written directly: rich's
-    rendering costs ~0.3 ms a line, most of a warm run over a thousand findings.
-
-    ``segments`` are the texts between the markup's tags, unescaped; the direct path is taken
-    only when rich would print them unchanged except for emoji codes, which it replaces with
-    rich's own function."""
+    """Prints lines made of styled parts. On a console that does no styling (not a terminal,
+    no colour: a pipe, a file, CI) the parts' characters are written directly: rich's
+    rendering costs ~0.3 ms a line, most of a warm run over a thousand findings. Elsewhere the
+    parts go to rich as a ``Text`` (never as markup: source lines hold brackets and
+    backslashes, which rich's markup escaping does not always give back as they were)."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -72,21 +69,15 @@ class _Printer:
         )
         self.wrote = False
 
-    def __call__(self, markup: str | None, segments: tuple[str, ...], check: tuple[str, ...] | None = None) -> None:
-        """``check``: the segments that may hold such characters (default: all; our own
-        ``[*]`` marker renders as itself). ``markup`` None: an empty line."""
-        if self.plain and not any(_NOT_PLAIN.search(s) for s in (segments if check is None else check)):
-            from rich._emoji_replace import _emoji_replace
-
-            # Emoji codes look like `:smile:`: a segment without a colon has none.
-            self.console.file.write("".join(_emoji_replace(s) if ":" in s else s for s in segments) + "\n")
+    def __call__(self, *parts: tuple[str, str | None]) -> None:
+        if self.plain and not any(_NOT_PLAIN.search(text) for text, _ in parts):
+            self.console.file.write("".join(text for text, _ in parts) + "\n")
             self.wrote = True
             return
+        from rich.text import Text
+
         self.flush()
-        if markup is None:
-            self.console.print()
-        else:
-            self.console.print(markup, highlight=False)
+        self.console.print(Text.assemble(*parts), highlight=False)
 
     def flush(self) -> None:
         if self.wrote:
@@ -99,18 +90,12 @@ def render_text(
     lines_of: dict | None = None,
 ) -> None:
     """``lines_of`` supplies the lines of sources not on disk as plain text (notebook cells)."""
-    from rich.markup import escape
-
     out = _Printer(console)
     cache: dict = dict(lines_of or {})
     for f in findings:
         where = f"{f.path}:{'cell ' + str(f.cell) + ':' if f.cell else ''}{f.start.row}:{f.start.column}"
         style = "cyan" if f.informational else "bold red"
-        marker = _marker(f)
-        out(
-            f"[bold]{escape(where)}[/]: [{style}]{f.code}[/]{escape(marker)} {escape(f.message)}",
-            (where, ": ", f.code, marker + " " + f.message), check=(where, f.message),
-        )
+        out((where, "bold"), (": ", None), (f.code, style), (_marker(f) + " " + f.message, None))
         if not show_source:
             continue
         line = _source_line(f, cache)
@@ -121,14 +106,14 @@ def render_text(
         padding = "".join(c if c == "\t" else " " for c in line[: f.start.column - 1])
         width = (f.end.column - f.start.column) if f.end.row == f.start.row else len(line) - f.start.column + 1
         blank = " " * len(gutter)
-        out(f"[blue]{blank} |[/]", (f"{blank} |",))
-        out(f"[blue]{gutter} |[/] {escape(line)}", (f"{gutter} |", " " + line))
-        carets = "^" * max(1, width)
-        out(f"[blue]{blank} |[/] {padding}[{style}]{carets}[/]", (f"{blank} |", " " + padding, carets))
-        out(None, ())
+        out((f"{blank} |", "blue"))
+        out((f"{gutter} |", "blue"), (" " + line, None))
+        out((f"{blank} |", "blue"), (" " + padding, None), ("^" * max(1, width), style))
+        out()
     out.flush()
     for path, message in errors:
-        console.print(f"[bold]{escape(path)}[/]: [bold red]error[/]: {escape(message)}", highlight=False)
+        out((path, "bold"), (": ", None), ("error", "bold red"), (": " + message, None))
+    out.flush()
 
 
 def summary_line(findings: list[Finding], errors: list[tuple[str, str]], files: int) -> str:

@@ -77,6 +77,18 @@ class RuleContext:
     #: node -> its ``CodeRange`` (what LibCST's PositionProvider gives), filled by the runner.
     positions: Mapping[cst.CSTNode, "CodeRange"] = field(default_factory=dict)
     _memo: dict[Any, Any] = field(default_factory=dict)
+    #: id(node) -> its parent node (the module's parent is None), filled by the runner's walk
+    #: as it goes: complete for the node being visited and every node around it.
+    parents: dict[int, Any] = field(default_factory=dict)
+    #: reports whose findings are made once the walk is over (see `Rule.report`)
+    _pending: list[tuple["Rule", cst.CSTNode, str, Edit | None]] = field(default_factory=list)
+
+    def finish_reports(self) -> list[tuple["Rule", Finding, Edit | None]]:
+        """Make the findings of the reports made during the walk (call it after the walk)."""
+        for rule, node, message, edit in self._pending:
+            self.reports.append((rule, rule.finding(node, message, edit), edit))
+        self._pending.clear()
+        return self.reports
 
     def memo(self, key: Any, compute: Callable[[], Any]) -> Any:
         """Share one analysis (say, the module's tower loops) between the rules of a run."""
@@ -98,6 +110,9 @@ class Rule(cst.BatchableCSTVisitor):
     #: Any of these words must appear in a file's text for the rule to possibly fire; a file
     #: containing none of the enabled rules' words is not even parsed.
     triggers: ClassVar[tuple[str, ...]]
+    #: Regular expressions the text must also match, each of them (narrows the prefilter where
+    #: a trigger word is common: `.batch(` of tf.data for the queue batching functions).
+    requires: ClassVar[tuple[str, ...]] = ()
     fix_safety: ClassVar[FixSafety] = FixSafety.NONE
     informational: ClassVar[bool] = False  # reported, but does not fail the run
 
@@ -179,11 +194,16 @@ class Rule(cst.BatchableCSTVisitor):
         return self.context.positions[node]
 
     def report(self, node: cst.CSTNode, message: str, *, edit: Edit | None = None) -> None:
+        # The finding (its position) is made when the walk is over: Python's parser then gives
+        # most positions without generating the statement's code (tfmigrate.positions).
+        self.context._pending.append((self, node, message, edit))
+
+    def finding(self, node: cst.CSTNode, message: str, edit: Edit | None) -> Finding:
         where = self.position(node)
         safety = self.fix_safety
         if edit is not None and edit.safety is not None:
             safety = edit.safety
-        finding = Finding(
+        return Finding(
             code=self.code,
             name=self.name,
             message=message,
@@ -194,7 +214,6 @@ class Rule(cst.BatchableCSTVisitor):
             fix_title=edit.title if edit is not None else None,
             informational=self.informational,
         )
-        self.context.reports.append((self, finding, edit))
 
     # --- documentation ------------------------------------------------------------------
     @classmethod

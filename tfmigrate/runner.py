@@ -18,7 +18,7 @@ from tfmigrate.findings import FileResult, Finding, Location
 from tfmigrate import registry
 from tfmigrate.registry import all_rules
 from tfmigrate.source import SourceError, SourceFile, decode_source, read_bytes, split_lines
-from tfmigrate.positions import LazyPositions
+from tfmigrate.positions import TWIN_KINDS, LazyPositions
 from tfmigrate.walker import is_attribute_hook, skipped_types, visitor_method_names, walk
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Analysis", "FileResult", "analyze_module", "analyze_source", "check_file", "check_text", "enabled_rules",
-    "in_cells", "internal_error", "is_notebook", "is_suppressed", "might_fire", "rules_for", "suppressions",
+    "in_cells", "internal_error", "is_notebook", "is_suppressed", "suppressions",
 ]
 
 
@@ -72,11 +72,6 @@ def enabled_rules(config: Config, path: str | None = None) -> list[type[Rule]]:
     return [rule for rule in all_rules() if config.enabled(rule.code, path)]
 
 
-def might_fire(text: str, rules: list[type[Rule]]) -> bool:
-    """The cheap prefilter: a file mentioning none of the rules' trigger words is not parsed."""
-    return any(word in text for rule in rules for word in rule.triggers)
-
-
 def codes_for(text: str, config: Config, path: str | None = None) -> set[str]:
     """The prefilter: the codes of the enabled rules whose trigger words the text mentions.
     From the rule catalog read from the cache when there is one (no rule imported), else from
@@ -86,20 +81,22 @@ def codes_for(text: str, config: Config, path: str | None = None) -> set[str]:
         rules = all_rules()
     return {
         rule.code for rule in rules
-        if config.enabled(rule.code, path) and any(word in text for word in rule.triggers)
+        if config.enabled(rule.code, path) and registry.could_fire(rule, text)
     }
 
 
-def rules_for(text: str, rules: list[type[Rule]]) -> list[type[Rule]]:
-    """The rules whose trigger words the text mentions: only they walk the parsed module."""
-    return [rule for rule in rules if any(word in text for word in rule.triggers)]
-
-
-def _walk_rules(module: cst.Module, visitors: list, statement_of: dict[int, int]) -> None:
+def _walk_rules(
+    module: cst.Module, visitors: list, statement_of: dict[int, int], in_order: dict, walked: set[int],
+    parents: dict[int, object],
+) -> None:
     """Call the visitors' visit_X/leave_X methods over the module, as ``module.visit`` of a
     batched visitor would, with the read-only walk of :mod:`tfmigrate.walker` (the rules only
     read the tree). A rule's visit_X returning False does not stop the others. Fills
-    ``statement_of``: id(node) -> index of the top-level statement it lies in."""
+    ``statement_of`` (id(node) -> index of the top-level statement it lies in), and for
+    :class:`LazyPositions` ``in_order`` (the calls, for and with statements of each top-level
+    one) and ``walked`` (the top-level statements left so far), and ``parents`` (id(node) ->
+    its parent; see RuleContext). With per-field hooks LibCST's walk fills none of them:
+    positions then come from LibCST's own pass, parents from the analyses' own walks."""
     names = [(visitor, name) for visitor in visitors for name in visitor_method_names(type(visitor))]
     if any(is_attribute_hook(name) for _, name in names):
         module.visit(_batched(visitors))  # per-field hooks: LibCST's own walk calls them
@@ -113,18 +110,28 @@ def _walk_rules(module: cst.Module, visitors: list, statement_of: dict[int, int]
 
     top_level = {id(statement): index for index, statement in enumerate(module.body)}
     current = -1
+    path: list = [None]  # the nodes from the module down to the one being visited
 
     def on_visit(node) -> None:
         nonlocal current
         key = id(node)
         current = top_level.get(key, current)
         statement_of[key] = current
-        for method in enter.get(type(node).__name__, no_methods):
+        parents[key] = path[-1]
+        path.append(node)
+        kind = type(node).__name__
+        if kind in TWIN_KINDS:
+            in_order.setdefault((current, kind), []).append(node)
+        for method in enter.get(kind, no_methods):
             method(node)
 
     def on_leave(node) -> None:
+        path.pop()
         for method in leave.get(type(node).__name__, no_methods):
             method(node)
+        index = top_level.get(id(node))
+        if index is not None:
+            walked.add(index)
 
     walk(module, on_visit, on_leave, skipped_types(name for _, name in names))
 
@@ -167,9 +174,11 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
     from tfmigrate.rule import RuleContext
 
     statement_of: dict[int, int] = {}
+    in_order: dict[tuple[int, str], list] = {}
+    walked: set[int] = set()
     context = RuleContext(
         path=path, module=module, imports=ImportTable.from_module(module), target=config.target,
-        positions=LazyPositions(module, text, statement_of),
+        positions=LazyPositions(module, text, statement_of, in_order, walked),
     )
     visitors = [rule(context) for rule in rules]
     needed = [visitor for visitor in visitors if visitor.get_inherited_dependencies()]
@@ -180,9 +189,9 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         for visitor in needed:
             visitor.metadata = wrapper.resolve_many(visitor.get_inherited_dependencies())
-    _walk_rules(module, visitors, statement_of)
+    _walk_rules(module, visitors, statement_of, in_order, walked, context.parents)
     table = suppressions(text)
-    kept = [(r, f, e) for (r, f, e) in context.reports if not is_suppressed(f, table)]
+    kept = [(r, f, e) for (r, f, e) in context.finish_reports() if not is_suppressed(f, table)]
     kept.sort(key=lambda item: item[1].sort_key())
     return Analysis(module=module, reports=kept)
 
