@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,17 @@ def check_json(root: Path, *args: str):
     return result.exit_code, json.loads(result.stdout), result.stderr
 
 
-def entries(root: Path) -> list[Path]:
-    return sorted((root / ".tfmigrate_cache").rglob("*.json"))
+def packs(root: Path) -> list[Path]:
+    return sorted(root.rglob("packs/*.json"))
+
+
+def entries(root: Path, cache: str = ".tfmigrate_cache") -> list[str]:
+    """The source files the cache holds a result for."""
+    found = []
+    for pack in packs(root / cache):
+        data = json.loads(pack.read_text())
+        found += [os.path.join(data["folder"], name) for name in data["files"]]
+    return sorted(found)
 
 
 @pytest.fixture(autouse=True)
@@ -95,16 +105,84 @@ def test_changed_config_is_checked_again(tmp_path, count_checks):
     assert len(count_checks) == 3
 
 
-def test_corrupt_or_partial_entries_are_recomputed(tmp_path, count_checks):
+@pytest.mark.parametrize("cut", [0, 10, 200, -2])
+def test_corrupt_or_partial_packs_are_recomputed(tmp_path, count_checks, cut):
     tree(tmp_path)
     cold = check_json(tmp_path)
-    for i, entry in enumerate(entries(tmp_path)):
-        entry.write_bytes(entry.read_bytes()[: 10 * i])  # empty, truncated...
+    [pack] = packs(tmp_path / ".tfmigrate_cache")
+    pack.write_bytes(pack.read_bytes()[:cut])  # empty, truncated...
     count_checks.clear()
     assert check_json(tmp_path) == cold
     assert len(count_checks) == 5
     count_checks.clear()
     assert check_json(tmp_path) == cold and count_checks == []  # and rewritten whole
+
+
+def test_a_damaged_entry_is_recomputed_alone(tmp_path, count_checks):
+    tree(tmp_path)
+    cold = check_json(tmp_path)
+    [pack] = packs(tmp_path / ".tfmigrate_cache")
+    data = json.loads(pack.read_text())
+    [result] = data["files"]["m1.py"]["results"].values()
+    result["findings"] = [{"code": 3}]
+    data["files"]["m2.py"] = "nonsense"
+    pack.write_text(json.dumps(data))
+    count_checks.clear()
+    assert check_json(tmp_path) == cold
+    assert sorted(count_checks) == [os.path.join("pkg", "m1.py"), os.path.join("pkg", "m2.py")]
+
+
+def _age(root: Path, seconds: int) -> None:
+    """Make every file under ``root`` look last modified ``seconds`` ago."""
+    past = time.time() - seconds
+    for path in root.rglob("*.py"):
+        os.utime(path, (past, past))
+
+
+@pytest.fixture
+def hashed(monkeypatch):
+    """The files whose content the cache hashed."""
+    import tfmigrate.cache
+
+    calls = []
+    real = tfmigrate.cache.content_digest
+    monkeypatch.setattr(tfmigrate.cache, "content_digest", lambda raw: calls.append(raw) or real(raw))
+    return calls
+
+
+def test_unchanged_old_files_are_not_even_read(tmp_path, count_checks, hashed, monkeypatch):
+    tree(tmp_path)
+    _age(tmp_path, 3600)
+    time.sleep(0.01)  # the change times of the files must be older than the racy window too
+    monkeypatch.setattr("tfmigrate.cache._RACY_NS", 1)
+    cold = check_json(tmp_path)
+    hashed.clear()
+    count_checks.clear()
+    assert check_json(tmp_path) == cold and count_checks == [] and hashed == []
+
+
+def test_a_file_rewritten_with_its_old_size_and_time_is_checked_again(tmp_path, count_checks, monkeypatch):
+    tree(tmp_path)
+    _age(tmp_path, 3600)
+    time.sleep(0.01)
+    monkeypatch.setattr("tfmigrate.cache._RACY_NS", 1)
+    check_json(tmp_path)
+    target = tmp_path / "pkg" / "m0.py"
+    info = target.stat()
+    text = target.read_text()
+    target.write_text(text.replace("range(2)", "range(3)"))  # same size
+    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))  # and the same modification time
+    count_checks.clear()
+    check_json(tmp_path)
+    assert count_checks == [os.path.join("pkg", "m0.py")]
+
+
+def test_recently_modified_files_are_hashed_not_trusted_by_time(tmp_path, count_checks, hashed):
+    tree(tmp_path)  # just written: within the racy window
+    cold = check_json(tmp_path)
+    hashed.clear()
+    count_checks.clear()
+    assert check_json(tmp_path) == cold and count_checks == [] and len(hashed) == 5
 
 
 def test_no_cache_and_env_override(tmp_path, monkeypatch, count_checks):
@@ -136,9 +214,10 @@ def test_two_concurrent_runs_share_the_cache(tmp_path):
         outputs = [p.communicate()[0] for p in runs]
         assert [p.returncode for p in runs] == [1, 1]
         assert outputs == [expected, expected]
-    stored = list((tmp_path / "shared").rglob("*.json"))
-    assert len(stored) == 60
-    assert all(json.loads(p.read_text())["key"] == p.stem for p in stored)
+    assert len(entries(tmp_path, "shared")) == 60
+    for pack in packs(tmp_path / "shared"):
+        for stored in json.loads(pack.read_text())["files"].values():
+            assert len(stored["digest"]) == 64 and [len(key) for key in stored["results"]] == [64]
     assert not list((tmp_path / "shared").rglob("*.tmp"))
 
 

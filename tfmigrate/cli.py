@@ -195,6 +195,8 @@ def check_files(
         results[index] = result
         if cache is not None:
             cache.put(result, config)
+    if cache is not None:
+        cache.flush()
     return results  # type: ignore[return-value]
 
 

@@ -68,12 +68,15 @@ class _Printer:
             and not console.record and console.soft_wrap
         )
         self.wrote = False
+        self.write = console.file.write
 
     def __call__(self, *parts: tuple[str, str | None]) -> None:
-        if self.plain and not any(_NOT_PLAIN.search(text) for text, _ in parts):
-            self.console.file.write("".join(text for text, _ in parts) + "\n")
-            self.wrote = True
-            return
+        if self.plain:
+            line = "".join([text for text, _ in parts])
+            if not _NOT_PLAIN.search(line):
+                self.write(line + "\n")
+                self.wrote = True
+                return
         from rich.text import Text
 
         self.flush()
@@ -103,7 +106,8 @@ def render_text(
             continue
         gutter = str(f.start.row)
         # Keep tabs in the padding so the marker lines up under the same characters.
-        padding = "".join(c if c == "\t" else " " for c in line[: f.start.column - 1])
+        before = line[: f.start.column - 1]
+        padding = "".join(c if c == "\t" else " " for c in before) if "\t" in before else " " * len(before)
         width = (f.end.column - f.start.column) if f.end.row == f.start.row else len(line) - f.start.column + 1
         blank = " " * len(gutter)
         out((f"{blank} |", "blue"))
