@@ -230,13 +230,13 @@ PROBE = (
     "    main()\n"
     "except SystemExit as exc:\n"
     "    status = exc.code\n"
-    "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('libcst', 'typer', 'pydantic')"
+    "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('libcst', 'typer', 'pydantic', 'rich')"
     " or m.startswith('tfmigrate.rules'))\n"
     "print(status, heavy, file=sys.stderr)\n"
 )
 
 
-def test_warm_run_imports_neither_libcst_nor_rules_nor_typer(tmp_path):
+def test_warm_run_imports_neither_libcst_nor_rules_nor_typer_nor_rich(tmp_path):
     tree(tmp_path)
     env = {**os.environ, ENV_VAR: str(tmp_path / "cache")}
     first = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)

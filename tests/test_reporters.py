@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from tfmigrate.findings import Finding, FixSafety, Location
-from tfmigrate.reporters import render_text
+from tfmigrate.reporters import PlainConsole, plain_stream, render_text
 
 # Source lines rich's markup escaping did not give back as they were (a trailing backslash was
 # doubled, `\[` lost its backslash), brackets, emoji-like codes, a message with markup-like text.
@@ -57,3 +57,24 @@ def test_source_lines_and_messages_are_printed_as_they_are(source):
         assert f" | {line}\n" in output
     assert f"{source}:1:1: TFM101 [*unsafe] message [red]1[/red] :smile: \\\n" in output
     assert f"{source}: error: a [syntax] error \\\n" in output
+
+
+def test_without_rich_a_pipe_gets_the_same_characters(source):
+    piped = Console(file=io.StringIO(), soft_wrap=True, color_system=None)
+    assert _render(source, PlainConsole(io.StringIO())) == _render(source, piped)
+
+
+def test_rich_is_used_where_it_would_style(monkeypatch):
+    class Stream(io.StringIO):
+        def __init__(self, tty: bool) -> None:
+            super().__init__()
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    assert plain_stream(Stream(False)) and not plain_stream(Stream(True))
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert not plain_stream(Stream(False))

@@ -12,7 +12,9 @@ from tfmigrate.config import TARGETS, Config, ConfigError, load_config
 from tfmigrate.discovery import discover
 from tfmigrate.findings import FileResult
 from tfmigrate.registry import all_rules, catalog, rule_by_code
-from tfmigrate.reporters import FORMATS, render_text, statistics_table, summary_line, write_machine
+from tfmigrate.reporters import (
+    FORMATS, PlainConsole, plain_stream, render_text, statistics_table, summary_line, write_machine,
+)
 from tfmigrate.runner import check_file
 
 if TYPE_CHECKING:
@@ -37,6 +39,15 @@ def _stderr() -> Console:
     from rich.console import Console
 
     return Console(stderr=True, soft_wrap=True)
+
+
+def _text_out(stderr: bool = False) -> Console | PlainConsole:
+    """Where lines of text go: rich on a terminal, the stream itself when rich would not
+    style it anyway (a pipe, a file, CI)."""
+    stream = sys.stderr if stderr else sys.stdout
+    if plain_stream(stream):
+        return PlainConsole(stream)
+    return _stderr() if stderr else _stdout()
 
 
 def _split_codes(values: Optional[List[str]]) -> list[str]:
@@ -215,7 +226,7 @@ def run_check(
     """`tfmigrate check`; returns the exit status (the Typer command and the fast path in
     `main()` both call this)."""
     paths = paths or ["."]
-    err = _stderr()
+    err = _text_out(stderr=True)
     if output_format not in FORMATS:
         err.print(f"error: --format must be one of {', '.join(FORMATS)}")
         return EXIT_ERROR
@@ -245,7 +256,7 @@ def run_check(
         for path, message in errors:
             err.print(f"{path}: error: {message}", highlight=False, markup=False)
     else:
-        out = _stdout()
+        out = _text_out()
         render_text(findings, [], out, show_source=show_source and not quiet)
         for path, message in errors:
             err.print(f"{path}: error: {message}", highlight=False, markup=False)

@@ -8,11 +8,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 TARGETS = ("compat", "tf2")
 
 
@@ -88,6 +83,10 @@ def load_config(paths: list[str], config_file: str | None = None) -> Config:
         pyproject = find_pyproject(start) or find_pyproject(Path.cwd())
     if pyproject is None:
         return Config(root=Path.cwd())
+    if sys.version_info >= (3, 11):  # here: a tree without a pyproject.toml never loads it
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         with open(pyproject, "rb") as handle:
             data = tomllib.load(handle)

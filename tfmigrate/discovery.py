@@ -5,18 +5,27 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from tfmigrate.config import Config
 
+if TYPE_CHECKING:
+    import pathspec
+
 SOURCE_SUFFIXES = (".py", ".pyi", ".ipynb")
-# Folders never worth walking into (ruff skips the same ones by default).
+# Folders never worth walking into (ruff skips the same ones by default), as gitignore patterns.
 DEFAULT_EXCLUDES = [
     ".git/", ".hg/", ".svn/", ".venv/", "venv/", ".tox/", ".nox/", "__pycache__/",
     "node_modules/", "site-packages/", "build/", "dist/", ".eggs/", "*.egg-info/",
     ".mypy_cache/", ".pytest_cache/", ".ruff_cache/", ".tfmigrate_cache/", ".ipynb_checkpoints/",
 ]
+# The same, matched by folder name (what these patterns mean), without pathspec.
+_DEFAULT_FOLDERS = frozenset(p.rstrip("/") for p in DEFAULT_EXCLUDES if "*" not in p)
+_DEFAULT_SUFFIXES = tuple(p.rstrip("/").lstrip("*") for p in DEFAULT_EXCLUDES if p.startswith("*"))
+
+
+def _default_excluded(folder_name: str) -> bool:
+    return folder_name in _DEFAULT_FOLDERS or folder_name.endswith(_DEFAULT_SUFFIXES)
 
 
 @dataclass
@@ -26,14 +35,29 @@ class Discovery:
 
 
 def _spec(patterns: list[str]) -> pathspec.PathSpec:
+    import pathspec  # only for a configured exclude or a .gitignore
+
     return pathspec.GitIgnoreSpec.from_lines(patterns)
+
+
+def _folders_only(patterns: list[str]) -> bool:
+    """Whether gitignore patterns can only match folders (and so what is inside them): then a
+    file found in a folder that was not excluded cannot be excluded itself."""
+    lines = [p.strip() for p in patterns if p.strip() and not p.strip().startswith("#")]
+    return all(line.endswith("/") for line in lines)
 
 
 def discover(paths: list[str], config: Config, force_exclude: bool = False) -> Discovery:
     """Files in a stable order. A file named explicitly is checked even if excluded, unless
     ``force_exclude`` (what pre-commit passes) is set, as ruff does."""
     result = Discovery()
-    excluded = _spec(DEFAULT_EXCLUDES + config.exclude)
+    # The default folders by name, and the configured patterns with pathspec; a configured
+    # negation (`!build/`) may bring a default folder back: then all go to pathspec together.
+    negates = any(p.strip().startswith("!") for p in config.exclude)
+    patterns = DEFAULT_EXCLUDES + config.exclude if negates else config.exclude
+    configured = _spec(patterns) if patterns else None
+    by_name = _default_excluded if not negates else (lambda name: False)
+    files_can_match = configured is not None and not _folders_only(patterns)
     root = config.root.resolve()
     seen: set[str] = set()
 
@@ -49,14 +73,26 @@ def discover(paths: list[str], config: Config, force_exclude: bool = False) -> D
             resolved_folders[parent] = parent.resolve()
         return resolved_folders[parent] / path.name
 
-    def is_excluded(path: Path, is_dir: bool) -> bool:
+    def relative_to_root(path: Path) -> str:
         try:
-            relative = resolved(path).relative_to(root).as_posix()
+            return resolved(path).relative_to(root).as_posix()
         except ValueError:
-            relative = path.name
-        if is_dir:
-            relative += "/"
-        return excluded.match_file(relative)
+            return path.name
+
+    def is_excluded(path: Path, is_dir: bool) -> bool:
+        """A folder or file met while walking (its folder was not excluded)."""
+        if is_dir and by_name(path.name):
+            return True
+        if configured is None or not (is_dir or files_can_match):
+            return False
+        return configured.match_file(relative_to_root(path) + ("/" if is_dir else ""))
+
+    def is_excluded_file(path: Path) -> bool:
+        """A file named on the command line: excluded by its own path or a folder on it."""
+        relative = relative_to_root(path)
+        if any(by_name(folder) for folder in relative.split("/")[:-1]):
+            return True
+        return configured is not None and configured.match_file(relative)
 
     def add(path: str) -> None:
         key = os.path.normpath(path)
@@ -71,7 +107,7 @@ def discover(paths: list[str], config: Config, force_exclude: bool = False) -> D
         elif path.is_dir():
             for file in _walk(path, is_excluded):
                 add(str(file))
-        elif not (force_exclude and is_excluded(path, False)):
+        elif not (force_exclude and is_excluded_file(path)):
             add(given)
     return result
 

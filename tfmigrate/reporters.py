@@ -50,6 +50,43 @@ def _marker(finding: Finding) -> str:
     return " [*]" if finding.fix_safety == FixSafety.SAFE else " [*unsafe]"
 
 
+class PlainConsole:
+    """The part of rich's ``Console`` the text report and the one-line messages use, for a
+    stream rich would not style (see :func:`plain_stream`): the characters are written as they
+    are (less the control codes rich strips), and rich is not even imported, a tenth of a
+    warm run."""
+
+    is_terminal = False
+    color_system = None
+    is_jupyter = False
+    record = False
+    soft_wrap = True
+
+    def __init__(self, file) -> None:
+        self.file = file
+
+    def print(self, text: str = "", **options) -> None:
+        self.file.write(str(text).translate(_RICH_STRIPS) + "\n")
+
+
+_RICH_STRIPS = dict.fromkeys([7, 8, 11, 12, 13])  # bell, backspace, vertical tab, form feed, carriage return
+# What makes rich style a stream that is not a terminal (rich's Console.is_terminal).
+_STYLING_VARIABLES = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+
+
+def plain_stream(stream) -> bool:
+    """Whether rich would print to ``stream`` without any styling: not a terminal, no
+    variable forcing colour, not in Jupyter."""
+    import builtins
+
+    if any(name in os.environ for name in _STYLING_VARIABLES) or hasattr(builtins, "get_ipython"):
+        return False
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 # A character that rich does not print as itself: tabs (expanded) and control codes (stripped).
 _NOT_PLAIN = re.compile(r"[\x00-\x1f\x7f]")
 
