@@ -82,10 +82,12 @@ class SplitConcatParallel(Rule):
         The Keras form counts too: each tower's inputs cut with a `Lambda` layer that takes
         the tower index (`Lambda(get_slice, arguments={'idx': i, 'parts': gpu_count})`) and the
         outputs merged with `concatenate` / `Concatenate` / `merge(mode='concat')` (reported at
-        the helper's `def`, or at the first `Lambda` outside a function).
+        the helper's `def`, or at the first `Lambda` outside a function). It is reported only:
+        the fix notes say how to migrate it by hand.
 
         The finding is at the helper's `def` when the function returns the joined result
-        (it is a `make_parallel`), otherwise at the first `tf.split` that feeds the towers.
+        and does not train on it (it is a `make_parallel`), otherwise at the first `tf.split`
+        that feeds the towers (the inline form).
         A `tf.split` without a tower loop, or a tower loop whose outputs are not joined with
         `tf.concat` (the towers' gradients are averaged instead: TFM102), is not reported.
     """
@@ -111,27 +113,47 @@ class SplitConcatParallel(Rule):
         result = strategy.gather(per_replica, axis=0)
     """
     fix_notes = """
-        Unsafe (`--unsafe-fixes`), for the `compat` target (the Session program stays), and only
-        for the `make_parallel(fn, num_gpus, **kwargs)` helper: a module-level function that
+        Unsafe (`--unsafe-fixes`), for the `compat` target (the Session program stays), for two
+        shapes. The `make_parallel(fn, num_gpus, **kwargs)` helper: a module-level function that
         only cuts each keyword input with `tf.split(value, num_gpus)`, calls `fn(**<slice i>)`
         once per device in a `for i in range(num_gpus)` tower loop and ends with
         `return tf.concat(outputs, axis=0)`, called once in the module as
-        `loss = make_parallel(fn, n, x=x, ...)` and followed in the same block by
+        `loss = make_parallel(fn, n, x=x, ...)`. The inline form, in one function or at module
+        level: `x_parts = tf.split(x, n)` statements, `outputs = []`, a
+        `for i in range(n)` (or `for i, d in enumerate(devices)`) tower loop whose body ends
+        with `outputs.append(tower_output)`, and `loss = tf.concat(outputs, axis=0)` (or
+        `tf.stack(outputs)`), all in one block. Either must be followed in the same block by
         `train_op = opt.minimize(tf.reduce_mean(loss), ...)` (or `reduce_sum`, or through a
-        `mean_loss = tf.reduce_mean(loss)` line). The call becomes a replica function that
-        `MirroredStrategy(devices=['/gpu:%d' % k for k in range(n)])` runs with `strategy.run`:
-        each replica calls `fn` on its slice `tf.split(x, strategy.num_replicas_in_sync)[i]` and
+        `mean_loss = tf.reduce_mean(loss)` line).
+
+        The towers become a replica function that
+        `MirroredStrategy(devices=<the loop's devices>)` runs with `strategy.run`: the helper's
+        replica calls `fn` on its slice `tf.split(x, strategy.num_replicas_in_sync)[i]`; the
+        inline form keeps its split statements (now cut into `strategy.num_replicas_in_sync`
+        pieces, once) and its tower code, which reads `x_parts[i]` with `i` the replica id,
+        without the device scopes and the `reuse=i > 0` variable-scope wrapper. Each replica
         runs the `minimize` step itself (a v1 optimizer cannot minimize in the cross-replica
         context); MirroredStrategy sums the replicas' gradients, so a `reduce_mean` loss is
-        divided by `strategy.num_replicas_in_sync` (equal slices: the global mean is the sum
-        of the replica means / N) and a `reduce_sum` loss is not. An optimizer built inline is
+        divided by `strategy.num_replicas_in_sync` (equal slices: the global mean is the sum of
+        the replica means / N) and a `reduce_sum` loss is not. An optimizer built inline is
         built once before the replica function; `colocate_gradients_with_ops` goes. `loss`
-        stays the replicas' outputs concatenated in order and `train_op` its op, so the
+        stays the replicas' outputs joined in order and `train_op` its op, so the
         `Session.run` code is unchanged; the graph is built under `strategy.scope()` (as for
-        TFM101); the helper is deleted. Anything else gets no fix and the message says what
-        blocks it: a helper imported from or called in another module, called more than once,
-        doing more than split / call / concat, a result not minimized in the same block, a
-        name the `minimize` reads set between the call and it, the inline and Keras forms.
+        TFM101); the helper (or the output list and the loop) goes.
+
+        Anything else gets no fix and the message says what blocks it: a helper imported from
+        or called in another module, called more than once, doing more than split / call /
+        concat; a batch cut with `tf.unstack`, into unequal sizes, along another axis, into
+        another count than the towers, or inside the loop; a loop body that carries a value
+        from one tower to the next, breaks, or defines names used after it; outputs joined
+        other than `loss = tf.concat(outputs, axis=0)`; a result not minimized in the same
+        block, or a name the `minimize` reads set between the join and it.
+
+        The Keras form (`Lambda` slices and a `concatenate`, building a new `Model` around a
+        template) gets no fix: the template is built, compiled and fit elsewhere, and it is that
+        code that must change. Migrate it by hand: build and compile the template model under
+        `tf.distribute.MirroredStrategy().scope()`, call `fit` on it with the same global batch
+        size, and delete the helper (as TFM201 does for `multi_gpu_model`).
         Check the result with `tfmigrate verify old.py new.py`.
     """
 
@@ -289,10 +311,11 @@ class SplitConcatParallel(Rule):
                 and self.concat_names.get(id(call), names_used(call)) & outputs
             ]
             if feeding and joining:
-                self._report(scope, feeding[0], joining[0])
+                self._report(scope, tower, feeding, joining[0])
                 return
 
-    def _report(self, scope: _Scope, split: cst.Call, concat: cst.Call) -> None:
+    def _report(self, scope: _Scope, tower: TowerLoop, feeding: list[cst.Call], concat: cst.Call) -> None:
+        split = feeding[0]
         advice = (
             "MirroredStrategy splits each global batch across replicas and gathers their "
             "results (strategy.run, then strategy.gather or strategy.reduce)"
@@ -305,27 +328,42 @@ class SplitConcatParallel(Rule):
                 f"{subject} slices each batch per GPU with Keras `Lambda` layers and concatenates "
                 "the towers' outputs (a `make_parallel` / `ParallelModel` helper): build and "
                 "compile the template model under tf.distribute.MirroredStrategy().scope() and "
-                "fit it directly; the batch size passed to fit stays the global batch",
+                "fit it directly, and delete the helper; the batch size passed to fit stays the global batch "
+                "(no automatic fix: the Keras form wraps a template model that is built, compiled and fit "
+                "elsewhere, and it is that code, not the slicing, that must move under the strategy scope)",
             )
             return
-        if isinstance(scope.node, cst.FunctionDef) and self._returns_join(scope, concat):
+        if isinstance(scope.node, cst.FunctionDef) and self._is_helper(scope, concat):
             message = (
                 f"`{scope.node.name.value}` splits a batch across devices with tf.split and "
                 f"joins the towers' outputs with tf.concat: {advice}"
             )
             try:
-                edit = parallel_call.plan(self, scope.node)
+                edit = parallel_call.plan_helper(self, scope.node)
             except parallel_call.Refused as reason:
                 edit = None
                 message += f" (no automatic fix: {reason})"
             self.report(scope.node, message, edit=edit)
         else:
-            self.report(
-                split,
-                f"batch split across devices with tf.split and joined with tf.concat after the "
-                f"tower loop: {advice} (no automatic fix: only a `make_parallel(fn, num_gpus, **kwargs)` "
-                "helper is rewritten)",
+            message = (
+                "batch split across devices with tf.split and joined with tf.concat after the "
+                f"tower loop: {advice}"
             )
+            try:
+                edit = parallel_call.plan_inline(self, tower, feeding, concat)
+            except parallel_call.Refused as reason:
+                edit = None
+                message += f" (no automatic fix: {reason})"
+            self.report(split, message, edit=edit)
+
+    def _is_helper(self, scope: _Scope, concat: cst.Call) -> bool:
+        """A `make_parallel`: a function that returns the joined result and does not train on it
+        (one that also calls `minimize` is the inline form, whatever it returns)."""
+        minimizes = any(
+            isinstance(call.func, cst.Attribute) and call.func.attr.value == "minimize"
+            for call in find(scope.node.body, cst.Call)
+        )
+        return not minimizes and self._returns_join(scope, concat)
 
     def _returns_join(self, scope: _Scope, concat: cst.Call) -> bool:
         for ret in scope.returns:

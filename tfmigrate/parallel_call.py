@@ -1,7 +1,7 @@
-"""The TFM105 rewrite: a ``make_parallel`` helper and its one call become
-``tf.distribute.MirroredStrategy`` (the ``compat`` target: the Session program stays).
+"""The TFM105 rewrite: split/concat data parallelism becomes ``tf.distribute.MirroredStrategy``
+(the ``compat`` target: the Session program stays). Two shapes get it.
 
-The shape it rewrites::
+The ``make_parallel`` helper and its one call (:func:`plan_helper`)::
 
     def make_parallel(fn, num_gpus, **kwargs):          # a module-level helper
         in_splits = {k: tf.split(v, num_gpus) for k, v in kwargs.items()}
@@ -16,7 +16,22 @@ The shape it rewrites::
     [mean_loss = tf.reduce_mean(loss)]
     train_op = opt.minimize(tf.reduce_mean(loss), ...)   # or minimize(mean_loss); or reduce_sum
 
-becomes a replica function that MirroredStrategy runs once per device::
+The same thing written inline, in one function or at module level (:func:`plan_inline`)::
+
+    x_parts = tf.split(x, N)                             # [, axis=0]: one statement per input
+    outputs = []
+    for i in range(N):                                   # or: for i, d in enumerate(DEVICES)
+        with tf.device(<any spelling>):
+            [with tf.variable_scope(tf.get_variable_scope(), reuse=i > 0):]
+                ... the tower, reading x_parts[i] ...
+                outputs.append(tower_loss)               # the last statement of the body
+    loss = tf.concat(outputs, axis=0)                    # or tf.stack(outputs)
+    [mean_loss = tf.reduce_mean(loss)]
+    train_op = opt.minimize(tf.reduce_mean(loss), ...)
+
+Both become a replica function that MirroredStrategy runs once per device (the helper form
+shown; the inline form keeps its split statements where they were, cut into
+``strategy.num_replicas_in_sync`` pieces, and its tower code reads ``x_parts[i]`` as before)::
 
     strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % k for k in range(2)])
     [opt = tf.train.AdamOptimizer(0.1)]                  # an optimizer built inline, built once
@@ -34,36 +49,50 @@ becomes a replica function that MirroredStrategy runs once per device::
 
 A v1 optimizer cannot ``minimize`` in the cross-replica context, so the training step moves
 into the replica function. MirroredStrategy *sums* the replicas' gradients: with equal
-slices, the mean over the global batch is the sum over replicas of (replica mean / N), so a
-``reduce_mean`` loss is divided by the replica count and a ``reduce_sum`` loss is left alone.
-An optimizer built inline (``tf.train.AdamOptimizer(0.1).minimize(...)``) is built once,
-before the replica function, so that every replica uses the same one. The joined result keeps
-its name and value (the replicas' outputs concatenated in device order), so the code that
-fetches it is unchanged; `colocate_gradients_with_ops` goes (TFM104). As for TFM101
-(``mirrored._place_scope``), the graph is built under ``strategy.scope()`` and the strategy is
-created before it, so that variables made before the call (a global step) are mirrored too; at
-module level, with no ``tf.Graph().as_default()`` to put under the scope, the strategy is created
-at the call (``strategy.run`` enters the scope for the replicas) unless ``minimize`` is given a
-global step. The helper is deleted. Anything else is refused with the reason.
+slices (an integer count divides the batch evenly), the mean over the global batch is the sum
+over replicas of (replica mean / N), so a ``reduce_mean`` loss is divided by the replica count
+and a ``reduce_sum`` loss is left alone. An optimizer built inline
+(``tf.train.AdamOptimizer(0.1).minimize(...)``) is built once, before the replica function, so
+that every replica uses the same one. The joined result keeps its name and value (the
+replicas' outputs joined in device order), so the code that fetches it is unchanged;
+``colocate_gradients_with_ops`` goes (TFM104).
+
+The inline form's batch is still cut once, in the cross-replica context, and each replica
+reads its own piece (``x_parts[i]``, ``i`` the replica id): one split per input rather than one
+per replica, each device receives only its slice, and the tower code stays as written. The
+device scopes go, and so does a ``tf.variable_scope(tf.get_variable_scope(), reuse=<from i>)``
+wrapper: MirroredStrategy builds replica 0's variables and reuses them in the others itself.
+
+As for TFM101 (``mirrored._place_scope``), the graph is built under ``strategy.scope()`` and
+the strategy is created before it, so that variables made before the call (a global step) are
+mirrored too; at module level, with no ``tf.Graph().as_default()`` to put under the scope, the
+strategy is created just before it is first needed (``strategy.run`` enters the scope for the
+replicas) unless ``minimize`` is given a global step. The helper is deleted; the inline form's
+output list and tower loop go. Anything else is refused with the reason.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
-from tfmigrate.devices import device_scope_arg, device_scopes, find, mentions_gpu, names_used, walk
+from tfmigrate.devices import (
+    children, device_scope_arg, device_scopes, find, mentions_gpu, names_used, tower_group, walk,
+)
 from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, _assigned_name, _code, _comments, _method_call, _Names, _only_call, _parents,
-    _place_scope, _references, _tf_root,
+    REPLICA_INDEX, Refused, _assigned_name, _code, _comments, _device_helpers, _devices_argument, _loop_index,
+    _method_call, _Names, _only_call, _parents, _place_scope, _ReplaceById, _references, _tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 
-__all__ = ["Refused", "plan"]
+__all__ = ["Refused", "plan_helper", "plan_inline"]
 
 MEANS = {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean"}
 SUMS = {"tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
 SPLIT = "tensorflow.split"
 CONCAT = "tensorflow.concat"
+STACK = "tensorflow.stack"
 # What the helper may call besides the split, `fn` and the concat: scopes and bookkeeping.
 ALLOWED_TF = {
     "tensorflow.device", "tensorflow.DeviceSpec", "tensorflow.variable_scope", "tensorflow.get_variable_scope",
@@ -74,8 +103,9 @@ ALLOWED_METHODS = {"items", "append", "keys", "values", "format", "get"}
 DROPPED_KEYWORDS = {"colocate_gradients_with_ops"}
 
 
-def plan(rule, helper: cst.FunctionDef) -> Edit:
-    """The MirroredStrategy rewrite of ``helper`` and its call as an Edit, or Refused."""
+# --- the make_parallel helper ----------------------------------------------------------------
+def plan_helper(rule, helper: cst.FunctionDef) -> Edit:
+    """The MirroredStrategy rewrite of a ``make_parallel`` helper and its call as an Edit, or Refused."""
     context, imports = rule.context, rule.imports
     module = context.module
     name = helper.name.value
@@ -109,158 +139,35 @@ def plan(rule, helper: cst.FunctionDef) -> Edit:
         raise Refused(f"the function passed to `{name}` is not a plain name")
     if result in names_used(call):
         raise Refused(f"`{result}` is both an input and the result of `{name}(...)`")
-
-    # --- the training step after it, in the same block -------------------------------
     block = parents[id(statement)]
-    body = list(block.body)
-    at = next(k for k, s in enumerate(body) if s is statement)
-    reduced: dict[str, tuple[bool, cst.Call]] = {}  # `mean_loss = tf.reduce_mean(loss)`: averages?, the call
-    minimize = None
-    bound_between: set[str] = set()
-    for later in body[at + 1:]:
-        value = _only_call(later)
-        target = _assigned_name(later)
-        if target and value is not None and _reduction(value, result, imports) is not None:
-            reduced[target] = (_reduction(value, result, imports), value)
-            continue
-        if value is not None and _method_call(value, "minimize") and value.args:
-            loss_arg = value.args[0].value
-            if _reduction(loss_arg, result, imports) is not None or (
-                    isinstance(loss_arg, cst.Name) and loss_arg.value in reduced):
-                minimize = later
-                break
-        bound_between |= _bound(later)
-    if minimize is None:
-        if any(result in names_used(s) for s in body[at + 1:]):
-            raise Refused(
-                f"`{result}` is not minimized in the same block as `tf.reduce_mean({result})` or "
-                f"`tf.reduce_sum({result})` (`train_op = opt.minimize(tf.reduce_mean({result}))`)"
-            )
-        raise Refused(f"`{result}` is not minimized in the same block: the training step cannot move into a replica function")
-    minimize_call = _only_call(minimize)
-    train = _assigned_name(minimize)
-    if train is None:
-        raise Refused("the result of `minimize(...)` is not assigned to a plain name")
-    loss_arg = minimize_call.args[0].value
-    if isinstance(loss_arg, cst.Name):  # `minimize(mean_loss)`: the replica minimizes the reduction itself
-        averages, loss_arg = reduced[loss_arg.value]
-    else:
-        averages = _reduction(loss_arg, result, imports)
-    optimizer = minimize_call.func.value
-    others = minimize_call.args[1:]
-    if any(a.star for a in others) or any(result in names_used(a.value) for a in others):
-        raise Refused(f"the other arguments of `minimize` read `{result}`")
-    clash = (names_used(minimize) - set(reduced)) & bound_between
-    if clash:
-        raise Refused(
-            f"{', '.join(f'`{n}`' for n in sorted(clash))} is set between the `{name}` call and `minimize`"
-        )
-    if not isinstance(optimizer, (cst.Name, cst.Attribute, cst.Call)):
-        raise Refused("the optimizer of `minimize` is not a name or a constructor call")
+    step = _training_step(block, statement, result, imports, f"the `{name}` call")
 
     # --- the rewrite ------------------------------------------------------------------
-    tf = _Names(rule)
-
-    def taken(candidate: str) -> bool:
-        return _references(module, candidate) > 0
-
-    strategy = _fresh(taken, "strategy", "mirrored_strategy")
-    step = _fresh(taken, "replica_step", f"{name}_step")
+    rewrite = _Rewrite(rule, step, result, output=result, step_names=("replica_step", f"{name}_step"))
     # The index is local to the replica function: it only must not hide a name the inputs read.
     index = _fresh(lambda candidate: candidate in names_used(call), "i", "replica", "replica_index")
-    replicas = f"{strategy}.num_replicas_in_sync"
-    split = tf("tensorflow.split")
-
-    in_function = isinstance(block, cst.IndentedBlock)
-    blank = [cst.EmptyLine(indent=False)] * (1 if in_function else 2)
-    create = cst.parse_statement(
-        f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}"
-        f"(devices=['/gpu:%d' % k for k in range({_code(count)})])\n"
-    )
-    head: list[cst.BaseStatement] = []
-    if isinstance(optimizer, cst.Call):
-        opt_name = _fresh(taken, "opt", "optimizer", "mirrored_optimizer")
-        head.append(cst.parse_statement(f"{opt_name} = {_code(optimizer)}\n"))
-        optimizer = cst.Name(opt_name)
-
-    inputs = [f"{_code(a.keyword)}={split}({_code(a.value)}, {replicas})[{index}]" for a in keywords]
+    split = rewrite.tf(SPLIT)
+    inputs = [f"{_code(a.keyword)}={split}({_code(a.value)}, {rewrite.replicas})[{index}]" for a in keywords]
     forward = f"{result} = {_code(fn)}({', '.join(inputs)})"
-    indent = "    " * (_depth(statement, parents) + 1)
-    if len(indent) + len(forward) > 100 and len(inputs) > 1:
+    depth = _depth(statement, parents) + 1
+    if len(forward) + 4 * depth > 100 and len(inputs) > 1:
         forward = f"{result} = {_code(fn)}(\n" + "".join(f"    {item},\n" for item in inputs) + ")"
-    scaled_loss = cst.parse_expression(_code(loss_arg) + (f" / {replicas}" if averages else ""))
-    kept = [a for a in others if not (a.keyword is not None and a.keyword.value in DROPPED_KEYWORDS)]
-    new_args = [minimize_call.args[0].with_changes(value=scaled_loss), *kept]
-    new_args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in new_args]
-    new_minimize = minimize_call.with_changes(
-        func=minimize_call.func.with_changes(value=optimizer), args=new_args,
-        whitespace_before_args=cst.SimpleWhitespace(""),
+    function = rewrite.function(
+        [cst.parse_statement(forward + "\n"), *rewrite.training_tail(depth)], index,
+        "# MirroredStrategy runs this once per replica, each on its slice of the batch.",
     )
-    index_line = cst.parse_statement(f"{index} = " + REPLICA_INDEX.format(tf=_tf_root(tf)) + "\n").with_changes(
-        leading_lines=[cst.EmptyLine(comment=cst.Comment(
-            "# MirroredStrategy runs this once per replica, each on its slice of the batch."
-        ))]
+    region = {step.statement: cst.RemovalSentinel.REMOVE}
+    changes = rewrite.place(
+        statement, region, list(statement.leading_lines), function, f"['/gpu:%d' % k for k in range({_code(count)})]",
+        first=statement,
     )
-    function = cst.FunctionDef(
-        name=cst.Name(step), params=cst.Parameters(),
-        body=cst.IndentedBlock(body=[
-            index_line,
-            cst.parse_statement(forward + "\n"),
-            _wrapped(f"{train} = {_code(new_minimize)}", indent).with_changes(
-                leading_lines=_comments(minimize)),
-            cst.parse_statement(
-                f"with {tf('tensorflow.control_dependencies')}([{train}]):\n"
-                f"    return {tf('tensorflow.identity')}({result})\n"
-            ),
-        ]),
-    )
-    tail = [
-        cst.parse_statement(
-            f"{result} = {tf('tensorflow.concat')}({strategy}.experimental_local_results("
-            f"{strategy}.run({step})), axis=0)\n"
-        ).with_changes(leading_lines=blank),
-        cst.parse_statement(f"{train} = {result}.op\n"),
-    ]
-    # The graph goes under strategy.scope(), as for TFM101, so that the variables built before
-    # the call (a global step) are mirrored too; at module level without a graph to put under
-    # it, the strategy is created at the call (strategy.run enters the scope for the replicas).
-    region = {id(minimize): cst.RemovalSentinel.REMOVE}
-    try:
-        region[id(statement)] = _region(statement, head, function, tail, blank)
-        anchor, new_anchor = _place_scope(statement, parents, imports, region, create,
-                                          cst.WithItem(cst.parse_expression(f"{strategy}.scope()")))
-        changes: dict = {anchor: new_anchor}
-    except Refused:
-        if not isinstance(block, cst.Module):
-            raise
-        global_step = [a for a in kept if a.keyword is not None and a.keyword.value == "global_step"]
-        if global_step:
-            raise Refused("the global step is created outside a strategy scope at module level: move the graph "
-                          "into a function or a `with tf.Graph().as_default():` block first") from None
-        changes = {
-            statement: _region(statement, [create, *head], function, tail, blank),
-            minimize: cst.RemovalSentinel.REMOVE,
-        }
     changes[helper] = cst.RemovalSentinel.REMOVE
     return Edit(
         changes, f"rewrite `{name}` and its call with tf.distribute.MirroredStrategy",
-        add_imports=tf.imports, safety=FixSafety.UNSAFE,
+        add_imports=rewrite.tf.imports, safety=FixSafety.UNSAFE,
     )
 
 
-def _region(statement, head, function, tail, blank) -> cst.FlattenSentinel:
-    """What replaces the call: [strategy, optimizer,] the replica function, the joined result."""
-    lines = list(statement.leading_lines)
-    if head:  # the call's blank lines go before what comes first, its comments stay with the function
-        head = [head[0].with_changes(leading_lines=[line for line in lines if line.comment is None]), *head[1:]]
-        lines = _comments(statement)
-    if not lines or lines[0].comment is not None:
-        lines = [*blank, *lines]
-    function = function.with_changes(leading_lines=lines)
-    return cst.FlattenSentinel([*head, function, *tail])
-
-
-# --- the helper ------------------------------------------------------------------------------
 def _check_signature(helper: cst.FunctionDef) -> tuple[str, str]:
     params = helper.params
     name = helper.name.value
@@ -305,7 +212,7 @@ def _check_body(helper: cst.FunctionDef, imports, fn: str, count: str) -> None:
     returns = find(helper.body, cst.Return)
     last = helper.body.body[-1]
     if (len(returns) != 1 or not isinstance(last, cst.SimpleStatementLine) or last.body[0] is not returns[0]
-            or not _concat_axis0(returns[0].value, imports)):
+            or not _joins_axis0(returns[0].value, imports, {CONCAT})):
         raise Refused(f"`{name}` does not end with `return tf.concat(outputs, axis=0)`")
 
 
@@ -329,21 +236,358 @@ def _ranges_over(loop: cst.For, count: str) -> bool:
             and isinstance(iterable.args[0].value, cst.Name) and iterable.args[0].value.value == count)
 
 
-def _concat_axis0(value, imports) -> bool:
-    if not isinstance(value, cst.Call) or imports.resolve(value.func) != CONCAT:
+def _joins_axis0(value, imports, joins: set[str]) -> bool:
+    """`tf.concat(outputs, axis=0)` (or `0`); `tf.stack(outputs)` may leave the axis out."""
+    if not isinstance(value, cst.Call) or imports.resolve(value.func) not in joins:
         return False
     args = list(value.args)
-    if len(args) != 2 or any(a.star for a in args):
+    if any(a.star for a in args) or not args or args[0].keyword is not None:
         return False
+    if len(args) == 1:
+        return imports.resolve(value.func) == STACK
     axis = args[1]
-    return (axis.keyword is None or axis.keyword.value == "axis") and _is_zero(axis.value)
+    return len(args) == 2 and (axis.keyword is None or axis.keyword.value == "axis") and _is_zero(axis.value)
 
 
 def _is_zero(node) -> bool:
     return isinstance(node, cst.Integer) and node.value == "0"
 
 
-# --- the call site ---------------------------------------------------------------------------
+# --- the inline form --------------------------------------------------------------------------
+def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
+    """The MirroredStrategy rewrite of an inline split / tower loop / concat and the training
+    step after it, as an Edit, or Refused with the reason.
+
+    ``splits`` are the split calls that feed the tower loop, ``join`` the call that joins its
+    outputs (both as the rule found them).
+    """
+    context, imports = rule.context, rule.imports
+    module, loop = context.module, tower.loop
+    parents = _parents(context)
+    if tower.via:
+        names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
+        raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
+    if len(tower_group(context, loop)) > 1:
+        raise Refused("the towers are built across several loops; merge them into one loop first")
+
+    # --- the join: `loss = tf.concat(outputs, axis=0)` after the loop, in its block ----------
+    block = parents[id(loop)]
+    statement = parents[id(join)]
+    while not isinstance(statement, cst.BaseStatement):
+        statement = parents[id(statement)]
+    result = _assigned_name(statement)
+    if (_only_call(statement) is not join or result is None or not _joins_axis0(join, imports, {CONCAT, STACK})
+            or not isinstance(join.args[0].value, cst.Name)):
+        raise Refused("the towers' outputs are not joined as `result = tf.concat(outputs, axis=0)`")
+    if parents[id(statement)] is not block:
+        raise Refused("the `tf.concat` of the towers' outputs is not in the same block as the tower loop")
+    outputs = join.args[0].value.value
+    body = list(block.body)
+    at, joined_at = body.index(loop), body.index(statement)
+    collect = _collection(loop, outputs)
+    init = next((s for s in reversed(body[:at]) if _assigned_name(s) == outputs), None)
+    if not (init is not None and isinstance(init.body[0].value, cst.List) and not init.body[0].value.elements):
+        raise Refused(f"`{outputs}` is not created as an empty list (`{outputs} = []`) before the tower loop")
+    uses = sum(_references(s, outputs) for s in body if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
+    if uses != 3:
+        raise Refused(f"`{outputs}` is used other than to collect the towers' outputs and join them once")
+
+    # --- the loop ----------------------------------------------------------------------
+    index, others = _loop_index(loop)
+    if not index:
+        raise Refused(f"the tower loop `for {_code(loop.target)} in ...` has no index to pick each replica's slice")
+    count = _loop_count(loop)
+    _check_loop_body(loop, tower.owner, parents, index)
+    _check_leaks(loop, body[at + 1:], statement)
+    # What the towers read from outside the loop must still hold when strategy.run runs them.
+    between = set().union(set(), *(_bound(s) for s in body[at + 1:joined_at]))
+    local = set().union(names_used(loop.target), *(_bound(s) for s in loop.body.body))
+    clash = between & (names_used(loop.body) - local)
+    if clash:
+        raise Refused(f"{_names(clash)} is set between the tower loop and the `tf.concat`")
+
+    # --- the splits: `x_parts = tf.split(x, N)` before the loop ------------------------------
+    new_splits: dict[cst.CSTNode, cst.CSTNode] = {}
+    for call in splits:
+        if any(node is call for node in walk(loop)):
+            raise Refused("the batch is cut in the tower loop itself: cut it before the loop "
+                          "(`x_parts = tf.split(x, n)`) and read `x_parts[i]` in the loop")
+        split_statement = parents[id(call)]
+        while not isinstance(split_statement, cst.BaseStatement):
+            split_statement = parents[id(split_statement)]
+        pieces = _assigned_name(split_statement)
+        if pieces is not None and pieces in names_used(loop.iter):
+            raise Refused(f"the tower loop runs over the pieces of `{pieces}` itself: loop over `range(n)` "
+                          f"and read `{pieces}[i]` in the body")
+        new_splits[split_statement] = _recount(call, split_statement, count, imports, rule)
+        if parents[id(split_statement)] is not block or body.index(split_statement) > at:
+            raise Refused("the batch is not cut in the same block as the tower loop, before it")
+    first_split = min(new_splits, key=body.index)
+    devices = _devices_argument(loop)
+
+    # --- the training step after the join ------------------------------------------------
+    step = _training_step(block, statement, result, imports, "the `tf.concat`")
+    appended = collect.body[0].value.args[0].value
+    if isinstance(appended, cst.Name) and appended.value in local:
+        output, assign = appended.value, []
+    else:
+        output = result if result not in names_used(loop) else _fresh(
+            lambda n: n in names_used(loop), f"replica_{result}", "replica_output")
+        assign = [cst.parse_statement(f"{output} = {_code(appended)}\n")]
+
+    # --- the rewrite ------------------------------------------------------------------
+    rewrite = _Rewrite(rule, step, result, output=output, step_names=("replica_step", "tower_step"))
+    for split_statement, new_call in list(new_splits.items()):
+        new_call = new_call.with_changes(args=[
+            new_call.args[0], new_call.args[1].with_changes(value=cst.parse_expression(rewrite.replicas)),
+            *new_call.args[2:],
+        ])
+        new_splits[split_statement] = split_statement.visit(_ReplaceById({id(_only_call(split_statement)): new_call}))
+    depth = _depth(statement, parents) + 1
+    tail = [*assign, *rewrite.training_tail(depth)]
+    tail[0] = tail[0].with_changes(leading_lines=[*_comments(collect), *tail[0].leading_lines])
+    statements = list(loop.body.visit(_TowerBody(imports, index, collect, tail)).body)
+    used = set().union(*(names_used(s) for s in statements))
+    if others & used:
+        raise Refused(f"the tower code uses the loop's device variable {_names(others & used)}")
+    function = rewrite.function(
+        statements, index if index in used else None,
+        "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable.",
+    )
+    # Comments above the list, the loop and the join stay with the replica function.
+    lines = [*init.leading_lines, *_comments(loop), *_comments(statement)]
+    region = {init: cst.RemovalSentinel.REMOVE, loop: cst.RemovalSentinel.REMOVE,
+              step.statement: cst.RemovalSentinel.REMOVE, **new_splits}
+    changes = rewrite.place(statement, region, lines, function, devices, first=first_split,
+                            join=rule.call_name(join))
+    # Device helpers only the tower loop called (`assign_to_device(...)`) go with it.
+    removed = [scope.device for scope in tower.scopes]
+    for name, definition in _device_helpers(tower, module):
+        inside = sum(_references(node, name) for node in removed)
+        if definition is not None and _references(module, name) - 1 - inside == 0:
+            changes[definition] = cst.RemovalSentinel.REMOVE
+    return Edit(
+        changes, "rewrite the split, the tower loop and the concat with tf.distribute.MirroredStrategy",
+        add_imports=rewrite.tf.imports, safety=FixSafety.UNSAFE,
+    )
+
+
+def _collection(loop: cst.For, outputs: str) -> cst.SimpleStatementLine:
+    """`outputs.append(tower_output)`, the last statement the loop body runs."""
+    for statement in find(loop.body, cst.SimpleStatementLine):
+        call = _only_call(statement)
+        if (call is not None and _assigned_name(statement) is None and _method_call(call, "append")
+                and isinstance(call.func.value, cst.Name) and call.func.value.value == outputs):
+            if len(call.args) != 1 or call.args[0].star or call.args[0].keyword is not None:
+                break
+            if not _last_in(statement, loop):
+                raise Refused(f"statements follow `{outputs}.append(...)` in the tower loop's body")
+            return statement
+    raise Refused(f"the tower loop does not collect one output per tower with `{outputs}.append(output)`")
+
+
+def _last_in(statement: cst.CSTNode, loop: cst.For) -> bool:
+    """Whether ``statement`` is what the loop body runs last (through nested `with` blocks only)."""
+    block = loop.body
+    while True:
+        last = block.body[-1]
+        if last is statement:
+            return True
+        if not isinstance(last, cst.With) or not isinstance(last.body, cst.IndentedBlock):
+            return False
+        block = last.body
+
+
+def _loop_count(loop: cst.For) -> str:
+    """How many towers the loop builds, as the split count must spell it."""
+    iterable = loop.iter
+    if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and len(iterable.args) == 1:
+        if iterable.func.value in ("range", "xrange"):
+            return _code(iterable.args[0].value)
+        if iterable.func.value == "enumerate":
+            return f"len({_code(iterable.args[0].value)})"
+    raise Refused(f"the tower loop runs over `{_code(iterable)}`, not `range(n)` or `enumerate(devices)`")
+
+
+def _check_loop_body(loop: cst.For, owner, parents, index: str) -> None:
+    """The loop body must become a function body that does what one iteration did."""
+    for kind, word in ((cst.Break, "break"), (cst.Continue, "continue"), (cst.Return, "return"),
+                       (cst.Yield, "yield"), (cst.Global, "global"), (cst.Nonlocal, "nonlocal")):
+        if find(loop.body, kind):
+            raise Refused(f"the tower loop's body has a `{word}`")
+    augmented = find(loop.body, cst.AugAssign)
+    if augmented:
+        raise Refused(f"`{_code(augmented[0].target)} {_code(augmented[0].operator).strip()} ...` in the tower "
+                      "loop carries a value from one tower to the next")
+    # `reuse = False` before the loop, read and then `reuse = True` in it: a flag carried from
+    # one tower to the next, which a function's local variable cannot be.
+    bound = set().union(set(), *(_bound(s) for s in loop.body.body)) - {index}
+    earlier: set[str] = set()  # bound before the loop: in the blocks around it, and the parameters
+    node = loop
+    while node is not owner and id(node) in parents:
+        block = parents[id(node)]
+        if isinstance(block, (cst.IndentedBlock, cst.Module)):
+            for statement in block.body:
+                if statement is node:
+                    break
+                earlier |= _bound(statement)
+        node = block
+    if isinstance(owner, cst.FunctionDef):
+        earlier |= {p.name.value for p in find(owner.params, cst.Param)}
+    carried = bound & earlier & _reads(loop.body)
+    if carried:
+        raise Refused(f"the tower loop sets {_names(carried)}, also set before it: a value carried from one "
+                      "tower to the next")
+
+
+def _check_leaks(loop: cst.For, after: list, join_statement) -> None:
+    """Names the loop body binds must not be read after it: they stay inside the function.
+    (A later def reading the same name reads its own variable, as a rule.)"""
+    leaking = set().union(set(), *(_bound(s) for s in loop.body.body)) | names_used(loop.target)
+    for statement in after:
+        if isinstance(statement, cst.For):  # a later loop over `i` reads its own `i`
+            leaking -= {n.value for n in _binding_names(statement.target)}
+        if statement is not join_statement and not isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            read = leaking & _reads(statement)
+            if read:
+                raise Refused(f"the tower loop defines {_names(read)}, used after the loop")
+        leaking -= _rebound(statement)
+
+
+def _recount(call: cst.Call, statement, count: str, imports, rule) -> cst.Call:
+    """Check `x_parts = tf.split(x, <the tower count>[, axis=0])`; the call to rewrite."""
+    name = rule.call_name(call)
+    if name != SPLIT:
+        raise Refused(f"the batch is cut with `{_code(call.func)}`: only `x_parts = tf.split(x, n)` along axis 0 "
+                      "is rewritten")
+    if _only_call(statement) is not call or _assigned_name(statement) is None:
+        raise Refused(f"`{_code(call)}` is not assigned to one name the towers index (`x_parts = tf.split(x, n)`)")
+    args = list(call.args)
+    if len(args) < 2 or any(a.star for a in args) or args[0].keyword is not None or (
+            args[1].keyword is not None and args[1].keyword.value != "num_or_size_splits"):
+        raise Refused(f"`{_code(call)}` is not `tf.split(value, n)`")
+    pieces = args[1].value
+    if isinstance(pieces, (cst.List, cst.Tuple)):
+        raise Refused(f"`{_code(call)}` cuts the batch into unequal sizes: the replicas' mean losses would not "
+                      "average to the batch's")
+    if _code(pieces) != count:
+        raise Refused(f"`{_code(call)}` cuts the batch into `{_code(pieces)}` pieces, the tower loop builds `{count}` towers")
+    for k, arg in enumerate(args[2:], start=2):
+        keyword = arg.keyword.value if arg.keyword is not None else ("axis" if k == 2 else "num")
+        if keyword == "axis" and not _is_zero(arg.value):
+            raise Refused(f"`{_code(call)}` cuts along axis {_code(arg.value)}, not the batch axis")
+        if keyword not in ("axis", "name"):
+            raise Refused(f"`{_code(call)}` passes `{keyword}`")
+    return call
+
+
+class _TowerBody(cst.CSTTransformer):
+    """The loop body as the replica's work: no device scopes, no reuse wrapper, and
+    `outputs.append(x)` replaced by the training step and the return."""
+
+    def __init__(self, imports, index: str, collect, tail: list[cst.BaseStatement]):
+        super().__init__()
+        self.imports, self.index, self.collect, self.tail = imports, index, collect, tail
+
+    def _goes(self, item: cst.WithItem) -> bool:
+        return device_scope_arg(item.item, self.imports) is not None or self._reuse_wrapper(item)
+
+    def _reuse_wrapper(self, item: cst.WithItem) -> bool:
+        """`tf.variable_scope(tf.get_variable_scope(), reuse=<from i>)`: only shares variables."""
+        call = item.item
+        if item.asname is not None or not isinstance(call, cst.Call):
+            return False
+        if self.imports.resolve(call.func) != "tensorflow.variable_scope" or len(call.args) != 2:
+            return False
+        scope, reuse = call.args
+        return (scope.keyword is None and isinstance(scope.value, cst.Call)
+                and self.imports.resolve(scope.value.func) == "tensorflow.get_variable_scope"
+                and reuse.keyword is not None and reuse.keyword.value == "reuse"
+                and names_used(reuse.value) - {"bool"} == {self.index})
+
+    def leave_With(self, original: cst.With, updated: cst.With):
+        items = [item for item in updated.items if not self._goes(item)]
+        if len(items) == len(updated.items):
+            return updated
+        if not items:
+            inner = updated.body
+            if isinstance(inner, cst.SimpleStatementSuite):
+                return cst.SimpleStatementLine(body=inner.body, leading_lines=updated.leading_lines)
+            statements = list(inner.body)
+            statements[0] = statements[0].with_changes(
+                leading_lines=[*_comments(updated), *statements[0].leading_lines])
+            return cst.FlattenSentinel(statements)
+        items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(items=items)
+
+    def leave_SimpleStatementLine(self, original, updated):
+        return cst.FlattenSentinel(self.tail) if original is self.collect else updated
+
+
+# --- shared: the training step, the replica function, the strategy ----------------------------
+@dataclass
+class _Step:
+    """`train_op = opt.minimize(tf.reduce_mean(loss), ...)`, in the block after the joined result."""
+
+    statement: cst.SimpleStatementLine
+    call: cst.Call
+    train: str  # `train_op`
+    loss: cst.Call  # `tf.reduce_mean(loss)`: what each replica minimizes, on its own output
+    averages: bool  # reduce_mean (divide by the replica count), else reduce_sum
+    optimizer: cst.BaseExpression
+    kept: list[cst.Arg]  # the other arguments, less `colocate_gradients_with_ops`
+
+
+def _training_step(block, statement, result: str, imports, what: str) -> _Step:
+    """The `minimize` of `tf.reduce_mean(result)` (or `reduce_sum`, or of a name holding either)
+    after ``statement`` in ``block``, or Refused."""
+    body = list(block.body)
+    at = next(k for k, s in enumerate(body) if s is statement)
+    reduced: dict[str, tuple[bool, cst.Call]] = {}  # `mean_loss = tf.reduce_mean(loss)`: averages?, the call
+    minimize = None
+    bound_between: set[str] = set()
+    for later in body[at + 1:]:
+        value = _only_call(later)
+        target = _assigned_name(later)
+        if target and value is not None and _reduction(value, result, imports) is not None:
+            reduced[target] = (_reduction(value, result, imports), value)
+            continue
+        if value is not None and _method_call(value, "minimize") and value.args:
+            loss_arg = value.args[0].value
+            if _reduction(loss_arg, result, imports) is not None or (
+                    isinstance(loss_arg, cst.Name) and loss_arg.value in reduced):
+                minimize = later
+                break
+        bound_between |= _bound(later)
+    if minimize is None:
+        if any(result in names_used(s) for s in body[at + 1:]):
+            raise Refused(
+                f"`{result}` is not minimized in the same block as `tf.reduce_mean({result})` or "
+                f"`tf.reduce_sum({result})` (`train_op = opt.minimize(tf.reduce_mean({result}))`)"
+            )
+        raise Refused(f"`{result}` is not minimized in the same block: the training step cannot move into a replica function")
+    call = _only_call(minimize)
+    train = _assigned_name(minimize)
+    if train is None:
+        raise Refused("the result of `minimize(...)` is not assigned to a plain name")
+    loss = call.args[0].value
+    if isinstance(loss, cst.Name):  # `minimize(mean_loss)`: the replica minimizes the reduction itself
+        averages, loss = reduced[loss.value]
+    else:
+        averages = _reduction(loss, result, imports)
+    optimizer = call.func.value
+    others = call.args[1:]
+    if any(a.star for a in others) or any(result in names_used(a.value) for a in others):
+        raise Refused(f"the other arguments of `minimize` read `{result}`")
+    clash = (names_used(minimize) - set(reduced)) & bound_between
+    if clash:
+        raise Refused(f"{_names(clash)} is set between {what} and `minimize`")
+    if not isinstance(optimizer, (cst.Name, cst.Attribute, cst.Call)):
+        raise Refused("the optimizer of `minimize` is not a name or a constructor call")
+    kept = [a for a in others if not (a.keyword is not None and a.keyword.value in DROPPED_KEYWORDS)]
+    return _Step(minimize, call, train, loss, averages, optimizer, kept)
+
+
 def _reduction(node, result: str, imports) -> bool | None:
     """True for `tf.reduce_mean(result)`, False for `tf.reduce_sum(result)`, else None."""
     if not (isinstance(node, cst.Call) and len(node.args) == 1 and node.args[0].keyword is None
@@ -354,6 +598,112 @@ def _reduction(node, result: str, imports) -> bool | None:
     return True if qualified in MEANS else False if qualified in SUMS else None
 
 
+class _Rewrite:
+    """What both shapes produce: the strategy, the replica function, the joined result."""
+
+    def __init__(self, rule, step: _Step, result: str, *, output: str, step_names: tuple[str, ...]):
+        self.rule, self.step, self.result, self.output = rule, step, result, output
+        self.module = rule.context.module
+        self.parents = _parents(rule.context)
+        self.tf = _Names(rule)
+        self.strategy = _fresh(self.taken, "strategy", "mirrored_strategy")
+        self.name = _fresh(self.taken, *step_names)
+        self.replicas = f"{self.strategy}.num_replicas_in_sync"
+        self.head: list[cst.BaseStatement] = []  # an optimizer built inline, built once
+        self.optimizer = step.optimizer
+        if isinstance(step.optimizer, cst.Call):
+            name = _fresh(self.taken, "opt", "optimizer", "mirrored_optimizer")
+            self.head.append(cst.parse_statement(f"{name} = {_code(step.optimizer)}\n"))
+            self.optimizer = cst.Name(name)
+
+    def taken(self, candidate: str) -> bool:
+        return _references(self.module, candidate) > 0
+
+    def training_tail(self, depth: int) -> list[cst.BaseStatement]:
+        """`train_op = opt.minimize(<the replica's loss> [/ N], ...)` and the return of the output."""
+        step, call = self.step, self.step.call
+        loss = step.loss.with_changes(args=[step.loss.args[0].with_changes(value=cst.Name(self.output))])
+        scaled = cst.parse_expression(_code(loss) + (f" / {self.replicas}" if step.averages else ""))
+        args = [call.args[0].with_changes(value=scaled), *step.kept]
+        args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args]
+        minimize = call.with_changes(
+            func=call.func.with_changes(value=self.optimizer), args=args,
+            whitespace_before_args=cst.SimpleWhitespace(""),
+        )
+        return [
+            _wrapped(f"{step.train} = {_code(minimize)}", "    " * depth).with_changes(
+                leading_lines=_comments(step.statement)),
+            cst.parse_statement(
+                f"with {self.tf('tensorflow.control_dependencies')}([{step.train}]):\n"
+                f"    return {self.tf('tensorflow.identity')}({self.output})\n"
+            ),
+        ]
+
+    def function(self, statements: list, index: str | None, comment: str) -> cst.FunctionDef:
+        """`def replica_step():` over ``statements``, first binding ``index`` to the replica id."""
+        if index is not None:
+            line = cst.parse_statement(f"{index} = " + REPLICA_INDEX.format(tf=_tf_root(self.tf)) + "\n")
+            statements = [line.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]), *statements]
+        return cst.FunctionDef(name=cst.Name(self.name), params=cst.Parameters(),
+                               body=cst.IndentedBlock(body=statements))
+
+    def place(self, statement, region: dict, lines: list, function, devices: str, *, first,
+              join: str = CONCAT) -> dict:
+        """The changes: ``statement`` (the call or the join) becomes [optimizer,] the replica
+        function and the joined result, with ``region``'s other changes, the graph under
+        ``strategy.scope()``; at module level without a graph, the strategy is created before
+        ``first`` (the first statement that needs it)."""
+        block = self.parents[id(statement)]
+        blank = [cst.EmptyLine(indent=False)] * (1 if isinstance(block, cst.IndentedBlock) else 2)
+        create = cst.parse_statement(
+            f"{self.strategy} = {self.tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n"
+        )
+        tail = [
+            cst.parse_statement(
+                f"{self.result} = {self.tf(join)}({self.strategy}.experimental_local_results("
+                f"{self.strategy}.run({self.name})), axis=0)\n"
+            ).with_changes(leading_lines=blank),
+            cst.parse_statement(f"{self.step.train} = {self.result}.op\n"),
+        ]
+        # The graph goes under strategy.scope(), as for TFM101, so that the variables built before
+        # the call (a global step) are mirrored too; at module level without a graph to put under
+        # it, the strategy is created where it is first needed (strategy.run enters the scope for
+        # the replicas).
+        changes = dict(region)
+        changes[statement] = _region(lines, self.head, function, tail, blank)
+        try:
+            anchor, new_anchor = _place_scope(
+                statement, self.parents, self.rule.imports, {id(k): v for k, v in changes.items()}, create,
+                cst.WithItem(cst.parse_expression(f"{self.strategy}.scope()")))
+            return {anchor: new_anchor}
+        except Refused:
+            if not isinstance(block, cst.Module):
+                raise
+        if any(a.keyword is not None and a.keyword.value == "global_step" for a in self.step.kept):
+            raise Refused("the global step is created outside a strategy scope at module level: move the graph "
+                          "into a function or a `with tf.Graph().as_default():` block first") from None
+        if first is statement:
+            changes[statement] = _region(lines, [create, *self.head], function, tail, blank)
+        else:
+            before = changes.get(first, first)
+            changes[first] = cst.FlattenSentinel([
+                create.with_changes(leading_lines=first.leading_lines), before.with_changes(leading_lines=()),
+            ])
+        return changes
+
+
+def _region(lines: list, head: list, function, tail: list, blank: list) -> cst.FlattenSentinel:
+    """What replaces the call or the join: [strategy, optimizer,] the replica function, the joined
+    result. ``lines`` are the leading lines of what goes."""
+    if head:  # the blank lines go before what comes first, the comments stay with the function
+        head = [head[0].with_changes(leading_lines=[line for line in lines if line.comment is None]), *head[1:]]
+        lines = [line for line in lines if line.comment is not None]
+    if not lines or lines[0].comment is not None:
+        lines = [*blank, *lines]
+    function = function.with_changes(leading_lines=lines)
+    return cst.FlattenSentinel([*head, function, *tail])
+
+
 def _wrapped(line: str, indent: str) -> cst.SimpleStatementLine:
     """`name = opt.minimize(args)`, its arguments on a continuation line when it is too long."""
     if len(indent) + len(line) > 100 and line.endswith(")"):
@@ -361,6 +711,17 @@ def _wrapped(line: str, indent: str) -> cst.SimpleStatementLine:
         func, _, args = call.partition("(")
         line = f"{name} = {func}(\n    {args}"
     return cst.parse_statement(line + "\n")
+
+
+def _binding_names(target: cst.CSTNode) -> list[cst.Name]:
+    """The Name nodes an assignment target binds: `x`, `a, (b, *c)`; not `x[i]` or `x.a`."""
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in _binding_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return _binding_names(target.value)
+    return []
 
 
 def _bound(statement: cst.CSTNode) -> set[str]:
@@ -374,6 +735,46 @@ def _bound(statement: cst.CSTNode) -> set[str]:
     for node in find(statement, cst.AsName):
         names |= names_used(node.name)
     return names
+
+
+def _rebound(statement: cst.CSTNode) -> set[str]:
+    """The plain names a `name = ...` line binds anew."""
+    if not (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            and isinstance(statement.body[0], cst.Assign)):
+        return set()
+    return {n.value for t in statement.body[0].targets for n in _binding_names(t.target)}
+
+
+def _reads(node: cst.CSTNode) -> set[str]:
+    """The plain names ``node`` reads (the names it only binds left out)."""
+    binding = set()
+    for n in walk(node):
+        if isinstance(n, (cst.AssignTarget, cst.For, cst.CompFor)):
+            binding |= {id(name) for name in _binding_names(n.target)}
+        elif isinstance(n, cst.AnnAssign) and n.value is not None:
+            binding |= {id(name) for name in _binding_names(n.target)}
+        elif isinstance(n, cst.AsName):
+            binding |= {id(name) for name in _binding_names(n.name)}
+        elif isinstance(n, (cst.Param, cst.FunctionDef, cst.ClassDef)):
+            binding.add(id(n.name))
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            if id(current) not in binding:
+                found.add(current.value)
+        elif isinstance(current, cst.Attribute):
+            stack.append(current.value)
+        elif isinstance(current, cst.Arg):
+            stack.append(current.value)
+        else:
+            stack.extend(children(current))
+    return found
+
+
+def _names(names: set[str]) -> str:
+    return ", ".join(f"`{n}`" for n in sorted(names))
 
 
 def _depth(statement, parents) -> int:
