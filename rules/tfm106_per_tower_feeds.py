@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate import mirrored
 from tfmigrate.devices import enclosing_tower
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
@@ -17,7 +18,7 @@ class PerTowerFeeds(Rule):
     name = "per-tower-feeds"
     summary = "One tf.placeholder per device, fed together through feed_dict"
     triggers = ("placeholder",)
-    fix_safety = FixSafety.NONE
+    fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """
         `tf.placeholder(...)` (also `placeholder_with_default`, `sparse_placeholder`) created
@@ -48,11 +49,17 @@ class PerTowerFeeds(Rule):
         dist_dataset = strategy.experimental_distribute_dataset(dataset)
     """
     fix_notes = """
-        No automatic fix of its own: the placeholders are part of the tower loop, and the
-        TFM101 fix keeps them working as they are: the replica function creates one set per
-        replica (the replica index replaces the loop variable), so the program's `feed_dict`
-        still fills them. Moving the feed to a `tf.data.Dataset.from_generator` over the
-        program's batch source (faster on real GPUs) is left to the user.
+        Unsafe, and the same edit as TFM101's: the tower loop is rewritten to MirroredStrategy,
+        and when the session loop feeds each tower's placeholders the tower's contiguous slice
+        of one batch (`xs[k * per:(k + 1) * per]`, `np.split(xs, N)[k]`) drawn from
+        `for ... in <source>`, the placeholders become one
+        `tf.data.Dataset.from_generator(<source>, output_signature=...)` distributed with
+        `strategy.experimental_distribute_dataset` and read through an iterator initialised
+        after the variables; the loop runs until `tf.errors.OutOfRangeError`. The strategy gives
+        replica k the k-th contiguous part of each batch, so training is the same; check it with
+        `tfmigrate verify`. Any other shape (other entries in the feed, the batch used elsewhere,
+        uneven `np.array_split` pieces, ...) keeps one placeholder per replica, still filled by
+        the program's `feed_dict`, and the finding says why.
     """
 
     valid = [
@@ -95,10 +102,17 @@ class PerTowerFeeds(Rule):
         if name not in PLACEHOLDERS or enclosing_tower(self.context, node) is None:
             return
         short = name.replace("tensorflow.", "tf.")
-        self.report(
-            node,
+        message = (
             f"per-tower input: `{short}` created once per device in the tower loop and fed "
             "through feed_dict; feed the global batch once from a tf.data.Dataset (e.g. "
             "from_generator over the existing batch source) distributed with "
-            "strategy.experimental_distribute_dataset, which splits it across replicas",
+            "strategy.experimental_distribute_dataset, which splits it across replicas"
         )
+        edit = None
+        tower = enclosing_tower(self.context, node)
+        planned = mirrored.planned(self, tower)
+        if planned.fed is not None and id(node) in planned.fed.placeholder_calls:
+            edit = planned.edit
+        elif planned.edit is not None and planned.feeds_kept:
+            message += f" (the TFM101 rewrite keeps one placeholder per replica: {planned.feeds_kept})"
+        self.report(node, message, edit=edit)

@@ -33,7 +33,8 @@ replica index takes the place of the loop variable, so `x_parts[i]`, `'tower_%d'
 per-tower feeds keep working; variables are created by replica 0 and reused by the others,
 exactly what `reuse_variables()` did. The graph is built under ``strategy.scope()``, which
 takes the place of the hand placement on ``/cpu:0``. Towers that each read their own
-``dataset.shard(N, i)`` get one distributed dataset instead (:mod:`tfmigrate.tower_input`).
+``dataset.shard(N, i)`` get one distributed dataset instead (:mod:`tfmigrate.tower_input`), and
+towers fed through per-tower placeholders a generator-backed one (:mod:`tfmigrate.tower_feeds`).
 Anything else is refused with a reason.
 """
 
@@ -43,7 +44,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate import tower_input
+from tfmigrate import tower_feeds, tower_input
 from tfmigrate.devices import (
     children, contains, device_scope_arg, find, mentions_only_cpu, names_used, tower_group, walk,
 )
@@ -268,8 +269,36 @@ def _references(module: cst.Module, name: str) -> int:
     return sum(1 for node in walk(module) if isinstance(node, cst.Name) and node.value == name)
 
 
+@dataclass
+class Planned:
+    """What :func:`plan` made of a tower loop (computed once per loop and run, shared by the
+    rules that offer the rewrite: TFM101, and TFM106 for the per-tower placeholders)."""
+
+    edit: Edit | None
+    refused: str | None = None        # why there is no edit
+    fed: tower_input.DistributedInput | None = None  # the per-tower placeholders' dataset, if made
+    feeds_kept: str | None = None     # why per-tower placeholders stay per replica
+
+
+def planned(rule, tower) -> Planned:
+    def compute() -> Planned:
+        try:
+            return _plan(rule, tower)
+        except Refused as reason:
+            return Planned(None, refused=str(reason))
+
+    return rule.context.memo(("mirrored.plan", id(tower.loop)), compute)
+
+
 def plan(rule, tower) -> Edit:
     """The MirroredStrategy rewrite of ``tower`` as an Edit, or Refused with the reason."""
+    result = planned(rule, tower)
+    if result.edit is None:
+        raise Refused(result.refused)
+    return result.edit
+
+
+def _plan(rule, tower) -> Planned:
     context, imports = rule.context, rule.imports
     module, loop = context.module, tower.loop
     parents = _parents(context)
@@ -401,14 +430,27 @@ def plan(rule, tower) -> Edit:
             order[-1] = max(order.get(id(n), -1) for n in walk(outer))
         return order.get(id(node), -1) > order[-1]
 
+    fresh = lambda *names: next((n for n in names if _references(module, n) == 0), names[-1] + "_")  # noqa: E731
     feed = tower_input.plan(
         statements, index, body[:at], owner, after_loop,
-        strategy=strategy, tf=tf, tf_api=rule.call_name,
-        fresh=lambda *names: next((n for n in names if _references(module, n) == 0), names[-1] + "_"),
+        strategy=strategy, tf=tf, tf_api=rule.call_name, fresh=fresh,
     )
-    if feed is not None and scope_owner is not None and contains(scope_owner, feed.initializer):
-        statements = [feed.unpack] + [s for k, s in enumerate(statements) if k not in feed.dropped]
+    feeds_kept = None
+    if feed is None:  # towers fed through their own placeholders: a generator-backed dataset
+        try:
+            feed = tower_feeds.plan(
+                statements, loop, body[:at], owner, after_loop, strategy=strategy, tf=tf,
+                tf_api=rule.call_name, fresh=fresh, imports=imports, module=module,
+            )
+        except tower_feeds.Unmatched as reason:
+            feeds_kept = str(reason)
+    if feed is not None and scope_owner is not None and all(
+        contains(scope_owner, node) for node in (feed.initializer, *feed.anchors)
+    ):
+        statements = feed.step_body(statements)
     else:
+        if feed is not None and feed.anchors:
+            feeds_kept = "the session loop is not inside the graph's `with` block that the strategy scope replaces"
         feed = None
     used_in_step = set().union(*(names_used(s) for s in statements)) if statements else set()
     if other_targets & used_in_step:
@@ -429,7 +471,7 @@ def plan(rule, tower) -> Edit:
     )
     reduce_op = tf("tensorflow.distribute.ReduceOp.MEAN")
     replacement = [
-        *([feed.iterator_statement.with_changes(leading_lines=comments), function] if feed else [function]),
+        *(_lead([*feed.prelude, feed.iterator_statement], comments) + [function] if feed else [function]),
         cst.parse_statement(
             f"{grads.loss} = {strategy}.reduce({reduce_op}, {strategy}.run({step}), axis=None)\n" if not feed else
             f"{grads.loss} = {strategy}.reduce(\n"
@@ -445,6 +487,7 @@ def plan(rule, tower) -> Edit:
         region[id(init)] = cst.RemovalSentinel.REMOVE
     if feed is not None:
         region[id(feed.initializer)] = cst.FlattenSentinel([feed.initializer, feed.initialize])
+        region.update(feed.region)
 
     # --- the strategy and its scope ---------------------------------------------------
     create = cst.parse_statement(
@@ -462,16 +505,24 @@ def plan(rule, tower) -> Edit:
         inside = sum(_references(node, name) for node in removed)
         if _references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
-    title = "rewrite the tower loop with tf.distribute.MirroredStrategy"
+    title = "rewrite the tower loop with tf.distribute.MirroredStrategy" + (feed.note if feed else "")
     if context.target == "tf2":
         # The tower code is graph code (it runs in a Session and creates variables through
         # variable scopes); a tf.function + GradientTape step cannot keep it, so the compat
         # rewrite is what applies, and the fix title says why.
         title += " (compat target: the tower code is TF1 graph code run in a Session, which the tf2 target cannot keep)"
-    return Edit(
+    edit = Edit(
         changes, title,
-        add_imports=tf.imports, safety=FixSafety.UNSAFE,
+        add_imports=[*tf.imports, *(feed.imports if feed else ())],
+        remove_imports=feed.remove_imports if feed else (), safety=FixSafety.UNSAFE,
     )
+    return Planned(edit, fed=feed if feed is not None and feed.anchors else None, feeds_kept=feeds_kept)
+
+
+def _lead(statements: list[cst.BaseStatement], comments) -> list[cst.BaseStatement]:
+    """``statements`` with ``comments`` above the first one."""
+    first = statements[0]
+    return [first.with_changes(leading_lines=[*comments, *first.leading_lines]), *statements[1:]]
 
 
 def _comments(statement: cst.CSTNode) -> list[cst.EmptyLine]:

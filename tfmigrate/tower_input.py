@@ -30,7 +30,7 @@ own shard, which trains the same): this is an improvement of the rewrite, never 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import libcst as cst
@@ -51,6 +51,17 @@ class DistributedInput:
     get_next: str                          # `inputs.get_next()`
     initializer: cst.BaseStatement         # the program's `sess.run(<variables initializer>)` (original)
     initialize: cst.BaseStatement          # `sess.run(inputs.initializer)`, to follow it
+    # Used by tfmigrate.tower_feeds, which also rewrites code outside the tower loop:
+    prelude: tuple[cst.BaseStatement, ...] = ()  # statements before the iterator's (the dataset)
+    region: dict[int, object] = field(default_factory=dict)  # id(node after the loop) -> replacement
+    anchors: tuple[cst.CSTNode, ...] = ()  # nodes the rewrite changes, besides the initializer
+    imports: tuple = ()                    # ImportItems the rewrite needs
+    remove_imports: tuple = ()             # ImportItems it may leave unused (removed only if so)
+    note: str = ""                         # what the fix title adds
+
+    def step_body(self, statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The replica function's statements: the batch unpacked in place of the tower's reads."""
+        return [self.unpack] + [s for k, s in enumerate(statements) if k not in self.dropped]
 
 
 def _single_assign(statement: cst.CSTNode) -> cst.Assign | None:
@@ -131,6 +142,22 @@ def _variables_initializer(statement: cst.CSTNode, tf_api, initializer_names: se
     return cst.Module([]).code_for_node(call.func.value)
 
 
+def find_initializer(owner: cst.CSTNode, tf_api, after_loop) -> tuple[cst.BaseStatement, str] | None:
+    """The one ``sess.run(<variables initializer>)`` statement after the loop, and its session
+    expression (``sess``); None when there is none or more than one."""
+    lines = find(owner, cst.SimpleStatementLine)
+    initializer_names = {
+        assign.targets[0].target.value for s in lines
+        if (assign := _single_assign(s)) is not None and isinstance(assign.targets[0].target, cst.Name)
+        and _is_initializer(assign.value, tf_api)
+    }
+    initializers = [
+        (s, session) for s in lines
+        if (session := _variables_initializer(s, tf_api, initializer_names)) is not None and after_loop(s)
+    ]
+    return initializers[0] if len(initializers) == 1 else None
+
+
 def plan(
     statements: list[cst.BaseStatement], index: str | None, before: list[cst.BaseStatement],
     owner: cst.CSTNode, after_loop: Callable[[cst.CSTNode], bool], *, strategy: str, tf: Callable[[str], str],
@@ -165,19 +192,10 @@ def plan(
             for s in before
         ):
             return None  # the dataset is not made before the loop, in the same block
-        lines = find(owner, cst.SimpleStatementLine)
-        initializer_names = {
-            assign.targets[0].target.value for s in lines
-            if (assign := _single_assign(s)) is not None and isinstance(assign.targets[0].target, cst.Name)
-            and _is_initializer(assign.value, tf_api)
-        }
-        initializers = [
-            (s, session) for s in lines
-            if (session := _variables_initializer(s, tf_api, initializer_names)) is not None and after_loop(s)
-        ]
-        if len(initializers) != 1:
+        found = find_initializer(owner, tf_api, after_loop)
+        if found is None:
             return None
-        initializer, session = initializers[0]
+        initializer, session = found
         iterator = fresh("inputs", "input_iterator", "replica_inputs")
         parameter = fresh("batch", "replica_batch")
         code = cst.Module([]).code_for_node
