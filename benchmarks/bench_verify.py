@@ -22,7 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "fixtures" / "programs"
 HAND_PAIRS = [("legacy_towers", "migrated_towers"), ("legacy_keras_mgpu", "migrated_keras_strategy")]
-AUTO = ["legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers", "parallel_make_parallel", "towers_dataset_shard"]
+AUTO = [
+    "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
+    "parallel_make_parallel", "parallel_inline_split", "towers_dataset_shard",
+]
 
 
 def tfmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
