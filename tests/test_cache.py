@@ -342,3 +342,33 @@ def test_read_only_visit_matches_libcst_and_honours_false():
     assert ("name", "inside_lambda") not in got.log and any(kind == "lambda" for kind, _ in got.log)
     with pytest.raises(TypeError, match="visit_Call_func"):
         visit_read_only(module, Hook())
+
+
+def test_visitor_method_names_are_those_dir_finds():
+    """The methods of a visitor class, read from its own classes only, are what ``dir()`` over
+    the whole hierarchy (LibCST's hundreds of no-op stubs included) finds."""
+    import libcst as cst
+
+    import tfmigrate.names
+    import tfmigrate.pipelines
+    from tfmigrate.registry import all_rules
+    from tfmigrate.walker import visitor_method_names
+
+    def by_dir(cls):
+        return tuple(
+            name for name in dir(cls)
+            if name.startswith(("visit_", "leave_")) and callable(getattr(cls, name))
+            and not getattr(getattr(cls, name), "_is_no_op", False)
+        )
+
+    class Hooked(cst.CSTVisitor):
+        def visit_Call(self, node):
+            pass
+
+        def leave_Call_func(self, node):
+            pass
+
+    classes = [*all_rules(), tfmigrate.names.ImportTable, tfmigrate.pipelines._Survey, Hooked, cst.CSTVisitor]
+    for cls in classes:
+        assert visitor_method_names(cls) == by_dir(cls), cls
+    assert visitor_method_names(Hooked) == ("leave_Call_func", "visit_Call")

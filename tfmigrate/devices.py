@@ -300,23 +300,28 @@ def derived_names(body: cst.CSTNode, seeds: set[str]) -> set[str]:
     """``seeds``, plus the names assigned in ``body`` from expressions that use them (to a
     fixed point: `dev = '/gpu:%d' % i; spec = dev + '/'` derives `dev` and `spec` from `i`)."""
     derived = set(seeds)
-    assignments = [
-        (target.target, assign.value)
-        for assign in find(body, cst.Assign)
-        for target in assign.targets
-    ]
-    assignments += [(a.target, a.value) for a in find(body, cst.AnnAssign) if a.value]
+    assignments: list[tuple[set[str], set[str]]] = []  # (names bound, names read)
+    items: list[cst.WithItem] = []
+    for node in walk(body):  # one walk for the three kinds of node
+        kind = type(node)
+        if kind is cst.Assign:
+            read = names_used(node.value)
+            assignments += [(names_used(target.target), read) for target in node.targets]
+        elif kind is cst.AnnAssign and node.value is not None:
+            assignments.append((names_used(node.target), names_used(node.value)))
+        elif kind is cst.WithItem:
+            items.append(node)
     changed = True
     while changed:
         changed = False
-        for target, value in assignments:
-            if names_used(value) & derived:
-                new = names_used(target) - derived
+        for bound, read in assignments:
+            if read & derived:
+                new = bound - derived
                 if new:
                     derived |= new
                     changed = True
     # `with tf.name_scope('tower_%d' % i) as scope:` binds a loop-derived name too.
-    for item in find(body, cst.WithItem):
+    for item in items:
         if item.asname is not None and names_used(item.item) & derived:
             derived |= names_used(item.asname.name)
     return derived
@@ -348,14 +353,16 @@ def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
     # `events(module)`, with two savings: a leave step only for the two node types that need
     # one, and no walk into an expression outside a loop (an expression holds no statement,
     # and its calls matter only in a loop).
+    # Node types are compared with `is`: isinstance on LibCST's classes goes through ABCMeta.
     stack: list[tuple[cst.CSTNode, bool]] = [(module, True)]
     while stack:
         node, entering = stack.pop()
-        if entering and (loops[-1] or not _is_expression_part(type(node))):
-            if isinstance(node, (cst.FunctionDef, cst.For)):
+        kind = type(node)
+        if entering and (loops[-1] or not _is_expression_part(kind)):
+            if kind is cst.FunctionDef or kind is cst.For:
                 stack.append((node, False))
             stack.extend((child, True) for child in reversed(children(node)))
-        if isinstance(node, cst.FunctionDef):
+        if kind is cst.FunctionDef:
             if entering:
                 loops.append([])
                 owners.append(node)
@@ -363,7 +370,7 @@ def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
             else:
                 loops.pop()
                 owners.pop()
-        elif isinstance(node, cst.For):
+        elif kind is cst.For:
             if entering:
                 loops[-1].append(node)
                 walked.owner[id(node)] = owners[-1]
@@ -371,18 +378,18 @@ def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
                 loops[-1].pop()
         elif not entering:
             continue
-        elif isinstance(node, cst.With) and loops[-1]:
+        elif kind is cst.With and loops[-1]:
             for item in node.items:
                 device = device_scope_arg(item.item, imports)
                 if device is not None:
                     walked.scopes.append((DeviceScope(node, device), list(loops[-1])))
-        elif isinstance(node, cst.Call) and loops[-1] and node.args:
+        elif kind is cst.Call and loops[-1] and node.args:
             func = node.func
             if isinstance(func, cst.Name):
                 walked.loop_calls.append((node, func.value, list(loops[-1])))
             elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
                 walked.loop_calls.append((node, func.attr.value, list(loops[-1])))
-        elif isinstance(node, cst.Assign) and _calls_device_listing(node.value, imports):
+        elif kind is cst.Assign and _calls_device_listing(node.value, imports):
             for target in node.targets:
                 walked.listing_names |= names_used(target.target)
     return walked

@@ -152,50 +152,46 @@ def _assigned_names(statement: cst.BaseStatement) -> set[str]:
     return names
 
 
-class _Blocks(cst.CSTVisitor):
-    """Every statement block of the module, and for each call the block statement it is in."""
+class _Survey(cst.CSTVisitor):
+    """One walk of the module: every statement block, and for each call the block statement it
+    is in; every call with its resolved name; every Name node; whether tf.data is used."""
 
-    def __init__(self) -> None:
+    def __init__(self, rule: "Rule") -> None:
+        self.rule = rule
         self.of_call: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
+        self.calls: list[tuple[cst.Call, str]] = []
+        self.names: list[cst.Name] = []
+        self.uses_tf_data = False
         self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
         self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
 
     def _record(self, body: Sequence[cst.BaseStatement]) -> None:
+        block = tuple(body)
         for index, statement in enumerate(body):
-            self._where[id(statement)] = (tuple(body), index)
+            self._where[id(statement)] = (block, index)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
-        if isinstance(node, (cst.Module, cst.IndentedBlock)):
+        kind = type(node)
+        if kind is cst.Module or kind is cst.IndentedBlock:
             self._record(node.body)
-        if id(node) in self._where:
-            self._stack.append(self._where[id(node)])
-        if isinstance(node, cst.Call) and self._stack:
-            self.of_call[id(node)] = self._stack[-1]
+        where = self._where.get(id(node))
+        if where is not None:
+            self._stack.append(where)
+        if kind is cst.Call:
+            if self._stack:
+                self.of_call[id(node)] = self._stack[-1]
+            qualified = self.rule.call_name(node)
+            if qualified is not None:
+                self.calls.append((node, qualified))
+                if qualified.startswith("tensorflow.data."):
+                    self.uses_tf_data = True
+        elif kind is cst.Name:
+            self.names.append(node)
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         if id(original_node) in self._where:
             self._stack.pop()
-
-
-class _Calls(cst.CSTVisitor):
-    """Every call with its resolved name; every Name node; whether tf.data is used."""
-
-    def __init__(self, rule: "Rule") -> None:
-        self.rule = rule
-        self.calls: list[tuple[cst.Call, str]] = []
-        self.names: list[cst.Name] = []
-        self.uses_tf_data = False
-
-    def visit_Call(self, node: cst.Call) -> None:
-        qualified = self.rule.call_name(node)
-        if qualified is not None:
-            self.calls.append((node, qualified))
-            if qualified.startswith("tensorflow.data."):
-                self.uses_tf_data = True
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.append(node)
 
 
 # --- the analysis -----------------------------------------------------------------------
@@ -208,10 +204,8 @@ class _Planner:
     def __init__(self, rule: "Rule") -> None:
         self.rule = rule
         self.module = rule.context.module
-        self.blocks = _Blocks()
+        self.blocks = self.calls = _Survey(rule)
         visit_read_only(self.module, self.blocks)
-        self.calls = _Calls(rule)
-        visit_read_only(self.module, self.calls)
         self.all_names = {n.value for n in self.calls.names}
         self.imports: list = []
 

@@ -33,6 +33,14 @@ _TWIN_OF = {ast.Call: "Call", ast.For: "For", ast.AsyncFor: "For", ast.With: "Wi
 # The LibCST node types the rules' walk lists per top-level statement: the twins' kinds, and
 # f-strings (what is inside one is not paired).
 TWIN_KINDS = frozenset(_TWIN_OF.values()) | {"FormattedString"}
+# ast node types (and field values) that hold no call: not walked into.
+_CALL_FREE = frozenset({
+    ast.Name, ast.Constant, ast.Load, ast.Store, ast.Del, ast.Pass, ast.Break, ast.Continue,
+    ast.Global, ast.Nonlocal, ast.Import, ast.ImportFrom, ast.alias, str, int, type(None),
+    ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Mod, ast.Pow, ast.FloorDiv, ast.MatMult, ast.And, ast.Or,
+    ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Is, ast.IsNot, ast.In, ast.NotIn,
+    ast.Not, ast.USub, ast.UAdd, ast.Invert, ast.BitAnd, ast.BitOr, ast.BitXor, ast.LShift, ast.RShift,
+})
 
 
 class LazyPositions(Mapping):
@@ -158,13 +166,20 @@ class LazyPositions(Mapping):
             # nodes' ranges are not reliable.
             twins: dict[str, list[ast.AST]] = {name: [] for name in _TWIN_OF.values()}
             pending: list[ast.AST] = list(self._groups[index])
-            while pending:
+            while pending:  # ast.iter_child_nodes, without the nodes that cannot hold a call
                 node = pending.pop()
-                name = _TWIN_OF.get(type(node))
+                kind = type(node)
+                name = _TWIN_OF.get(kind)
                 if name is not None:
                     twins[name].append(node)
-                if not isinstance(node, ast.JoinedStr):
-                    pending.extend(ast.iter_child_nodes(node))
+                elif kind is ast.JoinedStr:
+                    continue
+                for field in node._fields:
+                    value = getattr(node, field, None)
+                    if type(value) is list:
+                        pending.extend(item for item in value if type(item) not in _CALL_FREE)
+                    elif value is not None and type(value) not in _CALL_FREE and isinstance(value, ast.AST):
+                        pending.append(value)
             nodes = self.in_order if self.in_order is not None else self._walk_in_order(index)
             in_fstrings = _inside(nodes.get((index, "FormattedString"), []))
             for name, found in twins.items():
