@@ -228,3 +228,19 @@ def _all_nodes(module: cst.Module) -> list[cst.CSTNode]:
     from tfmigrate.devices import walk
 
     return list(walk(module))
+
+
+@pytest.mark.parametrize("binding", [
+    "from tensorflow.config import list_logical_devices as lld\ngpus = lld('GPU')\n",
+    "lld = tf.config.experimental.list_physical_devices\ngpus = lld('GPU')\n",
+    "gpus = tf.config.list_logical_devices('GPU')\n",
+])
+def test_a_device_listing_is_seen_in_every_spelling_when_the_source_is_known(binding):
+    """The runner gives the analysis the source, which spares looking for device listings in a
+    module that does not name one; every spelling names one."""
+    from tests.conftest import run_check
+
+    code = "import tensorflow as tf\n" + binding + (
+        "for gpu in gpus:\n    with tf.device(gpu.name):\n        y = tf.matmul(x, w)\n"
+    )
+    assert [f.code for f in run_check(code) if f.code == "TFM101"] == []

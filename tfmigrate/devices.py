@@ -343,7 +343,14 @@ class _Walk:
     owner: dict[int, cst.CSTNode] = field(default_factory=dict)  # id(for) -> function or module
 
 
-def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
+def _names_a_listing(text: str) -> bool:
+    """Whether a source can call a TF2 device listing: any spelling of one (`tf.config.
+    list_logical_devices`, `from tensorflow.config import list_logical_devices as lld`, an
+    alias assignment, a star import then the bare name) has its name in the text."""
+    return any(name.rsplit(".", 1)[1] in text for name in DEVICE_LISTINGS)
+
+
+def _device_withs(module: cst.Module, imports: ImportTable, may_list_devices: bool = True) -> _Walk:
     """One walk of the module: each device scope with the ``for`` loops around it (in the
     same function, outermost first), the names bound to a TF2 device listing, the calls
     made in loops and the functions they may call, and the function each loop is in."""
@@ -389,7 +396,7 @@ def _device_withs(module: cst.Module, imports: ImportTable) -> _Walk:
                 walked.loop_calls.append((node, func.value, list(loops[-1])))
             elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
                 walked.loop_calls.append((node, func.attr.value, list(loops[-1])))
-        elif kind is cst.Assign and _calls_device_listing(node.value, imports):
+        elif kind is cst.Assign and may_list_devices and _calls_device_listing(node.value, imports):
             for target in node.targets:
                 walked.listing_names |= names_used(target.target)
     return walked
@@ -449,15 +456,16 @@ def is_device_listing_loop(loop: cst.For, imports: ImportTable, listing_names: s
     return _calls_device_listing(loop.iter, imports) or bool(names_used(loop.iter) & listing_names)
 
 
-def tower_loops(module: cst.Module, imports: ImportTable) -> list[TowerLoop]:
+def tower_loops(module: cst.Module, imports: ImportTable, text: str | None = None) -> list[TowerLoop]:
     """Loops that open a device scope depending on the loop variable and build ops in it,
     and loops that call a tower function with an argument computed from the loop variable.
 
     A loop that lists GPUs without placing anything on them, that places everything on
     one fixed device, that places only on CPUs, or that iterates over TF2's
-    ``tf.config.list_logical_devices()``, is not a tower loop.
+    ``tf.config.list_logical_devices()``, is not a tower loop. ``text``, the module's source
+    when known, spares looking for those listings where it does not name them.
     """
-    walked = _device_withs(module, imports)
+    walked = _device_withs(module, imports, may_list_devices=text is None or _names_a_listing(text))
     listing_names = walked.listing_names
     candidates: dict[int, tuple[cst.For, list[DeviceScope]]] = {}
     for scope, loops in walked.scopes:
@@ -544,7 +552,7 @@ def looks_per_device(iterable: cst.CSTNode) -> bool:
 
 def module_tower_loops(context) -> list[TowerLoop]:
     """The tower loops of the module a rule is checking, computed once per run."""
-    return context.memo("tower_loops", lambda: tower_loops(context.module, context.imports))
+    return context.memo("tower_loops", lambda: tower_loops(context.module, context.imports, text=context.text))
 
 
 def _tower_membership(context) -> dict[int, TowerLoop]:
