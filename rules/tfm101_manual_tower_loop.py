@@ -65,8 +65,13 @@ class ManualTowerLoop(Rule):
         averaged (MirroredStrategy sums gradients) and left alone when it summed; the reported
         loss is the mean over replicas; the graph is built under `strategy.scope()` in place of
         the `/cpu:0` pin; the averaging helper and device functions only the loop used are
-        removed. The shape it needs: `tower_grads.append(opt.compute_gradients(loss))` in the
-        loop, then `grads = helper(tower_grads)` (a helper of the module) and
+        removed. Placeholders made before the loop, cut with `x_parts = tf.split(images, N)` and
+        fed each step from `for ... in <source>` (`feed_dict={images: x, ...}`), become one
+        `tf.data.Dataset.from_generator(<source>)` distributed by the strategy, the replica's
+        part of each batch bound to the placeholders' names where the tower read its piece; any
+        other feed is kept, and the message says why. The shape it needs:
+        `tower_grads.append(opt.compute_gradients(loss))` in the loop, then
+        `grads = helper(tower_grads)` (a helper of the module) and
         `train_op = opt.apply_gradients(grads, ...)`, inside a function. Anything else gets no
         fix, and the message says what blocks it. Check the result with
         `tfmigrate verify old.py new.py`: the fixture programs match their originals step by
@@ -129,6 +134,9 @@ class ManualTowerLoop(Rule):
             )
             try:
                 edit = mirrored.plan(self, tower)
+                kept = mirrored.planned(self, tower).split_kept
+                if kept:
+                    message += f" (the rewrite keeps feeding the split placeholders each step: {kept})"
             except mirrored.Refused as reason:
                 edit = None
                 message += f" (no automatic fix: {reason})"

@@ -34,7 +34,8 @@ per-tower feeds keep working; variables are created by replica 0 and reused by t
 exactly what `reuse_variables()` did. The graph is built under ``strategy.scope()``, which
 takes the place of the hand placement on ``/cpu:0``. Towers that each read their own
 ``dataset.shard(N, i)`` get one distributed dataset instead (:mod:`tfmigrate.tower_input`), and
-towers fed through per-tower placeholders a generator-backed one (:mod:`tfmigrate.tower_feeds`).
+towers fed through per-tower placeholders, or through the `tf.split` pieces of placeholders made
+before the loop, a generator-backed one (:mod:`tfmigrate.tower_feeds`).
 Anything else is refused with a reason.
 """
 
@@ -278,6 +279,7 @@ class Planned:
     refused: str | None = None        # why there is no edit
     fed: tower_input.DistributedInput | None = None  # the per-tower placeholders' dataset, if made
     feeds_kept: str | None = None     # why per-tower placeholders stay per replica
+    split_kept: str | None = None     # why placeholders cut with tf.split stay fed each step
 
 
 def planned(rule, tower) -> Planned:
@@ -435,13 +437,15 @@ def _plan(rule, tower) -> Planned:
         statements, index, body[:at], owner, after_loop,
         strategy=strategy, tf=tf, tf_api=rule.call_name, fresh=fresh,
     )
-    feeds_kept = None
+    feeds_kept = split_kept = None
     if feed is None:  # towers fed through their own placeholders: a generator-backed dataset
         try:
             feed = tower_feeds.plan(
                 statements, loop, body[:at], owner, after_loop, strategy=strategy, tf=tf,
                 tf_api=rule.call_name, fresh=fresh, imports=imports, module=module,
             )
+        except tower_feeds.SplitUnmatched as reason:
+            split_kept = str(reason)
         except tower_feeds.Unmatched as reason:
             feeds_kept = str(reason)
     if feed is not None and scope_owner is not None and all(
@@ -450,7 +454,11 @@ def _plan(rule, tower) -> Planned:
         statements = feed.step_body(statements)
     else:
         if feed is not None and feed.anchors:
-            feeds_kept = "the session loop is not inside the graph's `with` block that the strategy scope replaces"
+            reason = "the session loop is not inside the graph's `with` block that the strategy scope replaces"
+            if isinstance(feed, tower_feeds.SplitFedInput):
+                split_kept = reason
+            else:
+                feeds_kept = reason
         feed = None
     used_in_step = set().union(*(names_used(s) for s in statements)) if statements else set()
     if other_targets & used_in_step:
@@ -516,7 +524,8 @@ def _plan(rule, tower) -> Planned:
         add_imports=[*tf.imports, *(feed.imports if feed else ())],
         remove_imports=feed.remove_imports if feed else (), safety=FixSafety.UNSAFE,
     )
-    return Planned(edit, fed=feed if feed is not None and feed.anchors else None, feeds_kept=feeds_kept)
+    return Planned(edit, fed=feed if feed is not None and feed.anchors else None, feeds_kept=feeds_kept,
+                   split_kept=split_kept)
 
 
 def _lead(statements: list[cst.BaseStatement], comments) -> list[cst.BaseStatement]:

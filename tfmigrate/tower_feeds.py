@@ -69,6 +69,7 @@ from tfmigrate.rule import ImportItem
 from tfmigrate.tower_input import DistributedInput, find_initializer
 
 PLACEHOLDER = "tensorflow.placeholder"
+SPLIT = "tensorflow.split"
 NP_SPLIT = "numpy.split"
 # Cuts a batch into unequal parts when it does not divide, unlike the strategy (4, 3, 3 where
 # MirroredStrategy gives 10 examples to 3 replicas as 4, 4, 2).
@@ -186,8 +187,9 @@ class _Placeholder:
     append: cst.SimpleStatementLine | None = None
 
 
-def _placeholder(name: str, statement, call: cst.Call, strategy: str) -> _Placeholder:
-    """The placeholder's dtype and its shape as a global-batch TensorSpec shape."""
+def _placeholder(name: str, statement, call: cst.Call, strategy: str, per_tower: bool = True) -> _Placeholder:
+    """The placeholder's dtype and its shape as a global-batch TensorSpec shape (``per_tower``:
+    the placeholder holds one tower's part; else it holds the global batch already)."""
     if any(a.star for a in call.args):
         raise Unmatched(f"`{name}`'s placeholder takes *args or **kwargs")
     positional = [a.value for a in call.args if a.keyword is None]
@@ -202,7 +204,7 @@ def _placeholder(name: str, statement, call: cst.Call, strategy: str) -> _Placeh
             or any(isinstance(e, cst.StarredElement) for e in shape.elements):
         raise Unmatched(f"`{name}`'s placeholder has no literal shape (the dataset needs its rank)")
     first = shape.elements[0].value
-    if not (isinstance(first, cst.Name) and first.value == "None"):
+    if per_tower and not (isinstance(first, cst.Name) and first.value == "None"):
         # A fixed per-tower batch: the dataset's batch is that times the replica count (and
         # each replica's part has the tower's static shape again).
         size = _code(first) if isinstance(first, (cst.Name, cst.Integer, cst.Attribute)) else f"({_code(first)})"
@@ -283,14 +285,19 @@ class _Feed:
 class _FeedReader:
     """Reads the feed the session loop builds, entry by entry; Unmatched on anything else."""
 
-    def __init__(self, lists: set[str], counts: Callable[[cst.BaseExpression], bool], tf_api):
+    def __init__(self, lists: set[str], counts: Callable[[cst.BaseExpression], bool], tf_api, direct: bool = False):
         self.lists, self.is_count, self.tf_api = lists, counts, tf_api
+        # `direct`: the keys are the placeholders themselves, each fed a whole array of the
+        # batch (`{images: x, targets: y}`), not lists of per-tower placeholders.
+        self.direct = direct
         self.feed = _Feed()
         self.pieces: dict[str, str] = {}  # `xs_parts = np.split(xs, N)`: name -> array
         self.splits: list[cst.BaseExpression] = []  # the `np.split` spellings used
 
     def split_of(self, expression: cst.BaseExpression) -> str | None:
         """The array of `np.split(A, N)` (N the tower count), or of a name assigned it."""
+        if self.direct:
+            return None  # the towers cut the batch themselves (`tf.split`): no numpy pieces
         if isinstance(expression, cst.Name) and expression.value in self.pieces:
             return self.pieces[expression.value]
         # np.split cuts equal contiguous parts (and fails on a batch that does not divide), what
@@ -358,8 +365,11 @@ class _FeedReader:
         raise Unmatched(f"the feed is built over `{_code(iterable)}`, not over the towers")
 
     def dict_value(self, value: cst.BaseExpression) -> None:
-        """A whole feed: a comprehension, or a dict of `**comprehension`s."""
-        if isinstance(value, cst.DictComp):
+        """A whole feed: a comprehension, or a dict of `**comprehension`s (``direct``: a
+        dict literal `{placeholder: array, ...}`)."""
+        if self.direct:
+            self.direct_value(value)
+        elif isinstance(value, cst.DictComp):
             self.comprehension(value)
         elif isinstance(value, cst.Dict) and value.elements and all(
                 isinstance(e, cst.StarredDictElement) and isinstance(e.value, cst.DictComp) for e in value.elements):
@@ -368,8 +378,25 @@ class _FeedReader:
         else:
             raise Unmatched(f"the feed `{_code(value)}` is not one comprehension per placeholder list")
 
+    def direct_value(self, value: cst.BaseExpression) -> None:
+        """`{images: x, targets: y}`: each split placeholder fed one array of the batch."""
+        if not (isinstance(value, cst.Dict) and all(isinstance(e, cst.DictElement) for e in value.elements)):
+            raise Unmatched(f"the feed `{_code(value)}` is not a dict literal of the split placeholders")
+        for element in value.elements:
+            key = element.key
+            # Any other entry (a learning rate, a dropout rate, ...) has no place in the dataset.
+            if not (isinstance(key, cst.Name) and key.value in self.lists):
+                raise Unmatched(f"the feed's key `{_code(key)}` is not a placeholder the towers read through `tf.split`")
+            # The dataset yields the batch's arrays as drawn: a transformed array is not one of them.
+            if not isinstance(element.value, cst.Name):
+                raise Unmatched(f"`{key.value}` is fed `{_code(element.value)}`, not an array of the batch")
+            self.feed.add(key.value, element.value.value)
+
     def loop(self, statement: cst.For, feed: str) -> None:
         """`for k in range(N):` whose body only does `feed[L[k]] = A[...]` or `feed.update({...})`."""
+        if self.direct:
+            # The placeholders are not per tower: a loop building their feed is not the shape read here.
+            raise Unmatched("the feed of the split placeholders is built in a loop")
         if statement.orelse is not None or statement.asynchronous is not None \
                 or not isinstance(statement.body, cst.IndentedBlock):
             raise Unmatched("the loop building the feed has an else or is async")
@@ -495,15 +522,18 @@ def plan(
     after_loop: Callable[[cst.CSTNode], bool], *, strategy: str, tf: Callable[[str], str],
     tf_api: Callable[[cst.Call], str | None], fresh: Callable[..., str], imports, module: cst.Module,
 ) -> FedInput | None:
-    """The generator-backed input for tower code ``statements`` that makes its own placeholders.
+    """The generator-backed input for tower code ``statements`` that makes its own placeholders
+    (or, see :func:`_plan_split`, reads the `tf.split` pieces of placeholders made before the loop).
 
-    None when the towers make no placeholder; Unmatched (with the reason) when they do, in a
-    shape this does not replace. ``loop``: the original tower loop; the other arguments as for
-    :func:`tfmigrate.tower_input.plan`; ``imports``: the module's import table.
+    None when the towers make no placeholder and read no split placeholder; Unmatched (with the
+    reason) when they do, in a shape this does not replace. ``loop``: the original tower loop;
+    the other arguments as for :func:`tfmigrate.tower_input.plan`; ``imports``: the module's
+    import table.
     """
     holders = _tower_placeholders(statements, tf_api, strategy)
     if holders is None:
-        return None
+        return _plan_split(statements, loop, before, owner, after_loop, strategy=strategy, tf=tf,
+                           tf_api=tf_api, fresh=fresh, imports=imports, module=module)
     lists = {h.holder_list: h for h in holders}
 
     # --- the lists: made empty before the loop, in its block, and used by nothing but the feed
@@ -519,12 +549,72 @@ def plan(
         if not set(_list_init_names(statement)) <= set(lists):
             raise Unmatched(f"`{_code(statement).strip()}` also makes lists that are not placeholder lists")
 
+    session = _session_input(
+        lists, loop, owner, module, after_loop, strategy=strategy, tf=tf, tf_api=tf_api, fresh=fresh,
+        imports=imports, direct=False, what="the placeholder lists", scope=module,
+        elsewhere="`{}` is used elsewhere in the module", fed_comment="# the slice its tower was fed.",
+    )
+    names = [h.name for h in session.ordered]
+    target = names[0] if isinstance(session.batch, cst.Name) else ", ".join(names) + ("," if len(names) == 1 else "")
+    comments = [line for h in holders for s in (h.statement, h.append) for line in s.leading_lines
+                if line.comment is not None]
+    first = min(holders, key=lambda h: _position(statements, h.statement))
+    unpack = cst.parse_statement(f"{target} = {session.parameter}\n").with_changes(leading_lines=comments)
+
+    region = dict(session.region)
+    region.update({id(s): cst.RemovalSentinel.REMOVE for s in inits})
+    return FedInput(
+        iterator_statement=session.iterator_statement, parameter=session.parameter, unpack=unpack, dropped=(),
+        get_next=session.get_next, initializer=session.initializer, initialize=session.initialize,
+        prelude=(session.dataset_statement,), region=region, anchors=(session.session_loop, *inits),
+        imports=session.imports, remove_imports=session.remove_imports, note=session.note,
+        removed=frozenset(id(s) for h in holders for s in (h.statement, h.append) if s is not first.statement),
+        replaced=id(first.statement),
+        placeholder_calls=frozenset(
+            id(c) for c in find(loop.body, cst.Call) if tf_api(c) == PLACEHOLDER
+        ),
+    )
+
+
+@dataclass
+class _Session:
+    """The session loop read through a distributed dataset: what both shapes share."""
+
+    ordered: list[_Placeholder]         # the fed placeholders, in the order of the batch's arrays
+    batch: cst.BaseExpression           # the loop's batch target (`(xs, ys)` or `batch`)
+    parameter: str                      # the replica function's parameter
+    get_next: str
+    dataset_statement: cst.BaseStatement
+    iterator_statement: cst.BaseStatement
+    initializer: cst.BaseStatement
+    initialize: cst.BaseStatement
+    session_loop: cst.For
+    region: dict[int, object]
+    imports: tuple
+    remove_imports: tuple
+    note: str = " and feed it from a tf.data.Dataset.from_generator over the session loop's batches"
+
+
+def _session_input(
+    lists: dict[str, _Placeholder], loop: cst.For, owner: cst.CSTNode, module: cst.Module,
+    after_loop: Callable[[cst.CSTNode], bool], *, strategy: str, tf: Callable[[str], str],
+    tf_api: Callable[[cst.Call], str | None], fresh: Callable[..., str], imports, direct: bool, what: str,
+    scope: cst.CSTNode, elsewhere: str, fed_comment: str,
+) -> _Session:
+    """The session loop that feeds ``lists`` (the feed's keys: placeholder lists indexed by
+    tower, or with ``direct`` the placeholders themselves, each fed a whole array of the batch),
+    rewritten to read a generator-backed distributed dataset of the same batches.
+
+    ``what`` names the keys in reasons; each key is referenced in ``scope`` twice before the
+    loop (made and filled, or made and split) and otherwise only by the feed (``elsewhere``
+    formats the reason when not).
+    """
     # --- the session loop: the one loop after the tower loop that reads the lists
     parents = _parents(owner)
     order = {id(n): k for k, n in enumerate(walk(owner))}
     readers = [r for name in lists for r in _references(owner, name) if after_loop(r)]
     if not readers:
-        raise Unmatched("the placeholder lists are not fed after the tower loop")
+        raise Unmatched(f"{what} are not fed after the tower loop")
     session_loops = set()
     for reader in readers:
         outermost, node = None, reader
@@ -536,19 +626,19 @@ def plan(
                 outermost = node
             elif isinstance(node, cst.While):
                 # One dataset, initialised once, serves one pass over the batches.
-                raise Unmatched("the placeholder lists are fed inside a `while` loop")
+                raise Unmatched(f"{what} are fed inside a `while` loop")
             elif isinstance(node, (cst.FunctionDef, cst.Lambda, cst.ClassDef)):
-                raise Unmatched("the placeholder lists are read in a nested function")
+                raise Unmatched(f"{what} are read in a nested function")
         if outermost is None:
-            raise Unmatched("the placeholder lists are used outside a `for` loop over the batches")
+            raise Unmatched(f"{what} are used outside a `for` loop over the batches")
         session_loops.add(id(outermost))
         session_loop = outermost
     if len(session_loops) != 1:
-        raise Unmatched("the placeholder lists are read in more than one loop")
-    # Each list: made once, appended once, read in the session loop only.
+        raise Unmatched(f"{what} are read in more than one loop")
+    # Each key: made once, filled (or split) once, read in the session loop only.
     for name in lists:
-        if len(_references(module, name)) != 2 + sum(1 for r in readers if r.value == name):
-            raise Unmatched(f"`{name}` is used elsewhere in the module")
+        if len(_references(scope, name)) != 2 + sum(1 for r in readers if r.value == name):
+            raise Unmatched(elsewhere.format(name))
     if session_loop.orelse is not None or session_loop.asynchronous is not None \
             or not isinstance(session_loop.body, cst.IndentedBlock):
         raise Unmatched("the session loop has an `else` (it would no longer run when the batches run out)")
@@ -606,7 +696,7 @@ def plan(
 
     # --- the feed: built in statements before the step, or written in the call
     tower_loop_count = _tower_count(loop)
-    reader = _FeedReader(set(lists), lambda n: _is_count(n, tower_loop_count, set(lists)), tf_api)
+    reader = _FeedReader(set(lists), lambda n: _is_count(n, tower_loop_count, set(lists)), tf_api, direct=direct)
     feed_name = feed_argument.value if isinstance(feed_argument, cst.Name) else None
     removed_lines: list[cst.BaseStatement] = []
     kept_before: list[cst.BaseStatement] = []
@@ -711,18 +801,12 @@ def plan(
         cst.EmptyLine(comment=cst.Comment(
             "# The session loop's batches: the strategy gives each replica its contiguous part,"
         )),
-        cst.EmptyLine(comment=cst.Comment("# the slice its tower was fed.")),
+        cst.EmptyLine(comment=cst.Comment(fed_comment)),
     ])
     iterator_statement = cst.parse_statement(
         f"{iterator} = {tf('tensorflow.compat.v1.data.make_initializable_iterator')}(\n"
         f"    {strategy}.experimental_distribute_dataset({dataset}))\n"
     )
-    names = [h.name for h in ordered]
-    target = names[0] if isinstance(batch, cst.Name) else ", ".join(names) + ("," if len(names) == 1 else "")
-    comments = [line for h in holders for s in (h.statement, h.append) for line in s.leading_lines
-                if line.comment is not None]
-    first = min(holders, key=lambda h: _position(statements, h.statement))
-    unpack = cst.parse_statement(f"{target} = {parameter}\n").with_changes(leading_lines=comments)
 
     # The session loop: the step reads the iterator until it runs out.
     out_of_range = tf("tensorflow.errors.OutOfRangeError")
@@ -743,20 +827,222 @@ def plan(
         new_loop = cst.While(test=cst.Name("True"), body=block, leading_lines=session_loop.leading_lines)
 
     region: dict[int, object] = {id(session_loop): new_loop}
-    region.update({id(s): cst.RemovalSentinel.REMOVE for s in [*inits, *per_statements]})
-    return FedInput(
-        iterator_statement=iterator_statement, parameter=parameter, unpack=unpack, dropped=(),
-        get_next=f"{iterator}.get_next()", initializer=initializer,
-        initialize=cst.parse_statement(f"{session}.run({iterator}.initializer)\n"),
-        prelude=(dataset_statement,), region=region, anchors=(session_loop, *inits),
-        imports=(ImportItem("itertools"),) if itertools_name else (),
+    region.update({id(s): cst.RemovalSentinel.REMOVE for s in per_statements})
+    return _Session(
+        ordered=ordered, batch=batch, parameter=parameter, get_next=f"{iterator}.get_next()",
+        dataset_statement=dataset_statement, iterator_statement=iterator_statement, initializer=initializer,
+        initialize=cst.parse_statement(f"{session}.run({iterator}.initializer)\n"), session_loop=session_loop,
+        region=region, imports=(ImportItem("itertools"),) if itertools_name else (),
         remove_imports=tuple(_numpy_imports(reader.splits, imports)),
-        note=" and feed it from a tf.data.Dataset.from_generator over the session loop's batches",
-        removed=frozenset(id(s) for h in holders for s in (h.statement, h.append) if s is not first.statement),
-        replaced=id(first.statement),
-        placeholder_calls=frozenset(
-            id(c) for c in find(loop.body, cst.Call) if tf_api(c) == PLACEHOLDER
-        ),
+    )
+
+
+# --- placeholders made before the loop, cut with tf.split ---------------------------------
+
+class SplitUnmatched(Unmatched):
+    """Placeholders made before the tower loop and cut with `tf.split`, in a shape this rewrite
+    does not replace: the replicas keep reading their pieces, fed each step (TFM101 says why)."""
+
+
+@dataclass
+class SplitFedInput(FedInput):
+    """The input of towers that read ``x_parts[i]`` of ``x_parts = tf.split(images, N)``."""
+
+    reads: dict[int, str] = field(default_factory=dict)  # id(`x_parts[i]`) -> the replica's name for it
+
+    def step_body(self, statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        transformer = _Replace({k: cst.Name(name) for k, name in self.reads.items()})
+        return [self.unpack, *(s.visit(transformer) for s in statements)]
+
+
+def _assigned_calls(statement: cst.CSTNode) -> list[tuple[str, cst.Call]]:
+    """`name = call(...)` -> [(name, call)]; `a, b = f(...), g(...)` -> [(a, f(...)), (b, g(...))]."""
+    assigned = _assign(statement)
+    if assigned is not None:
+        return [assigned] if isinstance(assigned[1], cst.Call) else []
+    small = _small(statement)
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return []
+    target, value = small.targets[0].target, small.value
+    if isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)) \
+            and len(target.elements) == len(value.elements) \
+            and all(isinstance(t, cst.Element) and isinstance(t.value, cst.Name) for t in target.elements) \
+            and all(isinstance(v, cst.Element) and isinstance(v.value, cst.Call) for v in value.elements):
+        return [(t.value.value, v.value) for t, v in zip(target.elements, value.elements)]
+    return []
+
+
+def _loop_index(loop: cst.For) -> str | None:
+    """The tower index: `i` of `for i in range(N)` or `for i, d in enumerate(D)`."""
+    target, iterable = loop.target, loop.iter
+    func = _code(iterable.func) if isinstance(iterable, cst.Call) else ""
+    if isinstance(target, cst.Name) and func in ("range", "xrange"):
+        return target.value
+    if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[0].value, cst.Name) \
+            and func == "enumerate":
+        return target.elements[0].value.value
+    return None
+
+
+def _split_arguments(name: str, call: cst.Call) -> dict[str, cst.BaseExpression]:
+    """`tf.split(value, num_or_size_splits, axis=0, num=None, name=...)`'s arguments by name."""
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    keywords = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    values = dict(zip(("value", "num_or_size_splits", "axis"), positional))
+    # `num` (the count of a size list TensorFlow cannot infer) and starred arguments leave the
+    # pieces unknown here.
+    if any(a.star for a in call.args) or len(positional) > 3 \
+            or set(keywords) - {"value", "num_or_size_splits", "axis", "name"} or set(keywords) & set(values) \
+            or len(positional) + len(set(keywords) & {"value", "num_or_size_splits"}) < 2:
+        raise Unmatched(f"cannot read the arguments of `{name} = {_code(call)}`")
+    values.update(keywords)
+    return values
+
+
+def _plan_split(
+    statements: list[cst.BaseStatement], loop: cst.For, before: list[cst.BaseStatement], owner: cst.CSTNode,
+    after_loop: Callable[[cst.CSTNode], bool], *, strategy: str, tf: Callable[[str], str],
+    tf_api: Callable[[cst.Call], str | None], fresh: Callable[..., str], imports, module: cst.Module,
+) -> SplitFedInput | None:
+    """The textbook shape: global placeholders made before the tower loop, cut with
+    ``x_parts = tf.split(images, N)``, tower ``i`` reading ``x_parts[i]``, and the session loop
+    feeding ``{images: x, targets: y}`` with the arrays of each batch it draws::
+
+        images = tf.placeholder(tf.float32, [None, 8])
+        targets = tf.placeholder(tf.float32, [None, 1])
+        x_parts = tf.split(images, NUM_GPUS)
+        y_parts = tf.split(targets, NUM_GPUS)
+        for i in range(NUM_GPUS):
+            ... tower_model(x_parts[i]) ... y_parts[i] ...
+        ...
+        for step, (x, y) in enumerate(make_batches()):
+            _, loss_value = sess.run([train_op, loss], feed_dict={images: x, targets: y})
+
+    The placeholders and the splits go; the batch source becomes the same generator-backed
+    distributed dataset as for per-tower placeholders, and the replica function binds its part
+    of the batch to the placeholders' names (``images, targets = batch``), read where the tower
+    read its piece (``tower_model(images)``): under the strategy, the replica's input *is* what
+    the placeholder stood for, at the replica's share. ``tf.split(x, N)`` cuts N equal
+    contiguous parts along axis 0, replica k's part of each global batch under
+    MirroredStrategy, so each replica trains on the piece its tower did.
+
+    None when the towers read no `tf.split` piece of a placeholder; SplitUnmatched otherwise
+    when anything differs.
+    """
+    index = _loop_index(loop)
+    splits: dict[str, tuple[cst.SimpleStatementLine, cst.Call]] = {}
+    for statement in before:
+        for name, call in _assigned_calls(statement):
+            if tf_api(call) == SPLIT:
+                splits[name] = (statement, call)
+    read = {name: found for name in splits if (found := [r for s in statements for r in _references(s, name)])}
+    if index is None or not read:
+        return None
+    placeholders = {
+        name: (s, call) for s in find(owner, cst.SimpleStatementLine) for name, call in _assigned_calls(s)
+        if tf_api(call) == PLACEHOLDER
+    }
+
+    def splits_placeholder(call: cst.Call) -> bool:
+        value = next((a.value for a in call.args if a.keyword is None or a.keyword.value == "value"), None)
+        return isinstance(value, cst.Name) and value.value in placeholders
+
+    if not any(splits_placeholder(splits[name][1]) for name in read):
+        return None  # the pieces of tensors the program does not feed (queue batches, arguments)
+    try:
+        return _split_input(
+            statements, loop, index, before, owner, after_loop, {name: splits[name] for name in read}, placeholders,
+            strategy=strategy, tf=tf, tf_api=tf_api, fresh=fresh, imports=imports, module=module,
+        )
+    except Unmatched as reason:
+        raise SplitUnmatched(str(reason)) from None
+
+
+def _split_input(statements, loop, index, before, owner, after_loop, splits, placeholders, *,
+                 strategy, tf, tf_api, fresh, imports, module) -> SplitFedInput:
+    owner_bindings = _bound_names(owner)
+    count = _tower_count(loop)
+    # The replica index replaces the loop variable: `x_parts[i]` is replica i's piece only if
+    # the tower never rebinds `i`.
+    if any(name == index for s in statements for name, _ in _bound_names(s)):
+        raise Unmatched(f"the tower assigns the loop variable `{index}`")
+    holders: dict[str, _Placeholder] = {}   # placeholder name -> its spec
+    reads: dict[int, str] = {}              # id(`x_parts[i]`) -> placeholder name
+    removed: list[cst.SimpleStatementLine] = []
+    for name, (statement, call) in splits.items():
+        arguments = _split_arguments(name, call)
+        value, parts, axis = arguments["value"], arguments["num_or_size_splits"], arguments.get("axis")
+        # Only a placeholder's pieces can come from the batches the session loop feeds.
+        if not (isinstance(value, cst.Name) and value.value in placeholders):
+            raise Unmatched(f"`{name}` cuts `{_code(value)}`, not a placeholder the session loop feeds")
+        placeholder = value.value
+        # The strategy cuts each batch along its first axis; pieces along another are other examples.
+        if axis is not None and not (isinstance(axis, cst.Integer) and int(axis.value, 0) == 0):
+            raise Unmatched(f"`{name}` cuts `{placeholder}` along axis `{_code(axis)}`, not the batch axis 0 "
+                            "that the strategy splits")
+        # A list of sizes may be unequal (and is fixed): the strategy's parts are equal.
+        if isinstance(parts, (cst.List, cst.Tuple)):
+            raise Unmatched(f"`{name}` cuts `{placeholder}` into the sizes `{_code(parts)}`, not into equal parts")
+        # One piece per tower is what makes piece i the replica's part; any other count is not.
+        if not _is_count(parts, count, set()):
+            raise Unmatched(f"`{name}` cuts `{placeholder}` into `{_code(parts)}` pieces, not one per tower "
+                            f"(`{' / '.join(sorted(count)) or _code(loop.iter)}`)")
+        # The pieces go with the split: it must be the only binding of the name, read only by the towers.
+        if sum(1 for bound, _ in owner_bindings if bound == name) != 1:
+            raise Unmatched(f"`{name}` is assigned more than once")
+        if len(_references(owner, name)) != 1 + len(_references(loop, name)):
+            raise Unmatched(f"`{name}` is used outside the tower loop")
+        pieces = [n for s in statements for n in walk(s)
+                  if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value == name]
+        own = [n for n in pieces if _is_index(n, index)]
+        # Each tower reads its own piece: `x_parts[0]` or `x_parts` whole are other examples.
+        if len(own) != len(_references(loop, name)):
+            raise Unmatched(f"the tower reads `{name}` other than as its own piece `{name}[{index}]`")
+        # One split per placeholder: the replica's part gets the placeholder's name.
+        if placeholder in holders:
+            raise Unmatched(f"`{placeholder}` is cut by more than one `tf.split`")
+        made, made_call = placeholders[placeholder]
+        # The placeholder goes where the dataset is made: with the loop's other set-up, in its block.
+        if not any(s is made for s in before):
+            raise Unmatched(f"the placeholder `{placeholder}` is not made before the tower loop, in its block")
+        holders[placeholder] = _placeholder(placeholder, made, made_call, strategy, per_tower=False)
+        reads.update({id(n): placeholder for n in own})
+        removed += [s for s in (made, statement) if not any(s is r for r in removed)]
+    # A statement that goes whole (`x_parts, y_parts = tf.split(...), tf.split(...)`) may only
+    # make what goes with it.
+    for statement in removed:
+        kept = [name for name, _ in _assigned_calls(statement) if name not in splits and name not in holders]
+        if kept:
+            raise Unmatched(f"`{_code(statement).strip()}` also makes {', '.join(f'`{k}`' for k in kept)}, "
+                            "which the towers do not read as their pieces")
+    # The replica binds the placeholders' names: the tower must not already use them.
+    for placeholder in holders:
+        if any(_references(s, placeholder) for s in statements):
+            raise Unmatched(f"the tower uses the name `{placeholder}` besides its pieces")
+
+    session = _session_input(
+        holders, loop, owner, module, after_loop, strategy=strategy, tf=tf, tf_api=tf_api, fresh=fresh,
+        imports=imports, direct=True, what="the split placeholders", scope=owner,
+        elsewhere="`{}` is used other than by its `tf.split` and the feed",
+        fed_comment="# the piece `tf.split` cut for its tower.",
+    )
+    names = [h.name for h in session.ordered]
+    target = names[0] if isinstance(session.batch, cst.Name) else ", ".join(names) + ("," if len(names) == 1 else "")
+    unpack = cst.parse_statement(f"{target} = {session.parameter}\n")
+    # Comments above the statements that go stay, above the dataset that replaces them.
+    comments = [line for s in removed for line in s.leading_lines if line.comment is not None]
+    dataset_statement = session.dataset_statement.with_changes(
+        leading_lines=[*comments, *session.dataset_statement.leading_lines])
+    region = dict(session.region)
+    region.update({id(s): cst.RemovalSentinel.REMOVE for s in removed})
+    return SplitFedInput(
+        iterator_statement=session.iterator_statement, parameter=session.parameter, unpack=unpack, dropped=(),
+        get_next=session.get_next, initializer=session.initializer, initialize=session.initialize,
+        prelude=(dataset_statement,), region=region, anchors=(session.session_loop, *removed),
+        imports=session.imports, remove_imports=session.remove_imports,
+        note=" and feed it from a tf.data.Dataset.from_generator over the session loop's batches "
+             "in place of the split placeholders",
+        reads=reads,
     )
 
 
