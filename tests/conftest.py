@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -33,3 +36,15 @@ def expected_markers(text: str) -> set[tuple[int, str]]:
 @pytest.fixture
 def check():
     return run_check
+
+
+def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20) -> tuple[int, dict]:
+    """`tfmigrate verify OLD NEW` on 2 logical devices: (exit status, the JSON report)."""
+    report = tmp_path / f"{new.stem}.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", str(steps),
+         "--devices", "2", "--timeout", "180", "--json", str(report)],
+        capture_output=True, text=True, cwd=ROOT,
+    )
+    assert report.exists(), result.stdout + result.stderr
+    return result.returncode, json.loads(report.read_text())

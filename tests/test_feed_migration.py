@@ -23,7 +23,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES, ROOT, run_verify
 from tfmigrate.config import Config
 from tfmigrate.fixer import fix_text
 from tfmigrate.runner import check_text
@@ -272,21 +272,10 @@ def test_near_misses_keep_per_replica_placeholders_and_say_why(name):
 # --- training ------------------------------------------------------------------------------
 
 
-def _verify(old: Path, new: Path, tmp_path: Path) -> tuple[int, dict]:
-    report = tmp_path / f"{new.stem}.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", "20",
-         "--devices", "2", "--timeout", "180", "--json", str(report)],
-        capture_output=True, text=True, cwd=ROOT,
-    )
-    assert report.exists(), result.stdout + result.stderr
-    return result.returncode, json.loads(report.read_text())
-
-
 @pytest.mark.tensorflow
 def test_the_migrated_program_trains_like_the_original(migrated, tmp_path):
     pytest.importorskip("tensorflow")
-    code, report = _verify(PROGRAM, migrated, tmp_path)
+    code, report = run_verify(PROGRAM, migrated, tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
     assert report["comparison"]["max_rel_diff"] < 1e-6
     # Examples per second count the global batch on both sides (24 per step).
@@ -301,7 +290,7 @@ def test_other_spellings_train_like_the_original(tmp_path):
     old.write_text(variant(*HANDLED["split_pieces_and_update"], *HANDLED["fixed_batch_dimension"], *HANDLED["no_step_counter"]))
     new.write_text(fixed(old.read_text()))
     assert "while True:" in new.read_text() and "np.split" not in new.read_text()
-    code, report = _verify(old, new, tmp_path)
+    code, report = run_verify(old, new, tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
 
 
@@ -313,7 +302,7 @@ def test_a_near_miss_still_trains_like_the_original(tmp_path):
     old.write_text(variant(*REFUSED["batch_used_elsewhere"][0]))
     new.write_text(fixed(old.read_text()))
     assert "feed_dict=feed" in new.read_text()
-    code, report = _verify(old, new, tmp_path)
+    code, report = run_verify(old, new, tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
 
 
@@ -324,5 +313,5 @@ def test_an_unscaled_loss_is_still_caught(migrated, tmp_path):
     text = migrated.read_text()
     assert "loss / strategy.num_replicas_in_sync" in text
     wrong.write_text(text.replace("loss / strategy.num_replicas_in_sync", "loss"))
-    code, _ = _verify(PROGRAM, wrong, tmp_path)
+    code, _ = run_verify(PROGRAM, wrong, tmp_path)
     assert code == 1

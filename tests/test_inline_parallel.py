@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, run_check
+from tests.conftest import FIXTURES, ROOT, run_check, run_verify
 
 PROGRAM = FIXTURES / "programs" / "parallel_inline_split.py"
 
@@ -56,21 +56,10 @@ def test_program_rewrite_parses_is_idempotent_and_leaves_no_towers(migrated):
     assert not codes & {"TFM101", "TFM103", "TFM104", "TFM105"}, codes
 
 
-def _verify(old: Path, new: Path, tmp_path: Path) -> tuple[int, dict]:
-    report = tmp_path / f"{new.stem}.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", "20",
-         "--devices", "2", "--timeout", "180", "--json", str(report)],
-        capture_output=True, text=True, cwd=ROOT,
-    )
-    assert report.exists(), result.stdout + result.stderr
-    return result.returncode, json.loads(report.read_text())
-
-
 @pytest.mark.tensorflow
 def test_migrated_program_trains_like_the_original(migrated, tmp_path):
     pytest.importorskip("tensorflow")
-    code, report = _verify(PROGRAM, migrated, tmp_path)
+    code, report = run_verify(PROGRAM, migrated, tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
     assert report["comparison"]["steps_compared"] == 20
     assert report["comparison"]["max_rel_diff"] <= 1e-5
@@ -86,7 +75,7 @@ def test_an_unscaled_replica_loss_is_caught(migrated, tmp_path):
     assert scaled in text
     wrong = tmp_path / "unscaled.py"
     wrong.write_text(text.replace(scaled, "tf.reduce_mean(per_example)"))
-    code, _ = _verify(PROGRAM, wrong, tmp_path)
+    code, _ = run_verify(PROGRAM, wrong, tmp_path)
     assert code == 1
 
 

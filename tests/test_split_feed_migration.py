@@ -27,7 +27,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES, ROOT, run_verify
 from tfmigrate.config import Config
 from tfmigrate.fixer import fix_text
 from tfmigrate.runner import check_text
@@ -307,21 +307,10 @@ def test_near_misses_keep_the_fed_pieces_and_say_why(name):
 # --- training ------------------------------------------------------------------------------
 
 
-def _verify(old: Path, new: Path, tmp_path: Path) -> tuple[int, dict]:
-    report = tmp_path / f"{new.stem}.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", "20",
-         "--devices", "2", "--timeout", "180", "--json", str(report)],
-        capture_output=True, text=True, cwd=ROOT,
-    )
-    assert report.exists(), result.stdout + result.stderr
-    return result.returncode, json.loads(report.read_text())
-
-
 @pytest.mark.tensorflow
 def test_the_migrated_program_trains_like_the_original(migrated, tmp_path):
     pytest.importorskip("tensorflow")
-    code, report = _verify(PROGRAM, migrated, tmp_path)
+    code, report = run_verify(PROGRAM, migrated, tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
     # Same weights, same batches, same split: step-by-step agreement (float32 rounding).
     assert report["comparison"]["max_rel_diff"] < 1e-6

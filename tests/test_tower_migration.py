@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES, ROOT, run_verify
 
 PROGRAMS = [
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -66,22 +66,11 @@ def test_sum_helper_keeps_the_loss_scale_and_mean_helper_divides(migrated):
     )
 
 
-def _verify(old: Path, new: Path, tmp_path: Path) -> tuple[int, dict]:
-    report = tmp_path / f"{new.stem}.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", "20",
-         "--devices", "2", "--timeout", "180", "--json", str(report)],
-        capture_output=True, text=True, cwd=ROOT,
-    )
-    assert report.exists(), result.stdout + result.stderr
-    return result.returncode, json.loads(report.read_text())
-
-
 @pytest.mark.tensorflow
 @pytest.mark.parametrize("name", PROGRAMS)
 def test_migrated_program_trains_like_the_original(migrated, name, tmp_path):
     pytest.importorskip("tensorflow")
-    code, report = _verify(FIXTURES / "programs" / f"{name}.py", migrated[name], tmp_path)
+    code, report = run_verify(FIXTURES / "programs" / f"{name}.py", migrated[name], tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
 
 
@@ -92,7 +81,7 @@ def test_unscaled_loss_is_caught(migrated, tmp_path):
     text = migrated["legacy_towers"].read_text()
     assert "loss / strategy.num_replicas_in_sync" in text
     wrong.write_text(text.replace("loss / strategy.num_replicas_in_sync", "loss"))
-    code, _ = _verify(FIXTURES / "programs" / "legacy_towers.py", wrong, tmp_path)
+    code, _ = run_verify(FIXTURES / "programs" / "legacy_towers.py", wrong, tmp_path)
     assert code == 1
 
 
@@ -240,7 +229,7 @@ def test_a_fetched_per_example_loss_is_read_from_every_replica(migrated, tmp_pat
         text = source.read_text()
         assert fetch in text
         target.write_text(text.replace(fetch, vector))
-    code, report = _verify(old, new, tmp_path)
+    code, report = run_verify(old, new, tmp_path)
     assert code == 0, json.dumps(report, indent=1)[:3000]
     assert any(note.startswith("NEW:") and "sum of the 2 losses" in note for note in report["notes"]), report["notes"]
 
