@@ -119,12 +119,21 @@ class ManualTowerLoop(Rule):
         ),
     ]
 
+    def visit_Module(self, node: cst.Module) -> None:
+        self._towers: list = []
+
     def visit_For(self, node: cst.For) -> None:
         tower = tower_loop_at(self.context, node)
         group = tower_group(self.context, node)
         if tower is not None and group and group[0] is not tower:
             tower = None  # one finding per group of loops, at its first loop
         if tower is not None:
+            self._towers.append((node, tower, group))
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        # The rewrite is planned once the walk has seen the whole module (it reads the code
+        # after the loop too, with the walk's parents).
+        for node, tower, group in self._towers:
             device = describe_device(tower.scopes[0].device, self.context.module)
             message = (
                 f"tower loop: one model replica per device under `tf.device({device})`"

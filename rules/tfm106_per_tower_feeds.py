@@ -108,11 +108,19 @@ class PerTowerFeeds(Rule):
             "from_generator over the existing batch source) distributed with "
             "strategy.experimental_distribute_dataset, which splits it across replicas"
         )
-        edit = None
-        tower = enclosing_tower(self.context, node)
-        planned = mirrored.planned(self, tower)
-        if planned.fed is not None and id(node) in planned.fed.placeholder_calls:
-            edit = planned.edit
-        elif planned.edit is not None and planned.feeds_kept:
-            message += f" (the TFM101 rewrite keeps one placeholder per replica: {planned.feeds_kept})"
-        self.report(node, message, edit=edit)
+        self._placeholders.append((node, enclosing_tower(self.context, node), message))
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._placeholders: list = []
+
+    def leave_Module(self, original_node: cst.Module) -> None:
+        # The TFM101 rewrite (which this one shares) is planned once the walk has seen the
+        # whole module: it reads the session code after the loop too.
+        for node, tower, message in self._placeholders:
+            edit = None
+            planned = mirrored.planned(self, tower)
+            if planned.fed is not None and id(node) in planned.fed.placeholder_calls:
+                edit = planned.edit
+            elif planned.edit is not None and planned.feeds_kept:
+                message += f" (the TFM101 rewrite keeps one placeholder per replica: {planned.feeds_kept})"
+            self.report(node, message, edit=edit)

@@ -271,6 +271,7 @@ def test_fast_walk_calls_the_rules_like_libcst(tmp_path):
     as LibCST's ``module.visit`` (which rebuilds every node it passes)."""
     import libcst as cst
 
+    from tfmigrate.rule import RuleContext
     from tfmigrate.runner import _batched, _walk_rules
 
     node_types = [n for n in dir(cst) if isinstance(getattr(cst, n), type) and issubclass(getattr(cst, n), cst.CSTNode)]
@@ -299,7 +300,7 @@ def test_fast_walk_calls_the_rules_like_libcst(tmp_path):
             expected, got = visitor_class(), visitor_class()
             expected.log, got.log = [], []
             module.visit(_batched([expected]))
-            _walk_rules(module, [got], {}, {}, set(), {})
+            _walk_rules(module, [got], {}, {}, set(), RuleContext(path="<test>", module=module, imports=None))
             assert got.log == expected.log, path
 
 

@@ -216,7 +216,7 @@ def test_per_device_names_from_the_walks_parents_equal_the_whole_module_pass():
         except (cst.ParserSyntaxError, UnicodeDecodeError):
             continue
         walked = RuleContext(path=str(path), module=module, imports=ImportTable.from_module(module))
-        _walk_rules(module, [], {}, {}, set(), walked.parents)
+        _walk_rules(module, [], {}, {}, set(), walked)
         whole = _per_device_names(RuleContext(path=str(path), module=module, imports=walked.imports))
         for node in (n for n in _all_nodes(module)):
             assert per_device_names(walked, node) == whole.get(id(node), frozenset()), (path, type(node).__name__)
@@ -244,3 +244,29 @@ def test_a_device_listing_is_seen_in_every_spelling_when_the_source_is_known(bin
         "for gpu in gpus:\n    with tf.device(gpu.name):\n        y = tf.matmul(x, w)\n"
     )
     assert [f.code for f in run_check(code) if f.code == "TFM101"] == []
+
+
+def test_the_walks_parents_are_those_of_the_analyses():
+    """Once the rules' walk is complete, the rewrites use its parents instead of computing
+    them: for every node the analyses walk, the same parent."""
+    from tests.conftest import FIXTURES
+    from tfmigrate.devices import parents_of, walk
+    from tfmigrate.runner import _walk_rules
+    from tfmigrate.walker import trivia_types
+
+    compared = 0
+    for path in sorted(FIXTURES.rglob("*.py")):
+        try:
+            module = cst.parse_module(path.read_text(encoding="utf-8"))
+        except (cst.ParserSyntaxError, UnicodeDecodeError):
+            continue
+        context = RuleContext(path=str(path), module=module, imports=ImportTable.from_module(module))
+        _walk_rules(module, [], {}, {}, set(), context)
+        assert context.walk_complete
+        skipped = trivia_types()  # operators and the like: the walk skips them; no rewrite asks
+        nodes = {id(node): node for node in walk(module)}
+        for key, parent in parents_of(module).items():
+            if type(nodes[key]) not in skipped:
+                assert context.parents[key] is parent
+                compared += 1
+    assert compared > 10000

@@ -117,6 +117,18 @@ def events(node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, bool]]:
             stack.extend((child, True) for child in reversed(children(current)))
 
 
+def parents_of(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """id(node) -> its parent, for every node under ``root`` that can hold code."""
+    parents: dict[int, cst.CSTNode] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in children(node):
+            parents[id(child)] = node
+            stack.append(child)
+    return parents
+
+
 def find(node: cst.CSTNode, *types: type) -> list:
     """Every node of the given types under ``node`` (``node`` included)."""
     return [n for n in walk(node) if isinstance(n, types)]

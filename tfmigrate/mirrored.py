@@ -47,7 +47,7 @@ import libcst as cst
 
 from tfmigrate import tower_feeds, tower_input
 from tfmigrate.devices import (
-    children, contains, device_scope_arg, find, mentions_only_cpu, names_used, tower_group, walk,
+    contains, device_scope_arg, find, mentions_only_cpu, names_used, parents_of, tower_group, walk,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -73,17 +73,12 @@ class _Names:
 
 
 def _parents(context) -> dict[int, cst.CSTNode]:
-    def compute() -> dict[int, cst.CSTNode]:
-        parents: dict[int, cst.CSTNode] = {}
-        stack: list[cst.CSTNode] = [context.module]
-        while stack:
-            node = stack.pop()
-            for child in children(node):
-                parents[id(child)] = node
-                stack.append(child)
-        return parents
-
-    return context.memo("parents", compute)
+    """id(node) -> parent for the whole module: the rules' walk's own once it has visited every
+    node (rules plan their rewrites in leave_Module), else computed. (The walk leaves out
+    operators and punctuation, which have no children: going up from any node never meets one.)"""
+    if context.walk_complete:
+        return context.parents
+    return context.memo("parents", lambda: parents_of(context.module))
 
 
 def _statement_of(node: cst.CSTNode, parents) -> cst.BaseStatement:

@@ -81,6 +81,9 @@ class RuleContext:
     #: id(node) -> its parent node (the module's parent is None), filled by the runner's walk
     #: as it goes: complete for the node being visited and every node around it.
     parents: dict[int, Any] = field(default_factory=dict)
+    #: Set by the runner once its walk has visited every node, before the leave_Module
+    #: methods run: from then on `parents` holds every node of the module.
+    walk_complete: bool = False
     #: reports whose findings are made once the walk is over (see `Rule.report`)
     _pending: list[tuple["Rule", cst.CSTNode, str, Edit | None]] = field(default_factory=list)
 

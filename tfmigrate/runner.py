@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import libcst as cst
     from libcst.metadata import MetadataWrapper
 
-    from tfmigrate.rule import Edit, Rule
+    from tfmigrate.rule import Edit, Rule, RuleContext
 
 __all__ = [
     "Analysis", "FileResult", "analyze_module", "analyze_source", "check_file", "check_text", "enabled_rules",
@@ -87,16 +87,17 @@ def codes_for(text: str, config: Config, path: str | None = None) -> set[str]:
 
 def _walk_rules(
     module: cst.Module, visitors: list, statement_of: dict[int, int], in_order: dict, walked: set[int],
-    parents: dict[int, object],
+    context: RuleContext,
 ) -> None:
     """Call the visitors' visit_X/leave_X methods over the module, as ``module.visit`` of a
     batched visitor would, with the read-only walk of :mod:`tfmigrate.walker` (the rules only
     read the tree). A rule's visit_X returning False does not stop the others. Fills
     ``statement_of`` (id(node) -> index of the top-level statement it lies in), and for
     :class:`LazyPositions` ``in_order`` (the calls, for and with statements of each top-level
-    one) and ``walked`` (the top-level statements left so far), and ``parents`` (id(node) ->
-    its parent; see RuleContext). With per-field hooks LibCST's walk fills none of them:
-    positions then come from LibCST's own pass, parents from the analyses' own walks."""
+    one) and ``walked`` (the top-level statements left so far), and the context's ``parents``
+    (id(node) -> its parent) and ``walk_complete`` (see RuleContext). With per-field hooks
+    LibCST's walk fills none of them: positions then come from LibCST's own pass, parents from
+    the analyses' own walks."""
     names = [(visitor, name) for visitor in visitors for name in visitor_method_names(type(visitor))]
     if any(is_attribute_hook(name) for _, name in names):
         module.visit(_batched(visitors))  # per-field hooks: LibCST's own walk calls them
@@ -111,6 +112,7 @@ def _walk_rules(
     top_level = {id(statement): index for index, statement in enumerate(module.body)}
     current = -1
     path: list = [None]  # the nodes from the module down to the one being visited
+    parents = context.parents
 
     def on_visit(node) -> None:
         nonlocal current
@@ -127,6 +129,8 @@ def _walk_rules(
 
     def on_leave(node) -> None:
         path.pop()
+        if node is module:
+            context.walk_complete = True
         for method in leave.get(type(node).__name__, no_methods):
             method(node)
         index = top_level.get(id(node))
@@ -189,7 +193,7 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         for visitor in needed:
             visitor.metadata = wrapper.resolve_many(visitor.get_inherited_dependencies())
-    _walk_rules(module, visitors, statement_of, in_order, walked, context.parents)
+    _walk_rules(module, visitors, statement_of, in_order, walked, context)
     table = suppressions(text)
     kept = [(r, f, e) for (r, f, e) in context.finish_reports() if not is_suppressed(f, table)]
     kept.sort(key=lambda item: item[1].sort_key())

@@ -64,7 +64,7 @@ from typing import Callable
 
 import libcst as cst
 
-from tfmigrate.devices import children, find, names_used, walk
+from tfmigrate.devices import children, find, names_used, parents_of, walk
 from tfmigrate.rule import ImportItem
 from tfmigrate.tower_input import DistributedInput, find_initializer
 
@@ -473,17 +473,6 @@ def _contiguous_part(element: cst.Slice, index: str) -> cst.BaseExpression | Non
     return None
 
 
-def _parents(owner: cst.CSTNode) -> dict[int, cst.CSTNode]:
-    parents: dict[int, cst.CSTNode] = {}
-    stack = [owner]
-    while stack:
-        node = stack.pop()
-        for child in children(node):
-            parents[id(child)] = node
-            stack.append(child)
-    return parents
-
-
 def _integer_constant(name: cst.BaseExpression, module: cst.Module) -> int | None:
     """The value of a module-level `NAME = <int>` assigned nowhere else."""
     if not isinstance(name, cst.Name):
@@ -610,7 +599,7 @@ def _session_input(
     formats the reason when not).
     """
     # --- the session loop: the one loop after the tower loop that reads the lists
-    parents = _parents(owner)
+    parents = parents_of(owner)
     order = {id(n): k for k, n in enumerate(walk(owner))}
     readers = [r for name in lists for r in _references(owner, name) if after_loop(r)]
     if not readers:
