@@ -9,6 +9,7 @@ not grow with the number of rules or of nodes asked about.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -115,6 +116,16 @@ def events(node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, bool]]:
         if entering:
             stack.append((current, False))
             stack.extend((child, True) for child in reversed(children(current)))
+
+
+@functools.lru_cache(maxsize=16)  # rewrites ask the same few blocks about many names
+def name_nodes(root: cst.CSTNode) -> dict[str, list[cst.Name]]:
+    """name -> the Name nodes under ``root`` with that value, in source order."""
+    index: dict[str, list[cst.Name]] = {}
+    for node in walk(root):
+        if type(node) is cst.Name:
+            index.setdefault(node.value, []).append(node)
+    return index
 
 
 def parents_of(root: cst.CSTNode) -> dict[int, cst.CSTNode]:

@@ -47,7 +47,7 @@ import libcst as cst
 
 from tfmigrate import tower_feeds, tower_input
 from tfmigrate.devices import (
-    contains, device_scope_arg, find, mentions_only_cpu, names_used, parents_of, tower_group, walk,
+    contains, device_scope_arg, find, mentions_only_cpu, name_nodes, names_used, parents_of, tower_group, walk,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -262,7 +262,7 @@ def _loop_index(loop: cst.For) -> tuple[str, set[str]]:
 
 
 def _references(module: cst.Module, name: str) -> int:
-    return sum(1 for node in walk(module) if isinstance(node, cst.Name) and node.value == name)
+    return len(name_nodes(module).get(name, ()))
 
 
 @dataclass

@@ -64,7 +64,7 @@ from typing import Callable
 
 import libcst as cst
 
-from tfmigrate.devices import children, find, names_used, parents_of, walk
+from tfmigrate.devices import children, find, name_nodes, names_used, parents_of, walk
 from tfmigrate.rule import ImportItem
 from tfmigrate.tower_input import DistributedInput, find_initializer
 
@@ -174,7 +174,8 @@ def _bound_names(node: cst.CSTNode) -> list[tuple[str, cst.CSTNode]]:
 
 
 def _references(node: cst.CSTNode, name: str) -> list[cst.Name]:
-    return [n for n in walk(node) if isinstance(n, cst.Name) and n.value == name]
+    """The Name nodes reading or binding ``name`` under ``node``, in source order."""
+    return list(name_nodes(node).get(name, ()))
 
 
 @dataclass
