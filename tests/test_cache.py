@@ -249,6 +249,24 @@ def test_warm_run_imports_neither_libcst_nor_rules_nor_typer_nor_rich(tmp_path):
     assert len(list((tmp_path / "cache").rglob("rules.catalog"))) == 1
 
 
+def test_a_changed_file_imports_only_the_rules_it_could_trigger(tmp_path):
+    """With the catalog in the cache folder, a file that needs parsing (the pre-commit case)
+    imports only the rules whose trigger words it has."""
+    tree(tmp_path, files=1)
+    env = {**os.environ, ENV_VAR: str(tmp_path / "cache")}
+    subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
+    from tfmigrate.registry import all_rules, could_fire
+
+    text = "from keras.utils import multi_gpu_model\nparallel = multi_gpu_model(m, gpus=2)\n"
+    write(tmp_path, "pkg/keras_model.py", text)
+    run = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
+    status, heavy = run.stderr.strip().splitlines()[-1].split(" ", 1)
+    loaded = {name for name in eval(heavy) if name.startswith("tfmigrate.rules.")}  # noqa: S307 (our own repr)
+    expected = {rule.__module__ for rule in all_rules() if could_fire(rule, text)}
+    assert loaded == expected and "tfmigrate.rules.tfm201_multi_gpu_model" in loaded and len(loaded) < 8
+    assert "TFM201" in run.stdout
+
+
 def test_fast_path_and_typer_give_the_same_output(tmp_path):
     tree(tmp_path)
     write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\nper-file-ignores = { "pkg/m0.py" = ["TFM1"] }\n')

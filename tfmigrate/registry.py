@@ -52,31 +52,40 @@ def _rules_package():
 
 @functools.lru_cache(maxsize=None)
 def all_rules() -> tuple[type[Rule], ...]:
-    from tfmigrate.rule import Rule
-
     package = _rules_package()
-
-    found: list[type[Rule]] = []
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
-        classes = [
-            obj
-            for obj in vars(module).values()
-            if inspect.isclass(obj)
-            and issubclass(obj, Rule)
-            and obj is not Rule
-            and obj.__module__ == module.__name__
-        ]
-        if len(classes) != 1:
-            raise RuntimeError(f"{module.__name__} must define exactly one rule, found {len(classes)}")
-        found.append(classes[0])
+    found = [
+        _rule_in(package, info.name) for info in pkgutil.iter_modules(package.__path__) if not info.name.startswith("_")
+    ]
     codes = [rule.code for rule in found]
     duplicated = {c for c in codes if codes.count(c) > 1}
     if duplicated:
         raise RuntimeError(f"duplicate rule codes: {sorted(duplicated)}")
     return tuple(sorted(found, key=lambda r: r.code))
+
+
+def _rule_in(package, module_name: str) -> type[Rule]:
+    """The one rule class a module of the rules package defines."""
+    from tfmigrate.rule import Rule
+
+    module = importlib.import_module(f"{package.__name__}.{module_name}")
+    classes = [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj) and issubclass(obj, Rule) and obj is not Rule and obj.__module__ == module.__name__
+    ]
+    if len(classes) != 1:
+        raise RuntimeError(f"{module.__name__} must define exactly one rule, found {len(classes)}")
+    return classes[0]
+
+
+def rules_with_codes(codes: set[str]) -> list[type[Rule]]:
+    """The rules with these codes, in code order. With a catalog read from the cache only their
+    modules are imported (a pre-commit run on one file needs a few of the rules)."""
+    stored = {info.code: info.module for info in _catalog or ()}
+    if all_rules.cache_info().currsize or not codes <= stored.keys() or not all(stored[c] for c in codes):
+        return [rule for rule in all_rules() if rule.code in codes]
+    package = _rules_package()
+    return sorted((_rule_in(package, stored[code]) for code in codes), key=lambda rule: rule.code)
 
 
 def rule_by_code(code: str) -> type[Rule] | None:
@@ -99,6 +108,7 @@ class RuleInfo:
     fix_safety: str  # FixSafety's value
     informational: bool
     requires: tuple[str, ...] = ()
+    module: str = ""  # the rule's module in the rules package
 
     def to_json(self) -> dict:
         return {**asdict(self), "triggers": list(self.triggers), "requires": list(self.requires)}
@@ -112,7 +122,7 @@ class RuleInfo:
         info = cls(
             code=str(data["code"]), name=str(data["name"]), summary=str(data["summary"]),
             triggers=tuple(triggers), fix_safety=str(data["fix_safety"]), informational=bool(data["informational"]),
-            requires=tuple(requires),
+            requires=tuple(requires), module=str(data["module"]),
         )
         return info
 
@@ -132,7 +142,7 @@ def computed_catalog() -> tuple[RuleInfo, ...]:
     return tuple(
         RuleInfo(
             rule.code, rule.name, rule.summary, tuple(rule.triggers), rule.fix_safety.value, rule.informational,
-            tuple(rule.requires),
+            tuple(rule.requires), rule.__module__.rsplit(".", 1)[-1],
         )
         for rule in all_rules()
     )

@@ -207,7 +207,10 @@ def analyze_source(source: SourceFile, config: Config) -> Analysis | None:
         return None  # decided from the catalog: neither LibCST nor any rule is imported
     from tfmigrate.source import parse_source
 
-    rules = [rule for rule in all_rules() if rule.code in codes]
+    if all_rules is registry.all_rules:
+        rules = registry.rules_with_codes(codes)
+    else:  # rules of a test's own
+        rules = [rule for rule in all_rules() if rule.code in codes]
     module = parse_source(source)
     return analyze_module(module, source.path, rules, config, source.text)
 
