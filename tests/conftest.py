@@ -48,3 +48,24 @@ def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20) -> tuple[i
     )
     assert report.exists(), result.stdout + result.stderr
     return result.returncode, json.loads(report.read_text())
+
+
+def replaced(text: str, *replacements: tuple[str, str]) -> str:
+    """``text`` with each (old, new) replaced; every ``old`` must be there."""
+    for old, new in replacements:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def unsafe_fix(text: str) -> str:
+    """`fix --unsafe-fixes` of ``text``; the result must parse, compile and be a fixed point."""
+    import libcst as cst
+
+    from tfmigrate.fixer import fix_text
+
+    result = fix_text(text, Config(root=ROOT), unsafe=True)
+    cst.parse_module(result)
+    compile(result, "<fixed>", "exec")
+    assert fix_text(result, Config(root=ROOT), unsafe=True) == result, "a second fix changed the file"
+    return result

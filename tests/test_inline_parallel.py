@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, run_check, run_verify
+from tests.conftest import FIXTURES, ROOT, replaced, run_check, run_verify
 
 PROGRAM = FIXTURES / "programs" / "parallel_inline_split.py"
 
@@ -97,11 +97,7 @@ def train(x, y, opt):
 
 
 def _variant(*pairs: tuple[str, str]) -> str:
-    code = BASE
-    for old, new in pairs:
-        assert old in code, old
-        code = code.replace(old, new)
-    return code
+    return replaced(BASE, *pairs)
 
 
 def _finding(code: str):

@@ -27,9 +27,9 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, run_verify
+from tests.conftest import FIXTURES, ROOT, replaced, run_verify
+from tests.conftest import unsafe_fix as fixed
 from tfmigrate.config import Config
-from tfmigrate.fixer import fix_text
 from tfmigrate.runner import check_text
 
 PROGRAM = FIXTURES / "programs" / "legacy_towers.py"
@@ -43,20 +43,7 @@ NOTE = "the rewrite keeps feeding the split placeholders each step: "
 
 
 def variant(*replacements: tuple[str, str]) -> str:
-    text = SOURCE
-    for old, new in replacements:
-        assert old in text, old
-        text = text.replace(old, new)
-    return text
-
-
-def fixed(text: str) -> str:
-    """The unsafe fix of ``text``; it must parse, compile and be a fixed point."""
-    result = fix_text(text, Config(root=ROOT), unsafe=True)
-    cst.parse_module(result)
-    compile(result, "<fixed>", "exec")
-    assert fix_text(result, Config(root=ROOT), unsafe=True) == result, "a second fix changed the file"
-    return result
+    return replaced(SOURCE, *replacements)
 
 
 def code_of(text: str) -> str:
