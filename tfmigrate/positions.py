@@ -168,11 +168,11 @@ class LazyPositions(Mapping):
             pending: list[ast.AST] = list(self._groups[index])
             while pending:  # ast.iter_child_nodes, without the nodes that cannot hold a call
                 node = pending.pop()
-                kind = type(node)
-                name = _TWIN_OF.get(kind)
+                node_type = type(node)
+                name = _TWIN_OF.get(node_type)
                 if name is not None:
                     twins[name].append(node)
-                elif kind is ast.JoinedStr:
+                elif node_type is ast.JoinedStr:
                     continue
                 for field in node._fields:
                     value = getattr(node, field, None)
@@ -205,7 +205,8 @@ class LazyPositions(Mapping):
         return found
 
     def _column(self, line: int, byte_offset: int) -> int | None:
-        """The character column of ``ast``'s byte offset on a line (1-based), None off the text."""
+        """The (0-based) character column of ``ast``'s byte offset on a line (1-based), None off
+        the text."""
         offsets = self._line_offsets()
         if not 0 < line <= len(offsets):
             return None
