@@ -144,3 +144,32 @@ def test_a_twin_whose_text_does_not_start_as_the_node_is_not_used():
     positions = LazyPositions(module, "x = g(1)\n", _statement_of(module))  # stale text
     call = module.body[0].body[0].value
     assert positions._twin_range(call, 0) is None
+
+
+def _stdlib_sample() -> list:
+    """A fixed sample of the standard library's own modules: syntax nobody wrote for tfmigrate."""
+    import sysconfig
+    from pathlib import Path
+
+    folder = Path(sysconfig.get_paths()["stdlib"])
+    names = ["argparse", "ast", "dataclasses", "difflib", "enum", "functools", "inspect", "json/decoder",
+             "pathlib", "pprint", "shutil", "string", "tarfile", "textwrap", "tokenize", "typing", "zipfile",
+             "asyncio/base_events", "email/message", "unittest/case"]
+    return [pytest.param(folder / f"{name}.py", id=name) for name in names if (folder / f"{name}.py").exists()]
+
+
+@pytest.mark.parametrize("path", _stdlib_sample())
+def test_python_ranges_of_calls_and_loops_equal_libcsts_on_the_standard_library(path):
+    text = path.read_text(encoding="utf-8")
+    module = cst.parse_module(text)
+    expected = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    statement_of = _statement_of(module)
+    positions = LazyPositions(module, text, statement_of)
+    paired = 0
+    for node, expected_range in expected.items():
+        if isinstance(node, (cst.Call, cst.For, cst.With)) and statement_of.get(id(node), -1) >= 0:
+            twin = positions._twin_range(node, statement_of[id(node)])
+            if twin is not None:
+                assert twin == expected_range, module.code_for_node(node)[:60]
+                paired += 1
+    assert paired > 20
