@@ -205,23 +205,30 @@ def test_loops_over_the_same_devices_that_feed_each_other_are_one_group():
 def test_per_device_names_from_the_walks_parents_equal_the_whole_module_pass():
     """The rules' walk records each node's parent; the names found going up from a node are
     those the one-pass computation over the module gives."""
-    from tests.conftest import FIXTURES
     from tfmigrate.devices import _per_device_names
-    from tfmigrate.runner import _walk_rules
 
     compared = 0
-    for path in sorted(FIXTURES.rglob("*.py")):
-        try:
-            module = cst.parse_module(path.read_text(encoding="utf-8"))
-        except (cst.ParserSyntaxError, UnicodeDecodeError):
-            continue
-        walked = RuleContext(path=str(path), module=module, imports=ImportTable.from_module(module))
-        _walk_rules(module, [], {}, {}, set(), walked)
+    for path, module, walked in _walked_fixtures():
         whole = _per_device_names(RuleContext(path=str(path), module=module, imports=walked.imports))
         for node in (n for n in _all_nodes(module)):
             assert per_device_names(walked, node) == whole.get(id(node), frozenset()), (path, type(node).__name__)
             compared += bool(whole.get(id(node)))
     assert compared > 1000  # nodes inside per-device loops
+
+
+def _walked_fixtures():
+    """(path, module, context after the rules' walk with no rule) for every parsable fixture."""
+    from tests.conftest import FIXTURES
+    from tfmigrate.runner import _walk_rules
+
+    for path in sorted(FIXTURES.rglob("*.py")):
+        try:
+            module = cst.parse_module(path.read_text(encoding="utf-8"))
+        except (cst.ParserSyntaxError, UnicodeDecodeError):
+            continue
+        context = RuleContext(path=str(path), module=module, imports=ImportTable.from_module(module))
+        _walk_rules(module, [], {}, {}, set(), context)
+        yield path, module, context
 
 
 def _all_nodes(module: cst.Module) -> list[cst.CSTNode]:
@@ -249,19 +256,11 @@ def test_a_device_listing_is_seen_in_every_spelling_when_the_source_is_known(bin
 def test_the_walks_parents_are_those_of_the_analyses():
     """Once the rules' walk is complete, the rewrites use its parents instead of computing
     them: for every node the analyses walk, the same parent."""
-    from tests.conftest import FIXTURES
     from tfmigrate.devices import parents_of, walk
-    from tfmigrate.runner import _walk_rules
     from tfmigrate.walker import trivia_types
 
     compared = 0
-    for path in sorted(FIXTURES.rglob("*.py")):
-        try:
-            module = cst.parse_module(path.read_text(encoding="utf-8"))
-        except (cst.ParserSyntaxError, UnicodeDecodeError):
-            continue
-        context = RuleContext(path=str(path), module=module, imports=ImportTable.from_module(module))
-        _walk_rules(module, [], {}, {}, set(), context)
+    for _, module, context in _walked_fixtures():
         assert context.walk_complete
         skipped = trivia_types()  # operators and the like: the walk skips them; no rewrite asks
         nodes = {id(node): node for node in walk(module)}
