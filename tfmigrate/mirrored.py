@@ -509,18 +509,57 @@ def _plan(rule, tower) -> Planned:
         if _references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
     title = "rewrite the tower loop with tf.distribute.MirroredStrategy" + (feed.note if feed else "")
+    add_imports = [*(feed.imports if feed else ())]
+    remove_imports = list(feed.remove_imports if feed else ())
     if context.target == "tf2":
-        # The tower code is graph code (it runs in a Session and creates variables through
-        # variable scopes); a tf.function + GradientTape step cannot keep it, so the compat
-        # rewrite is what applies, and the fix title says why.
-        title += " (compat target: the tower code is TF1 graph code run in a Session, which the tf2 target cannot keep)"
+        from tfmigrate import tf2_step  # only for this target: `check` start-up stays small
+
+        loop_names = tf2_step.Loop(
+            strategy=strategy, step=step, loss=grads.loss, train=train_name, optimizer=grads.optimizer,
+            iterator=feed.get_next.split(".")[0] if feed else "", averages=averages,
+            compute_rest=tuple(grads.compute.args[1:]), apply_rest=tuple(apply_call.args[1:]),
+        )
+        names_before = list(tf.imports)
+        try:
+            changes[anchor] = _tf2(rule, module, changes, anchor, loop_names, feed, fresh, tf)
+            title = ("rewrite the tower loop as a tf.function train step with tf.GradientTape under "
+                     "tf.distribute.MirroredStrategy" + (feed.note if feed else ""))
+            # The compat loop's `itertools.count()` became `enumerate(...)`.
+            add_imports = [item for item in add_imports if item.module != "itertools"]
+        except tf2_step.NotTf2 as reason:
+            tf.imports[:] = names_before
+            title += f" (compat target: {reason})"
     edit = Edit(
-        changes, title,
-        add_imports=[*tf.imports, *(feed.imports if feed else ())],
-        remove_imports=feed.remove_imports if feed else (), safety=FixSafety.UNSAFE,
+        changes, title, add_imports=[*tf.imports, *add_imports], remove_imports=remove_imports,
+        safety=FixSafety.UNSAFE,
     )
     return Planned(edit, fed=feed if feed is not None and feed.anchors else None, feeds_kept=feeds_kept,
                    split_kept=split_kept)
+
+
+def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, feed, fresh, tf: _Names):
+    """The compat rewrite of ``anchor`` (``changes[anchor]``) made TF2, or NotTf2 with the reason."""
+    from tfmigrate import tf2_step
+
+    if feed is None:
+        raise tf2_step.NotTf2("the towers' input stays fed through placeholders, which TF2 does not have")
+    if any(target.startswith("tensorflow.compat") for target in rule.imports.bindings.values()):
+        raise tf2_step.NotTf2("the module imports tensorflow.compat.v1; the tf2 target writes against "
+                              "`import tensorflow as tf`")
+    compat = changes[anchor]
+    resolve = rule.imports.resolve
+    if isinstance(compat, cst.FlattenSentinel):  # the strategy's creation, then the `with`
+        create, scoped = compat.nodes
+        converted = tf2_step.convert(scoped, loop, resolve=resolve, tf=tf, fresh=fresh)
+        replacement, scope_body, new_nodes = cst.FlattenSentinel([create, converted]), converted, [create, converted]
+    else:  # the function, its body under the scope
+        converted = tf2_step.convert(compat, loop, resolve=resolve, tf=tf, fresh=fresh)
+        replacement, scope_body, new_nodes = converted, converted.body, [converted]
+    step_def = next(f for f in find(converted, cst.FunctionDef) if f.name.value == loop.step)
+    # What the program keeps: the new code, and the module without what the rewrite replaces.
+    removed = [anchor] + [node for node, change in changes.items() if change is cst.RemovalSentinel.REMOVE]
+    tf2_step.check_model_code(module, [*new_nodes, module], removed, step_def, scope_body, loop.strategy, resolve)
+    return replacement
 
 
 def _lead(statements: list[cst.BaseStatement], comments) -> list[cst.BaseStatement]:

@@ -773,6 +773,105 @@ def handle_keras_weights(state: State, model, flavour) -> None:
                 named[k].assign(saved[s])
 
 
+# --------------------------------------------------------------------------------------------
+# TF2 custom training loops: a tf.function train step called from the program
+
+
+class EagerVariables:
+    """The variables the program creates, seen through a variable creator scope entered before
+    it starts (the outermost creator, so MirroredStrategy's per-device components come one by
+    one, the primary first)."""
+
+    def __init__(self, tf):
+        self.created: list = []
+
+        def creator(next_creator, **kwargs):
+            variable = next_creator(**kwargs)
+            self.created.append(variable)
+            return variable
+
+        self.scope = tf.variable_creator_scope(creator)
+        self.scope.__enter__()
+
+    def trainable(self) -> dict:
+        """canonical name -> [the variable and its per-replica components], in creation order."""
+        groups: dict[str, list] = {}
+        last = None
+        for variable in self.created:
+            if not getattr(variable, "trainable", False):
+                continue
+            name = canonical_name(variable.name)
+            if last is not None and re.search(r"/replica_\d+(:\d+)?$", variable.name) and last[0] == name:
+                groups[last[1]].append(variable)
+                continue
+            key, count = name, 1
+            while key in groups:  # Keras 3 names a kernel `kernel` in every layer
+                key, count = f"{name}#{count}", count + 1
+            groups[key] = [variable]
+            last = (name, key)
+        return groups
+
+
+def handle_eager_weights(state: State, variables: EagerVariables) -> None:
+    import numpy as np
+
+    groups = variables.trainable()
+    args = state.args
+    if args.dump_weights:
+        save_weights(args.dump_weights, {k: np.asarray(v[0].numpy()) for k, v in groups.items()}, state)
+    elif args.load_weights:
+        saved = load_weights(args.load_weights)
+        if saved is None:
+            return
+        mapping = match_weights(saved, {k: tuple(v[0].shape) for k, v in groups.items()}, state)
+        for name, source in mapping.items():
+            for component in groups[name]:
+                component.assign(saved[source])
+
+
+def _examples(args) -> int | None:
+    """The global batch of a train step's first argument: a tensor, or per-replica values."""
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(args)
+    if not leaves:
+        return None
+    first = leaves[0]
+    parts = getattr(first, "values", None)
+    parts = parts if isinstance(parts, tuple) else (first,)
+    try:
+        return sum(int(part.shape[0]) for part in parts)
+    except (TypeError, IndexError, AttributeError):
+        return None
+
+
+def install_tf_function(tf, state: State) -> None:
+    """Record each call of a ``tf.function`` that the program makes at its top level (eagerly)
+    and that returns a scalar: a training step, its loss the scalar. The initial weights are
+    dumped or loaded before the first such call."""
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    variables = EagerVariables(tf)
+    original = polymorphic_function.Function.__call__
+
+    def __call__(self, *args, **kwargs):
+        if not (tf.executing_eagerly() and _is_user_code(sys._getframe(1).f_globals)):
+            return original(self, *args, **kwargs)
+        if not state.weights_done:
+            state.weights_done = True
+            handle_eager_weights(state, variables)
+        t_start = time.perf_counter()
+        result = original(self, *args, **kwargs)
+        shape = getattr(result, "shape", None)
+        if shape is None or len(shape) != 0:
+            return result
+        loss = float(result)  # waits for the step, so the time below is the step's
+        state.record(loss, _examples(args), t_start, time.perf_counter(), "tf.function")
+        return result
+
+    polymorphic_function.Function.__call__ = __call__
+
+
 def _executing_eagerly() -> bool:
     import tensorflow as tf
 
@@ -891,6 +990,8 @@ def main(argv=None) -> int:
         recorder = Recorder(tf, state)
         recorder.install_optimizer()
         recorder.install_session()
+        if not args.legacy:
+            install_tf_function(tf, state)
         if args.keras:
             flavours = ["tf_keras"]
             if not args.legacy and os.environ.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):

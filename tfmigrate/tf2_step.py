@@ -1,0 +1,453 @@
+"""The ``tf2`` target of the tower rewrite (TFM101, TFM106): an eager program whose training
+step is a ``tf.function`` that runs a ``tf.GradientTape`` replica step through the strategy.
+
+It starts from what the compat rewrite (:mod:`tfmigrate.mirrored`) made of the loop: a
+distributed dataset read by an initializable iterator, a replica function that computes and
+applies its gradients, ``strategy.run`` + ``strategy.reduce``, and a session loop that reads
+until the input runs out. That code is our own, so its shape is known exactly; this module
+turns it into TF2::
+
+    with strategy.scope():                          # no tf.Graph(): eager
+        model = tf.keras.Sequential([...])          # Keras, built when made
+        opt = tf.keras.optimizers.SGD(learning_rate=0.1)
+        dataset = tf.data.Dataset.from_generator(...)
+        inputs = strategy.experimental_distribute_dataset(dataset)
+
+        def tower_step(batch):
+            x, y = batch
+            with tf.GradientTape() as tape:
+                loss = tower_loss(model, x, y)
+                scaled_loss = loss / strategy.num_replicas_in_sync
+            variables = tape.watched_variables()
+            opt.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
+            return loss
+
+        @tf.function
+        def train_step(batch):
+            return strategy.reduce(tf.distribute.ReduceOp.MEAN, strategy.run(tower_step, args=(batch,)), axis=None)
+
+        for step, batch in enumerate(inputs):
+            loss_value = train_step(batch)
+            ...
+
+``tape.watched_variables()`` is what ``compute_gradients(loss)`` used: every trainable variable
+the loss was computed from. The v1 optimizer becomes the Keras optimizer with the same update
+(plain and momentum SGD, and Adam with v1's epsilon). The scaling is the compat rewrite's:
+MirroredStrategy sums the replicas' gradients, so a loss whose gradients the helper averaged
+is divided by the replica count, inside the tape.
+
+It applies only where the model code allows (DESIGN ``tf2``): Keras layers built where they are
+made, or functions without TF1 variable creation; no TF1-only API left anywhere in the module;
+and input the compat rewrite already turned into a dataset. Anything else raises
+:class:`NotTf2` with the reason, and the compat rewrite applies.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+
+from tfmigrate.devices import find, names_used, walk
+from tfmigrate.verify.detect import TF1_ONLY, TF1_TRAIN
+
+# The v1 optimizers whose Keras counterpart makes the same update, and how their arguments
+# map: positional order of the v1 signature, v1 keyword -> Keras keyword (None: dropped).
+OPTIMIZERS = {
+    "tensorflow.train.GradientDescentOptimizer": (
+        "SGD", ["learning_rate"], {"learning_rate": "learning_rate", "use_locking": None, "name": "name"}, {},
+    ),
+    "tensorflow.train.MomentumOptimizer": (
+        "SGD", ["learning_rate", "momentum"],
+        {"learning_rate": "learning_rate", "momentum": "momentum", "use_locking": None, "name": "name"}, {},
+    ),
+    # Keras's Adam is v1's "epsilon hat" form; only the default epsilon differs (1e-7 vs 1e-8).
+    "tensorflow.train.AdamOptimizer": (
+        "Adam", ["learning_rate", "beta1", "beta2", "epsilon"],
+        {"learning_rate": "learning_rate", "beta1": "beta_1", "beta2": "beta_2", "epsilon": "epsilon",
+         "use_locking": None, "name": "name"},
+        {"epsilon": "1e-8"},
+    ),
+}
+# What marks a Keras model built when it is made (its variables exist before the first step).
+BUILT = re.compile(r"\bInput\(|\binput_shape\s*=|\binput_dim\s*=|\bbatch_input_shape\s*=|\.build\(")
+# TF1 APIs the TF2 step cannot keep, besides those the verify detector lists.
+DENIED_PREFIXES = ("tensorflow.losses.", "tensorflow.layers.", "tensorflow.contrib.", "tensorflow.summary.",
+                   "tensorflow.nn.rnn_cell.", "tensorflow.compat.")
+
+
+class NotTf2(Exception):
+    """The program's code does not allow the tf2 target; the message says why."""
+
+
+@dataclass
+class Loop:
+    """What the compat rewrite made, by name (its nodes are new, so they are found by shape)."""
+
+    strategy: str          # `strategy`
+    step: str              # the replica function, `tower_step`
+    loss: str              # `loss`
+    train: str             # `train_op`
+    optimizer: str         # `opt`
+    iterator: str          # `inputs`
+    averages: bool         # the helper averaged (so the loss is divided by the replica count)
+    compute_rest: tuple    # compute_gradients's arguments after the loss
+    apply_rest: tuple      # apply_gradients's arguments after the gradients
+
+
+def denied_api(name: str | None) -> bool:
+    """Whether a canonical TensorFlow name is TF1-only (gone or graph-only in TF2)."""
+    if name is None or not name.startswith("tensorflow."):
+        return False
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in TF1_ONLY and parts[1] != "train":
+        return True
+    if len(parts) > 2 and parts[1] == "train" and parts[2] in TF1_TRAIN:
+        return True
+    return name.startswith(DENIED_PREFIXES)
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
+
+
+def _small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
+
+
+def _assignment(statement: cst.CSTNode) -> tuple[cst.BaseAssignTargetExpression, cst.BaseExpression] | None:
+    small = _small(statement)
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        return small.targets[0].target, small.value
+    return None
+
+
+def _call_of(statement: cst.CSTNode) -> cst.Call | None:
+    small = _small(statement)
+    value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
+    return value if isinstance(value, cst.Call) else None
+
+
+def _is_method(call: cst.CSTNode, owner: str, method: str) -> bool:
+    return (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
+            and _code(call.func.value) == owner)
+
+
+class _ToTf2(cst.CSTTransformer):
+    """The compat rewrite's code, made TF2 (see the module docstring)."""
+
+    def __init__(self, loop: Loop, resolve, tf, fresh):
+        super().__init__()
+        self.loop, self.resolve, self.tf, self.fresh = loop, resolve, tf, fresh
+        self.sessions: set[str] = set()   # names the session was bound to
+        self.initializers: set[str] = set()  # `init = tf.global_variables_initializer()`
+        self.train_step = fresh("train_step", "distributed_train_step")
+        self.loops_rewritten = 0
+
+    # --- the graph and the session go --------------------------------------------------
+    def visit_With(self, node: cst.With) -> None:
+        for item in node.items:
+            if self._is_session(item.item) and isinstance(item.asname, cst.AsName):
+                self.sessions.add(_code(item.asname.name))
+
+    def leave_With(self, original: cst.With, updated: cst.With):
+        if any(self._is_session(item.item) for item in updated.items):
+            if len(updated.items) != 1:
+                raise NotTf2("the session is opened together with something else in one `with`")
+            body = list(updated.body.body)
+            # A blank line between the step functions above and the training loop.
+            above = updated.leading_lines or [cst.EmptyLine(indent=False)]
+            first = body[0].with_changes(leading_lines=[*above, *body[0].leading_lines])
+            return cst.FlattenSentinel([first, *body[1:]])
+        items = [item for item in updated.items if not _is_graph(item.item)]
+        if len(items) == len(updated.items):
+            return updated
+        items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(items=items)
+
+    def _is_session(self, expression: cst.CSTNode) -> bool:
+        return isinstance(expression, cst.Call) and self.resolve(expression.func) in (
+            "tensorflow.Session", "tensorflow.InteractiveSession")
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        assigned = _assignment(node)
+        if assigned is None or not isinstance(assigned[0], cst.Name):
+            return
+        name, value = assigned[0].value, assigned[1]
+        if self._is_session(value):
+            self.sessions.add(name)
+        elif isinstance(value, cst.Call) and self.resolve(value.func) in (
+                "tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables"):
+            self.initializers.add(name)
+
+    def leave_SimpleStatementLine(self, original, updated):
+        assigned = _assignment(updated)
+        call = _call_of(updated)
+        loop = self.loop
+        if assigned is not None and isinstance(assigned[0], cst.Name):
+            name, value = assigned[0].value, assigned[1]
+            if name in self.sessions or name in self.initializers:
+                return cst.RemovalSentinel.REMOVE
+            if name == loop.optimizer and isinstance(value, cst.Call) and self.resolve(value.func) in OPTIMIZERS:
+                return updated.with_deep_changes(updated.body[0], value=self._keras_optimizer(value))
+            if name == loop.iterator and isinstance(value, cst.Call) and value.args:
+                # The distributed dataset itself is iterable in TF2.
+                return updated.with_deep_changes(updated.body[0], value=value.args[0].value)
+            if name == loop.loss and _is_method(value, loop.strategy, "reduce"):
+                return self._train_step(updated, value)
+            if name == loop.train and _code(value) == f"{loop.loss}.op":
+                return cst.RemovalSentinel.REMOVE
+        if call is not None and isinstance(call.func, cst.Attribute) and _code(call.func.value) in self.sessions:
+            method = call.func.attr.value
+            fetched = _code(call.args[0].value) if call.args else ""
+            if method == "close" or (method == "run" and (
+                    fetched == f"{loop.iterator}.initializer" or fetched in self.initializers
+                    or (call.args and isinstance(call.args[0].value, cst.Call) and self.resolve(call.args[0].value.func)
+                        in ("tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables")))):
+                return cst.RemovalSentinel.REMOVE
+        return updated
+
+    # --- the optimizer ---------------------------------------------------------------------
+    def _keras_optimizer(self, call: cst.Call) -> cst.Call:
+        keras_name, positional, keywords, defaults = OPTIMIZERS[self.resolve(call.func)]
+        arguments: dict[str, str] = {}
+        for k, arg in enumerate(call.args):
+            if arg.star:
+                raise NotTf2("the optimizer is made with *args or **kwargs")
+            v1_name = arg.keyword.value if arg.keyword else (positional[k] if k < len(positional) else None)
+            if v1_name not in keywords:
+                raise NotTf2(f"the optimizer's argument `{_code(arg)}` has no Keras counterpart with the same update")
+            if keywords[v1_name] is not None:
+                arguments[keywords[v1_name]] = _code(arg.value)
+        for keyword, value in defaults.items():
+            arguments.setdefault(keyword, value)
+        made = ", ".join(f"{k}={v}" for k, v in arguments.items())
+        return cst.parse_expression(f"{self.tf('tensorflow.keras.optimizers.' + keras_name)}({made})")
+
+    # --- the replica step: a tape ----------------------------------------------------------
+    def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):
+        if updated.name.value != self.loop.step:
+            return updated
+        loop = self.loop
+        body = list(updated.body.body)
+        # The compat step ends with: grads = opt.compute_gradients(...); train = opt.apply_gradients(...);
+        # with tf.control_dependencies([train]): return tf.identity(loss)
+        if len(body) < 3:
+            raise NotTf2("the replica function is not the compat rewrite's")
+        forward = body[:-3]
+        # The replica index and the batch's unpacking stay before the tape: they compute nothing.
+        before = []
+        parameters = {p.name.value for p in updated.params.params}
+        while forward and _is_preamble(forward[0], parameters):
+            before.append(forward.pop(0))
+        tape, variables, scaled = self.fresh("tape"), self.fresh("variables", "tape_variables"), self.fresh("scaled_loss")
+        inside = list(forward)
+        if loop.averages:
+            inside.append(cst.parse_statement(f"{scaled} = {loop.loss} / {loop.strategy}.num_replicas_in_sync\n"))
+        target = scaled if loop.averages else loop.loss
+        if not inside:
+            raise NotTf2("the tower computes nothing before its gradients")
+        statements = [
+            *before,
+            cst.parse_statement(f"with {self.tf('tensorflow.GradientTape')}() as {tape}:\n    pass\n").with_changes(
+                body=cst.IndentedBlock(body=inside)),
+            cst.parse_statement(f"{variables} = {tape}.watched_variables()\n"),
+            cst.parse_statement(
+                f"{loop.optimizer}.apply_gradients(zip({tape}.gradient({target}, {variables}), {variables}))\n"),
+            cst.parse_statement(f"return {loop.loss}\n"),
+        ]
+        return updated.with_changes(body=updated.body.with_changes(body=statements))
+
+    def _train_step(self, statement: cst.SimpleStatementLine, reduce: cst.Call):
+        run = reduce.args[1].value if len(reduce.args) > 1 else None
+        if not (_is_method(run, self.loop.strategy, "run") and len(run.args) == 2):
+            raise NotTf2("the reduced value is not the compat rewrite's strategy.run")
+        batch = "batch"
+        new_run = run.with_changes(args=[run.args[0], run.args[1].with_changes(
+            value=cst.parse_expression(f"({batch},)"))])
+        new_reduce = reduce.with_changes(args=[reduce.args[0], reduce.args[1].with_changes(value=new_run),
+                                               *reduce.args[2:]])
+        # One level deeper than the statement it replaces: continuation lines move right too.
+        returned = _code(new_reduce).replace("\n", "\n    ")
+        function = cst.parse_statement(
+            f"@{self.tf('tensorflow.function')}\ndef {self.train_step}({batch}):\n    return {returned}\n"
+        )
+        return cst.FlattenSentinel([function.with_changes(leading_lines=statement.leading_lines)])
+
+    # --- the session loop: one call of the train step per global batch --------------------
+    def leave_For(self, original: cst.For, updated: cst.For):
+        read = self._read_until_the_end(updated.body)
+        if read is None:
+            return updated
+        iterable = updated.iter
+        # The compat rewrite's own `itertools.count()` (its import may not be there yet).
+        if not (isinstance(iterable, cst.Call) and _code(iterable.func).split(".")[-1] == "count" and not iterable.args):
+            raise NotTf2("the session loop does not count its steps from 0")
+        batch = self._loop_batch(updated)
+        target = cst.parse_expression(f"{_code(updated.target)}, {batch}")
+        return updated.with_changes(
+            target=target, iter=cst.parse_expression(f"enumerate({self.loop.iterator})"),
+            body=updated.body.with_changes(body=[read(batch), *updated.body.body[1:]]),
+        )
+
+    def leave_While(self, original: cst.While, updated: cst.While):
+        read = self._read_until_the_end(updated.body)
+        if read is None:
+            return updated
+        if not (isinstance(updated.test, cst.Name) and updated.test.value == "True"):
+            raise NotTf2("the session loop is not `while True:`")
+        batch = self._loop_batch(updated)
+        return cst.For(
+            target=cst.Name(batch), iter=cst.Name(self.loop.iterator),
+            body=updated.body.with_changes(body=[read(batch), *updated.body.body[1:]]),
+            leading_lines=updated.leading_lines,
+        )
+
+    def _loop_batch(self, loop_node) -> str:
+        used = names_used(loop_node)
+        return next(n for n in ("batch", "global_batch", "next_batch") if n not in used)
+
+    def _read_until_the_end(self, body: cst.IndentedBlock):
+        """For `try: <run the step> except OutOfRangeError: break` first in a loop: a function
+        making the statement that calls the train step on a batch instead."""
+        first = body.body[0] if body.body else None
+        if not (isinstance(first, cst.Try) and len(first.handlers) == 1 and first.handlers[0].type is not None
+                and (self.resolve(first.handlers[0].type) or "").endswith("errors.OutOfRangeError")):
+            return None
+        if len(first.body.body) != 1:
+            raise NotTf2("the session loop does more than one session run inside its `try`")
+        (statement,) = first.body.body
+        call = _call_of(statement)
+        if not (call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "run"
+                and _code(call.func.value) in self.sessions and len(call.args) == 1):
+            raise NotTf2("the session loop's `try` holds something other than the training step's session run")
+        fetches = call.args[0].value
+        assigned = _assignment(statement)
+        loop, step = self.loop, self.train_step
+
+        def names(node) -> list[str] | None:
+            if isinstance(node, cst.Name):
+                return [node.value]
+            if isinstance(node, (cst.List, cst.Tuple)):
+                found = [_code(e.value) for e in node.elements]
+                return found if all(isinstance(e.value, cst.Name) for e in node.elements) else None
+            return None
+
+        fetched = names(fetches)
+        if fetched is None or loop.train not in fetched or not set(fetched) <= {loop.train, loop.loss}:
+            raise NotTf2(f"the session loop fetches `{_code(fetches)}`; the tf2 train step returns only the loss")
+        if assigned is None:
+            return lambda batch: cst.parse_statement(f"{step}({batch})\n").with_changes(
+                leading_lines=statement.leading_lines)
+        targets = names(assigned[0])
+        if isinstance(fetches, cst.Name) or targets is None or len(targets) != len(fetched) or isinstance(
+                assigned[0], cst.Name):
+            raise NotTf2(f"cannot tell which name receives the loss in `{_code(statement).strip()}`")
+        received = dict(zip(fetched, targets))
+        if received[loop.train] != "_" and received[loop.train] in names_used(body):
+            raise NotTf2(f"the session loop reads the train op's result `{received[loop.train]}`")
+        loss_name = received.get(loop.loss)
+        made = f"{loss_name} = {step}(" if loss_name else f"{step}("
+        return lambda batch: cst.parse_statement(f"{made}{batch})\n").with_changes(
+            leading_lines=statement.leading_lines)
+
+
+def _is_preamble(statement: cst.CSTNode, parameters: set[str]) -> bool:
+    """`x, y = batch` (a parameter unpacked) or the replica index line of the compat step."""
+    assigned = _assignment(statement)
+    if assigned is None:
+        return False
+    value = assigned[1]
+    return (isinstance(value, cst.Name) and value.value in parameters) or "replica_id_in_sync_group" in _code(value)
+
+
+def _is_graph(expression: cst.CSTNode) -> bool:
+    return (isinstance(expression, cst.Call) and isinstance(expression.func, cst.Attribute)
+            and expression.func.attr.value == "as_default")
+
+
+def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh) -> cst.CSTNode:
+    """``node`` (the compat rewrite of the function or `with` holding the loop) made TF2."""
+    if loop.compute_rest:
+        raise NotTf2("compute_gradients is given more than the loss (a var_list?); the tape's gradients are "
+                     "for every trainable variable the loss used")
+    if loop.apply_rest:
+        raise NotTf2("apply_gradients is given more than the gradients (a global_step?); the Keras optimizer "
+                     "counts its own steps in `optimizer.iterations`")
+    transformer = _ToTf2(loop, resolve, tf, fresh)
+    converted = node.visit(transformer)
+    left = {n for n in names_used(converted)} if isinstance(converted, cst.CSTNode) else set()
+    for session in transformer.sessions:
+        if session in left:
+            raise NotTf2(f"the session `{session}` is used for more than the training loop")
+    if loop.train in left:
+        raise NotTf2(f"`{loop.train}` is used for more than the training loop's session run")
+    return converted
+
+
+def bound_names(node: cst.CSTNode) -> set[str]:
+    """Names bound anywhere under ``node``: assigned, parameters, defined, `as` names, loop targets."""
+    bound: set[str] = set()
+    for current in walk(node):
+        if isinstance(current, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign)):
+            bound |= names_used(current.target)
+        elif isinstance(current, (cst.For, cst.CompFor)):
+            bound |= names_used(current.target)
+        elif isinstance(current, cst.AsName):
+            bound |= names_used(current.name)
+        elif isinstance(current, cst.Param):
+            bound.add(current.name.value)
+        elif isinstance(current, (cst.FunctionDef, cst.ClassDef)):
+            bound.add(current.name.value)
+    return bound
+
+
+def check_model_code(module: cst.Module, kept: list[cst.CSTNode], removed: list[cst.CSTNode],
+                     step: cst.FunctionDef, scope_body: cst.CSTNode, strategy: str, resolve) -> None:
+    """Refuse (NotTf2) unless the program can run as TF2: no TF1-only API anywhere it keeps,
+    and the replica step reads only what is made under the strategy scope, module-level
+    functions, classes, imports and constants.
+
+    ``kept`` is the program after the compat rewrite (new nodes for the rewritten part, the
+    module's other statements as they are); ``removed`` the nodes the rewrite deletes;
+    ``step`` the (converted) replica function; ``scope_body`` what runs under the strategy scope."""
+    removed_ids = {id(n) for r in removed for n in walk(r)}
+    for part in kept:
+        for node in walk(part):
+            if id(node) in removed_ids or not isinstance(node, (cst.Attribute, cst.Name)):
+                continue
+            name = resolve(node)
+            if denied_api(name):
+                raise NotTf2(f"the program uses `{_code(node)}` ({name}), which TF2 does not have; "
+                             "the tf2 target needs the whole program in TF2")
+    module_level: dict[str, cst.CSTNode | None] = {}
+    for statement in module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            module_level[statement.name.value] = None
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                    for alias in small.names:
+                        bound = alias.asname.name if alias.asname else alias.name
+                        module_level[_code(bound).split(".")[0]] = None
+                elif isinstance(small, cst.Assign):
+                    for target in small.targets:
+                        for name in names_used(target.target):
+                            module_level[name] = small.value
+    allowed = bound_names(scope_body) | set(dir(builtins)) | {strategy}
+    for name in sorted(names_used(step, keywords=False) - allowed):
+        if name not in module_level:
+            raise NotTf2(f"the tower reads `{name}`, made outside the strategy scope; its variables would "
+                         "not be mirrored (make it under the scope, in the function that trains)")
+        value = module_level[name]
+        if value is not None and find(value, cst.Call):
+            raise NotTf2(f"the tower reads `{name}`, made at module level outside the strategy scope; "
+                         "its variables would not be mirrored")
+    text = module.code
+    if "keras" in text and not BUILT.search(text):
+        raise NotTf2("the Keras model is built on its first call; give it an input shape (`tf.keras.Input` "
+                     "or `input_shape=`) so that its variables exist before the distributed step")
