@@ -548,16 +548,20 @@ def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, fee
                               "`import tensorflow as tf`")
     compat = changes[anchor]
     resolve = rule.imports.resolve
-    if isinstance(compat, cst.FlattenSentinel):  # the strategy's creation, then the `with`
-        create, scoped = compat.nodes
-        converted = tf2_step.convert(scoped, loop, resolve=resolve, tf=tf, fresh=fresh)
-        replacement, scope_body, new_nodes = cst.FlattenSentinel([create, converted]), converted, [create, converted]
-    else:  # the function, its body under the scope
-        converted = tf2_step.convert(compat, loop, resolve=resolve, tf=tf, fresh=fresh)
-        replacement, scope_body, new_nodes = converted, converted.body, [converted]
-    step_def = next(f for f in find(converted, cst.FunctionDef) if f.name.value == loop.step)
     # What the program keeps: the new code, and the module without what the rewrite replaces.
     removed = [anchor] + [node for node, change in changes.items() if change is cst.RemovalSentinel.REMOVE]
+    # TF1 model code first: it is the reason that matters most when there are several.
+    tf2_step.check_api([*(compat.nodes if isinstance(compat, cst.FlattenSentinel) else [compat]), module], removed,
+                       resolve, allowed=tf2_step.CONVERTED)
+    tf2_step.check_loop(loop)
+    if isinstance(compat, cst.FlattenSentinel):  # the strategy's creation, then the `with`
+        create, scoped = compat.nodes
+        converted = tf2_step.convert(scoped, loop, resolve=resolve, tf=tf, fresh=fresh, module=module)
+        replacement, scope_body, new_nodes = cst.FlattenSentinel([create, converted]), converted, [create, converted]
+    else:  # the function, its body under the scope
+        converted = tf2_step.convert(compat, loop, resolve=resolve, tf=tf, fresh=fresh, module=module)
+        replacement, scope_body, new_nodes = converted, converted.body, [converted]
+    step_def = next(f for f in find(converted, cst.FunctionDef) if f.name.value == loop.step)
     tf2_step.check_model_code(module, [*new_nodes, module], removed, step_def, scope_body, loop.strategy, resolve)
     return replacement
 

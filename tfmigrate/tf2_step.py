@@ -18,8 +18,7 @@ turns it into TF2::
             with tf.GradientTape() as tape:
                 loss = tower_loss(model, x, y)
                 scaled_loss = loss / strategy.num_replicas_in_sync
-            variables = tape.watched_variables()
-            opt.apply_gradients(zip(tape.gradient(scaled_loss, variables), variables))
+            opt.apply_gradients(zip(tape.gradient(scaled_loss, trainable), trainable))
             return loss
 
         @tf.function
@@ -75,7 +74,9 @@ OPTIMIZERS = {
 BUILT = re.compile(r"\bInput\(|\binput_shape\s*=|\binput_dim\s*=|\bbatch_input_shape\s*=|\.build\(")
 # TF1 APIs the TF2 step cannot keep, besides those the verify detector lists.
 DENIED_PREFIXES = ("tensorflow.losses.", "tensorflow.layers.", "tensorflow.contrib.", "tensorflow.summary.",
-                   "tensorflow.nn.rnn_cell.", "tensorflow.compat.")
+                   "tensorflow.nn.rnn_cell.")
+DENIED = {"tensorflow.data.make_initializable_iterator", "tensorflow.data.make_one_shot_iterator",
+          "tensorflow.data.get_output_shapes", "tensorflow.data.get_output_types"}
 
 
 class NotTf2(Exception):
@@ -106,7 +107,7 @@ def denied_api(name: str | None) -> bool:
         return True
     if len(parts) > 2 and parts[1] == "train" and parts[2] in TF1_TRAIN:
         return True
-    return name.startswith(DENIED_PREFIXES)
+    return name in DENIED or name.startswith(DENIED_PREFIXES)
 
 
 def _code(node: cst.CSTNode) -> str:
@@ -140,9 +141,9 @@ def _is_method(call: cst.CSTNode, owner: str, method: str) -> bool:
 class _ToTf2(cst.CSTTransformer):
     """The compat rewrite's code, made TF2 (see the module docstring)."""
 
-    def __init__(self, loop: Loop, resolve, tf, fresh):
+    def __init__(self, loop: Loop, resolve, tf, fresh, models: list[str]):
         super().__init__()
-        self.loop, self.resolve, self.tf, self.fresh = loop, resolve, tf, fresh
+        self.loop, self.resolve, self.tf, self.fresh, self.models = loop, resolve, tf, fresh, models
         self.sessions: set[str] = set()   # names the session was bound to
         self.initializers: set[str] = set()  # `init = tf.global_variables_initializer()`
         self.train_step = fresh("train_step", "distributed_train_step")
@@ -236,15 +237,15 @@ class _ToTf2(cst.CSTTransformer):
         body = list(updated.body.body)
         # The compat step ends with: grads = opt.compute_gradients(...); train = opt.apply_gradients(...);
         # with tf.control_dependencies([train]): return tf.identity(loss)
-        if len(body) < 3:
-            raise NotTf2("the replica function is not the compat rewrite's")
+        if len(body) < 3 or not isinstance(body[-1], cst.With) or "control_dependencies" not in _code(body[-1].items[0]):
+            raise NotTf2("the tower computes its gradients inside a block (a `with` or an `if`), not at its end")
         forward = body[:-3]
         # The replica index and the batch's unpacking stay before the tape: they compute nothing.
         before = []
         parameters = {p.name.value for p in updated.params.params}
         while forward and _is_preamble(forward[0], parameters):
             before.append(forward.pop(0))
-        tape, variables, scaled = self.fresh("tape"), self.fresh("variables", "tape_variables"), self.fresh("scaled_loss")
+        tape, variables, scaled = self.fresh("tape"), self.fresh("trainable", "trainable_variables"), self.fresh("scaled_loss")
         inside = list(forward)
         if loop.averages:
             inside.append(cst.parse_statement(f"{scaled} = {loop.loss} / {loop.strategy}.num_replicas_in_sync\n"))
@@ -255,12 +256,25 @@ class _ToTf2(cst.CSTTransformer):
             *before,
             cst.parse_statement(f"with {self.tf('tensorflow.GradientTape')}() as {tape}:\n    pass\n").with_changes(
                 body=cst.IndentedBlock(body=inside)),
-            cst.parse_statement(f"{variables} = {tape}.watched_variables()\n"),
             cst.parse_statement(
                 f"{loop.optimizer}.apply_gradients(zip({tape}.gradient({target}, {variables}), {variables}))\n"),
             cst.parse_statement(f"return {loop.loss}\n"),
         ]
-        return updated.with_changes(body=updated.body.with_changes(body=statements))
+        listed = (f"{self.models[0]}.trainable_variables" if len(self.models) == 1
+                  else "[" + ", ".join(f"*{m}.trainable_variables" for m in self.models) + "]")
+        build = [
+            cst.parse_statement(f"{variables} = {listed}\n").with_changes(leading_lines=[
+                *updated.leading_lines,
+                cst.EmptyLine(comment=cst.Comment(
+                    "# The optimizer makes its slots now, under the strategy's scope: made in the first")),
+                cst.EmptyLine(comment=cst.Comment(
+                    "# call of the tf.function step, they would be initialised inside it, conditionally.")),
+            ]),
+            cst.parse_statement(f"{loop.optimizer}.build({variables})\n"),
+        ]
+        function = updated.with_changes(body=updated.body.with_changes(body=statements),
+                                        leading_lines=[cst.EmptyLine(indent=False)])
+        return cst.FlattenSentinel([*build, function])
 
     def _train_step(self, statement: cst.SimpleStatementLine, reduce: cst.Call):
         run = reduce.args[1].value if len(reduce.args) > 1 else None
@@ -291,7 +305,7 @@ class _ToTf2(cst.CSTTransformer):
         target = cst.parse_expression(f"{_code(updated.target)}, {batch}")
         return updated.with_changes(
             target=target, iter=cst.parse_expression(f"enumerate({self.loop.iterator})"),
-            body=updated.body.with_changes(body=[read(batch), *updated.body.body[1:]]),
+            body=updated.body.with_changes(body=read(batch)),
         )
 
     def leave_While(self, original: cst.While, updated: cst.While):
@@ -303,7 +317,7 @@ class _ToTf2(cst.CSTTransformer):
         batch = self._loop_batch(updated)
         return cst.For(
             target=cst.Name(batch), iter=cst.Name(self.loop.iterator),
-            body=updated.body.with_changes(body=[read(batch), *updated.body.body[1:]]),
+            body=updated.body.with_changes(body=read(batch)),
             leading_lines=updated.leading_lines,
         )
 
@@ -312,15 +326,17 @@ class _ToTf2(cst.CSTTransformer):
         return next(n for n in ("batch", "global_batch", "next_batch") if n not in used)
 
     def _read_until_the_end(self, body: cst.IndentedBlock):
-        """For `try: <run the step> except OutOfRangeError: break` first in a loop: a function
-        making the statement that calls the train step on a batch instead."""
-        first = body.body[0] if body.body else None
+        """For a loop body with `try: <run the step> except OutOfRangeError: break`: a function
+        making the body that calls the train step on a batch instead."""
+        # The first `try` at the top of the loop body (timing statements may come before it).
+        first = next((s for s in body.body if isinstance(s, cst.Try)), None)
         if not (isinstance(first, cst.Try) and len(first.handlers) == 1 and first.handlers[0].type is not None
                 and (self.resolve(first.handlers[0].type) or "").endswith("errors.OutOfRangeError")):
             return None
         if len(first.body.body) != 1:
             raise NotTf2("the session loop does more than one session run inside its `try`")
         (statement,) = first.body.body
+        at = list(body.body).index(first)
         call = _call_of(statement)
         if not (call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "run"
                 and _code(call.func.value) in self.sessions and len(call.args) == 1):
@@ -340,9 +356,15 @@ class _ToTf2(cst.CSTTransformer):
         fetched = names(fetches)
         if fetched is None or loop.train not in fetched or not set(fetched) <= {loop.train, loop.loss}:
             raise NotTf2(f"the session loop fetches `{_code(fetches)}`; the tf2 train step returns only the loss")
+        def body_with(made: str):
+            def new_body(batch: str) -> list[cst.BaseStatement]:
+                call_statement = cst.parse_statement(f"{made}{batch})\n").with_changes(
+                    leading_lines=[*first.leading_lines, *statement.leading_lines])
+                return [*body.body[:at], call_statement, *body.body[at + 1:]]
+            return new_body
+
         if assigned is None:
-            return lambda batch: cst.parse_statement(f"{step}({batch})\n").with_changes(
-                leading_lines=statement.leading_lines)
+            return body_with(f"{step}(")
         targets = names(assigned[0])
         if isinstance(fetches, cst.Name) or targets is None or len(targets) != len(fetched) or isinstance(
                 assigned[0], cst.Name):
@@ -351,9 +373,7 @@ class _ToTf2(cst.CSTTransformer):
         if received[loop.train] != "_" and received[loop.train] in names_used(body):
             raise NotTf2(f"the session loop reads the train op's result `{received[loop.train]}`")
         loss_name = received.get(loop.loss)
-        made = f"{loss_name} = {step}(" if loss_name else f"{step}("
-        return lambda batch: cst.parse_statement(f"{made}{batch})\n").with_changes(
-            leading_lines=statement.leading_lines)
+        return body_with(f"{loss_name} = {step}(" if loss_name else f"{step}(")
 
 
 def _is_preamble(statement: cst.CSTNode, parameters: set[str]) -> bool:
@@ -370,15 +390,39 @@ def _is_graph(expression: cst.CSTNode) -> bool:
             and expression.func.attr.value == "as_default")
 
 
-def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh) -> cst.CSTNode:
+def keras_models(node: cst.CSTNode, loop: Loop, module: cst.Module, resolve) -> list[str]:
+    """The Keras models (or layers) the replica step trains: names it reads that the code under
+    the scope binds to a Keras constructor, or to a call of a module function that makes one."""
+    step = next((f for f in find(node, cst.FunctionDef) if f.name.value == loop.step), None)
+    if step is None:
+        raise NotTf2("the replica function is not the compat rewrite's")
+    read = names_used(step, keywords=False) - bound_names(step.body)  # what it reads from outside
+    makers = {f.name.value for f in module.body if isinstance(f, cst.FunctionDef) and "keras" in _code(f)}
+    models: list[str] = []
+    inside_step = {id(n) for n in walk(step)}
+    for statement in find(node, cst.SimpleStatementLine):
+        if id(statement) in inside_step:
+            continue
+        assigned = _assignment(statement)
+        if assigned is None or not isinstance(assigned[0], cst.Name) or not isinstance(assigned[1], cst.Call):
+            continue
+        name, call = assigned[0].value, assigned[1]
+        if name not in read or name in (loop.optimizer, loop.strategy, loop.iterator) or name in models:
+            continue
+        made_by = resolve(call.func) or ""
+        if made_by.startswith("keras.") or (isinstance(call.func, cst.Name) and call.func.value in makers):
+            models.append(name)
+        else:
+            raise NotTf2(f"the tower reads `{name}`, made by `{_code(call.func)}`, which is not a Keras "
+                         "model or layer: the tape step trains Keras variables")
+    if not models:
+        raise NotTf2("the tower trains no Keras model or layer made under the strategy scope")
+    return models
+
+
+def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh, module: cst.Module) -> cst.CSTNode:
     """``node`` (the compat rewrite of the function or `with` holding the loop) made TF2."""
-    if loop.compute_rest:
-        raise NotTf2("compute_gradients is given more than the loss (a var_list?); the tape's gradients are "
-                     "for every trainable variable the loss used")
-    if loop.apply_rest:
-        raise NotTf2("apply_gradients is given more than the gradients (a global_step?); the Keras optimizer "
-                     "counts its own steps in `optimizer.iterations`")
-    transformer = _ToTf2(loop, resolve, tf, fresh)
+    transformer = _ToTf2(loop, resolve, tf, fresh, keras_models(node, loop, module, resolve))
     converted = node.visit(transformer)
     left = {n for n in names_used(converted)} if isinstance(converted, cst.CSTNode) else set()
     for session in transformer.sessions:
@@ -387,6 +431,36 @@ def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh) -> cst.CSTNode
     if loop.train in left:
         raise NotTf2(f"`{loop.train}` is used for more than the training loop's session run")
     return converted
+
+
+# What the conversion itself replaces: allowed in the compat code it starts from.
+CONVERTED = {"tensorflow.Session", "tensorflow.InteractiveSession", "tensorflow.global_variables_initializer",
+             "tensorflow.initialize_all_variables", "tensorflow.data.make_initializable_iterator", *OPTIMIZERS}
+
+
+def check_api(parts: list[cst.CSTNode], removed: list[cst.CSTNode], resolve, allowed=frozenset()) -> None:
+    """NotTf2 naming the first TF1-only API used in ``parts`` outside ``removed``."""
+    removed_ids = {id(n) for r in removed for n in walk(r)}
+    for part in parts:
+        nodes = list(walk(part))
+        inner = {id(n.value) for n in nodes if isinstance(n, cst.Attribute)}  # `tf.train` of `tf.train.X`
+        for node in nodes:
+            if id(node) in removed_ids or id(node) in inner or not isinstance(node, (cst.Attribute, cst.Name)):
+                continue
+            name = resolve(node)
+            if denied_api(name) and name not in allowed:
+                raise NotTf2(f"the program uses `{_code(node)}` ({name}), which TF2 does not have; "
+                             "the tf2 target needs the whole program in TF2")
+
+
+def check_loop(loop: Loop) -> None:
+    """NotTf2 when the gradient calls carry more than the tape step keeps."""
+    if loop.compute_rest:
+        raise NotTf2("compute_gradients is given more than the loss (a var_list?); the tape's gradients are "
+                     "for every trainable variable the loss used")
+    if loop.apply_rest:
+        raise NotTf2("apply_gradients is given more than the gradients (a global_step?); the Keras optimizer "
+                     "counts its own steps in `optimizer.iterations`")
 
 
 def bound_names(node: cst.CSTNode) -> set[str]:
@@ -415,15 +489,7 @@ def check_model_code(module: cst.Module, kept: list[cst.CSTNode], removed: list[
     ``kept`` is the program after the compat rewrite (new nodes for the rewritten part, the
     module's other statements as they are); ``removed`` the nodes the rewrite deletes;
     ``step`` the (converted) replica function; ``scope_body`` what runs under the strategy scope."""
-    removed_ids = {id(n) for r in removed for n in walk(r)}
-    for part in kept:
-        for node in walk(part):
-            if id(node) in removed_ids or not isinstance(node, (cst.Attribute, cst.Name)):
-                continue
-            name = resolve(node)
-            if denied_api(name):
-                raise NotTf2(f"the program uses `{_code(node)}` ({name}), which TF2 does not have; "
-                             "the tf2 target needs the whole program in TF2")
+    check_api(kept, removed, resolve)
     module_level: dict[str, cst.CSTNode | None] = {}
     for statement in module.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
