@@ -18,8 +18,10 @@ from tfmigrate.runner import check_text
 PAIRS = sorted(FIXTURES.glob("TFM*/*.before.py"))
 
 
-def _config(code: str) -> Config:
-    return Config(root=ROOT, select=[code])
+def _config(code: str, before=None) -> Config:
+    # A case named `*_tf2` shows the tf2 target's rewrite.
+    tf2 = before is not None and before.name.endswith("_tf2.before.py")
+    return Config(root=ROOT, select=[code], target="tf2" if tf2 else "compat")
 
 
 @pytest.mark.parametrize("before", PAIRS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -27,9 +29,10 @@ def test_fix_golden(before):
     code = before.parent.name
     after = before.with_name(before.name.replace(".before.py", ".after.py"))
     assert after.exists(), f"{before.name} has no golden {after.name}"
-    fixed = fix_text(before.read_text(encoding="utf-8"), _config(code), unsafe=True)
+    config = _config(code, before)
+    fixed = fix_text(before.read_text(encoding="utf-8"), config, unsafe=True)
     cst.parse_module(fixed)
     compile(fixed, str(after), "exec")
     assert fixed == after.read_text(encoding="utf-8")
-    assert fix_text(fixed, _config(code), unsafe=True) == fixed, "a second fix changed the file"
-    assert not [f for f in check_text(fixed, _config(code)) if f.fixable], f"{code} is still fixable after the fix"
+    assert fix_text(fixed, config, unsafe=True) == fixed, "a second fix changed the file"
+    assert not [f for f in check_text(fixed, config) if f.fixable], f"{code} is still fixable after the fix"

@@ -160,9 +160,7 @@ class _ToTf2(cst.CSTTransformer):
             if len(updated.items) != 1:
                 raise NotTf2("the session is opened together with something else in one `with`")
             body = list(updated.body.body)
-            # A blank line between the step functions above and the training loop.
-            above = updated.leading_lines or [cst.EmptyLine(indent=False)]
-            first = body[0].with_changes(leading_lines=[*above, *body[0].leading_lines])
+            first = body[0].with_changes(leading_lines=[*updated.leading_lines, *body[0].leading_lines])
             return cst.FlattenSentinel([first, *body[1:]])
         items = [item for item in updated.items if not _is_graph(item.item)]
         if len(items) == len(updated.items):
@@ -211,6 +209,23 @@ class _ToTf2(cst.CSTTransformer):
                         in ("tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables")))):
                 return cst.RemovalSentinel.REMOVE
         return updated
+
+    def leave_EmptyLine(self, original: cst.EmptyLine, updated: cst.EmptyLine) -> cst.EmptyLine:
+        # The compat rewrite's own comment over the dataset: there is no session loop any more.
+        if updated.comment is not None and updated.comment.value.startswith("# The session loop's batches"):
+            return updated.with_changes(comment=cst.Comment(
+                updated.comment.value.replace("# The session loop's", "# The training loop's", 1)))
+        return updated
+
+    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock) -> cst.IndentedBlock:
+        # A blank line after the train step's definition, before the loop that calls it.
+        body = list(updated.body)
+        for k in range(1, len(body)):
+            previous = body[k - 1]
+            if (isinstance(previous, cst.FunctionDef) and previous.name.value == self.train_step
+                    and not any(line.comment is None for line in body[k].leading_lines)):
+                body[k] = body[k].with_changes(leading_lines=[cst.EmptyLine(indent=False), *body[k].leading_lines])
+        return updated.with_changes(body=body)
 
     # --- the optimizer ---------------------------------------------------------------------
     def _keras_optimizer(self, call: cst.Call) -> cst.Call:
