@@ -24,8 +24,9 @@ PROGRAMS = ROOT / "fixtures" / "programs"
 HAND_PAIRS = [("legacy_towers", "migrated_towers"), ("legacy_keras_mgpu", "migrated_keras_strategy")]
 AUTO = [
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
-    "parallel_make_parallel", "parallel_inline_split", "towers_dataset_shard",
+    "parallel_make_parallel", "parallel_inline_split", "towers_dataset_shard", "towers_keras",
 ]
+TF2 = ["towers_keras"]
 
 
 def tfmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -54,6 +55,12 @@ def main() -> None:
         shutil.copy(PROGRAMS / f"{name}.py", migrated)
         tfmigrate("fix", "--write", "--unsafe-fixes", migrated.name, cwd=work)
         rows.append((f"{name} -> tfmigrate fix", verify(PROGRAMS / f"{name}.py", migrated, work / f"{name}.json", args)))
+    for name in TF2:
+        migrated = work / f"{name}_tf2.py"
+        shutil.copy(PROGRAMS / f"{name}.py", migrated)
+        tfmigrate("fix", "--write", "--unsafe-fixes", "--target", "tf2", migrated.name, cwd=work)
+        rows.append((f"{name} -> tfmigrate fix --target tf2",
+                     verify(PROGRAMS / f"{name}.py", migrated, work / f"{name}_tf2.json", args)))
 
     first = next((r for _, r in rows if r.get("devices")), {})
     devices = first.get("devices", {})

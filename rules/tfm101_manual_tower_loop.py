@@ -76,6 +76,22 @@ class ManualTowerLoop(Rule):
         fix, and the message says what blocks it. Check the result with
         `tfmigrate verify old.py new.py`: the fixture programs match their originals step by
         step (relative difference ~6e-8).
+
+        With `--target tf2`, where the model code allows it, the same rewrite goes on to an
+        eager program: no graph and no Session; the v1 optimizer becomes the Keras one with the
+        same update (`GradientDescentOptimizer`/`MomentumOptimizer` -> `SGD`, `AdamOptimizer`
+        -> `Adam(epsilon=1e-8)`), built on the model's variables under the scope; the replica
+        function computes its loss under a `tf.GradientTape` (divided by
+        `num_replicas_in_sync` inside the tape when the helper averaged) and applies the
+        gradients of the model's trainable variables; `@tf.function def train_step(batch)`
+        runs it with `strategy.run` and returns the reduced loss; the session loop becomes
+        `for step, batch in enumerate(<distributed dataset>): loss_value = train_step(batch)`,
+        keeping its logging. It needs: input the rewrite turned into a dataset, Keras models or
+        layers made under the scope with an input shape (`tf.keras.Input`, `input_shape=`),
+        `import tensorflow as tf`, no TF1-only API anywhere in the module (`tf.get_variable`,
+        `tf.layers`, `tf.losses`, collections, `global_step`, ...), and a session used only to
+        initialise and run the step. Otherwise the `compat` rewrite applies and the fix title
+        says which of these blocked the tf2 one.
     """
 
     valid = [
