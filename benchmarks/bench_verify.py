@@ -25,8 +25,9 @@ HAND_PAIRS = [("legacy_towers", "migrated_towers"), ("legacy_keras_mgpu", "migra
 AUTO = [
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
     "parallel_make_parallel", "parallel_inline_split", "towers_dataset_shard", "towers_keras",
+    "towers_variables",
 ]
-TF2 = ["towers_keras"]
+TF2 = ["towers_keras", "towers_variables"]
 
 
 def tfmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess:

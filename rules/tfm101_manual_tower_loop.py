@@ -87,7 +87,8 @@ class ManualTowerLoop(Rule):
         runs it with `strategy.run` and returns the reduced loss; the session loop becomes
         `for step, batch in enumerate(<distributed dataset>): loss_value = train_step(batch)`,
         keeping its logging. It needs: input the rewrite turned into a dataset, Keras models or
-        layers made under the scope with an input shape (`tf.keras.Input`, `input_shape=`),
+        layers made under the scope with an input shape (`tf.keras.Input`, `input_shape=`) or
+        `tf.Variable`s made there,
         `import tensorflow as tf`, no TF1-only API anywhere in the module (`tf.get_variable`,
         `tf.layers`, `tf.losses`, collections, `global_step`, ...), and a session used only to
         initialise and run the step. Otherwise the `compat` rewrite applies and the fix title

@@ -1,7 +1,8 @@
 """Issue 5, `--target tf2`: towers whose model code is Keras become an eager program whose
 training step is a tf.function running a GradientTape step per replica under MirroredStrategy.
 
-The program fixture (fixtures/programs/towers_keras.py) is fixed with `--target tf2`; the result
+The program fixtures (fixtures/programs/towers_keras.py: a Keras model; towers_variables.py:
+`tf.Variable`s read by a function) are fixed with `--target tf2`; the result
 must parse, be a fixed point, have no Session, placeholder, tower loop or averaging helper left,
 and train step by step like the original under `tfmigrate verify` on 2 logical CPU devices
 (both start from the same weights and see the same batches: verify's default rtol 1e-4; the
@@ -23,65 +24,81 @@ from tfmigrate.config import Config
 from tfmigrate.fixer import fix_text
 from tfmigrate.runner import check_text
 
-PROGRAM = FIXTURES / "programs" / "towers_keras.py"
 GOLDEN = FIXTURES / "TFM101" / "keras_towers_tf2.before.py"
+# The program fixtures the tf2 target takes, and what their rewrite must say: a Keras model,
+# and plain `tf.Variable`s read by a function.
+PROGRAMS = {
+    "towers_keras": ("opt.build(trainable)", "trainable = model.trainable_variables",
+                     "tf.keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)",
+                     "duration = time.time() - start"),
+    "towers_variables": ("trainable = [weights, bias]", "tf.keras.optimizers.SGD(learning_rate=0.2)"),
+}
 
 
 def tfmigrate(*args: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tfmigrate", *args], cwd=cwd, capture_output=True, text=True)
 
 
+def program(name: str):
+    return FIXTURES / "programs" / f"{name}.py"
+
+
 @pytest.fixture(scope="module")
-def migrated(tmp_path_factory):
+def migrated(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("tf2")
-    target = folder / PROGRAM.name
-    shutil.copy(PROGRAM, target)
-    result = tfmigrate("fix", "--write", "--unsafe-fixes", "--target", "tf2", target.name, cwd=folder)
-    assert result.returncode in (0, 1), result.stderr
-    return target
+    out = {}
+    for name in PROGRAMS:
+        target = folder / f"{name}.py"
+        shutil.copy(program(name), target)
+        result = tfmigrate("fix", "--write", "--unsafe-fixes", "--target", "tf2", target.name, cwd=folder)
+        assert result.returncode in (0, 1), result.stderr
+        out[name] = target
+    return out
 
 
-def test_the_tf2_rewrite_is_eager_code_with_a_tape_step(migrated):
-    text = migrated.read_text()
-    compile(text, str(migrated), "exec")
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_tf2_rewrite_is_eager_code_with_a_tape_step(migrated, name):
+    text = migrated[name].read_text()
+    compile(text, name, "exec")
     for expected in ("@tf.function", "with tf.GradientTape() as tape:", "strategy.run(tower_step",
                      "scaled_loss = loss / strategy.num_replicas_in_sync", "opt.build(trainable)",
-                     "tf.keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)",
-                     "for step, batch in enumerate(inputs):", "loss_value = train_step(batch)"):
+                     "for step, batch in enumerate(inputs):", "loss_value = train_step(batch)", *PROGRAMS[name]):
         assert expected in text, expected
     code = text.split('"""', 2)[2]  # after the module docstring, which tells the story
     for gone in ("Session", "placeholder", "average_gradients(", "tf.device(", "itertools", "tf.Graph()",
-                 "compute_gradients", "make_initializable_iterator", "MomentumOptimizer"):
+                 "compute_gradients", "make_initializable_iterator", "Optimizer("):
         assert gone not in code, gone
-    # The timing and logging around the step stay.
-    assert "duration = time.time() - start" in text and "examples/sec" in text
+    assert "print('step %d" in code  # the logging stays
 
 
-def test_the_tf2_rewrite_is_a_fixed_point_and_leaves_no_finding(migrated):
-    text = migrated.read_text()
-    again = tfmigrate("fix", "--write", "--unsafe-fixes", "--target", "tf2", migrated.name, cwd=migrated.parent)
-    assert migrated.read_text() == text, again.stderr
-    check = tfmigrate("check", "--format", "json", "--no-cache", "--target", "tf2", migrated.name, cwd=migrated.parent)
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_tf2_rewrite_is_a_fixed_point_and_leaves_no_finding(migrated, name):
+    path = migrated[name]
+    text = path.read_text()
+    again = tfmigrate("fix", "--write", "--unsafe-fixes", "--target", "tf2", path.name, cwd=path.parent)
+    assert path.read_text() == text, again.stderr
+    check = tfmigrate("check", "--format", "json", "--no-cache", "--target", "tf2", path.name, cwd=path.parent)
     assert json.loads(check.stdout) == []
 
 
 @pytest.mark.tensorflow
-def test_the_tf2_program_trains_like_the_original(migrated, tmp_path):
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_tf2_program_trains_like_the_original(migrated, name, tmp_path):
     pytest.importorskip("tensorflow")
-    code, report = run_verify(PROGRAM, migrated, tmp_path, steps=30)
+    code, report = run_verify(program(name), migrated[name], tmp_path, steps=30)
     assert code == 0, json.dumps(report, indent=1)[:3000]
     new = report["new"]
     assert new["loss_source"] == "tf.function"
-    assert new["weights"]["loaded"] == new["weights"]["variables"] == 4
+    assert new["weights"]["loaded"] == new["weights"]["variables"] > 0
 
 
 @pytest.mark.tensorflow
 def test_the_tf2_program_with_its_loss_left_unscaled_disagrees(migrated, tmp_path):
     pytest.importorskip("tensorflow")
     wrong = tmp_path / "unscaled.py"
-    wrong.write_text(replaced(migrated.read_text(),
+    wrong.write_text(replaced(migrated["towers_keras"].read_text(),
                               ("scaled_loss = loss / strategy.num_replicas_in_sync", "scaled_loss = loss")))
-    code, _ = run_verify(PROGRAM, wrong, tmp_path, steps=10)
+    code, _ = run_verify(program("towers_keras"), wrong, tmp_path, steps=10)
     assert code == 1
 
 
@@ -104,13 +121,13 @@ REFUSALS = {
     "compat_import": (("import tensorflow as tf", "import tensorflow.compat.v1 as tf"),
                       "imports tensorflow.compat.v1"),
     "model_from_outside": (("def train(images, labels, batch_size=256):", "def train(images, labels, model, batch_size=256):"),
-                           (MODEL, ""), "the tower trains no Keras model or layer made under the strategy scope"),
+                           (MODEL, ""), "the tower trains no Keras model or layer, nor tf.Variable, made under the strategy scope"),
     "lazily_built": ((MODEL, "        model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(10)])\n"),
                      "the Keras model is built on its first call"),
     "session_kept": (("        sess.close()", "        weights = sess.run(model.weights)\n        sess.close()"),
                      "the session `sess` is used for more than the training loop"),
     "not_keras": ((MODEL, "        model = make_model()\n"),
-                  "the tower reads `model`, made by `make_model`, which is not a Keras model or layer"),
+                  "the tower reads `model`, made by `make_model`, which is not a Keras model or layer, nor a tf.Variable"),
 }
 
 

@@ -22,7 +22,7 @@ from tests.conftest import FIXTURES, ROOT, run_verify
 
 PROGRAMS = [
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
-    "parallel_make_parallel", "towers_dataset_shard", "towers_keras",
+    "parallel_make_parallel", "towers_dataset_shard", "towers_keras", "towers_variables",
 ]
 HELPERS = ("average_gradients(", "sum_gradients(", "make_parallel(")
 

@@ -275,8 +275,10 @@ class _ToTf2(cst.CSTTransformer):
                 f"{loop.optimizer}.apply_gradients(zip({tape}.gradient({target}, {variables}), {variables}))\n"),
             cst.parse_statement(f"return {loop.loss}\n"),
         ]
-        listed = (f"{self.models[0]}.trainable_variables" if len(self.models) == 1
-                  else "[" + ", ".join(f"*{m}.trainable_variables" for m in self.models) + "]")
+        if len(self.models) == 1 and self.models[0].endswith(".trainable_variables"):
+            listed = self.models[0]
+        else:
+            listed = "[" + ", ".join(f"*{m}" if m.endswith(".trainable_variables") else m for m in self.models) + "]"
         build = [
             cst.parse_statement(f"{variables} = {listed}\n").with_changes(leading_lines=[
                 *updated.leading_lines,
@@ -405,9 +407,10 @@ def _is_graph(expression: cst.CSTNode) -> bool:
             and expression.func.attr.value == "as_default")
 
 
-def keras_models(node: cst.CSTNode, loop: Loop, module: cst.Module, resolve) -> list[str]:
-    """The Keras models (or layers) the replica step trains: names it reads that the code under
-    the scope binds to a Keras constructor, or to a call of a module function that makes one."""
+def trained_variables(node: cst.CSTNode, loop: Loop, module: cst.Module, resolve) -> list[str]:
+    """What the replica step trains, as expressions for its variables: for each name it reads
+    that the code under the scope binds to a Keras constructor (or to a call of a module
+    function that makes one) `<name>.trainable_variables`; for a `tf.Variable`, the name."""
     step = next((f for f in find(node, cst.FunctionDef) if f.name.value == loop.step), None)
     if step is None:
         raise NotTf2("the replica function is not the compat rewrite's")
@@ -426,18 +429,22 @@ def keras_models(node: cst.CSTNode, loop: Loop, module: cst.Module, resolve) -> 
             continue
         made_by = resolve(call.func) or ""
         if made_by.startswith("keras.") or (isinstance(call.func, cst.Name) and call.func.value in makers):
-            models.append(name)
+            models.append(f"{name}.trainable_variables")
+        elif made_by == "tensorflow.Variable":
+            trainable = next((a.value for a in call.args if a.keyword and a.keyword.value == "trainable"), None)
+            if trainable is None or _code(trainable) != "False":
+                models.append(name)
         else:
             raise NotTf2(f"the tower reads `{name}`, made by `{_code(call.func)}`, which is not a Keras "
-                         "model or layer: the tape step trains Keras variables")
+                         "model or layer, nor a tf.Variable: the tape step needs to know what it trains")
     if not models:
-        raise NotTf2("the tower trains no Keras model or layer made under the strategy scope")
+        raise NotTf2("the tower trains no Keras model or layer, nor tf.Variable, made under the strategy scope")
     return models
 
 
 def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh, module: cst.Module) -> cst.CSTNode:
     """``node`` (the compat rewrite of the function or `with` holding the loop) made TF2."""
-    transformer = _ToTf2(loop, resolve, tf, fresh, keras_models(node, loop, module, resolve))
+    transformer = _ToTf2(loop, resolve, tf, fresh, trained_variables(node, loop, module, resolve))
     converted = node.visit(transformer)
     left = {n for n in names_used(converted)} if isinstance(converted, cst.CSTNode) else set()
     for session in transformer.sessions:
