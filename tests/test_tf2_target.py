@@ -126,6 +126,9 @@ REFUSALS = {
                      "the Keras model is built on its first call"),
     "session_kept": (("        sess.close()", "        weights = sess.run(model.weights)\n        sess.close()"),
                      "the session `sess` is used for more than the training loop"),
+    "optimizer_from_outside": (("def train(images, labels, batch_size=256):", "def train(images, labels, opt, batch_size=256):"),
+                               ("        opt = tf.train.AdamOptimizer(1e-3)  # v1 Adam: epsilon 1e-8\n", ""),
+                               "the optimizer `opt` is not made under the strategy scope"),
     "not_keras": ((MODEL, "        model = make_model()\n"),
                   "the tower reads `model`, made by `make_model`, which is not a Keras model or layer, nor a tf.Variable"),
 }

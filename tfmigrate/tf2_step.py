@@ -141,13 +141,13 @@ def _is_method(call: cst.CSTNode, owner: str, method: str) -> bool:
 class _ToTf2(cst.CSTTransformer):
     """The compat rewrite's code, made TF2 (see the module docstring)."""
 
-    def __init__(self, loop: Loop, resolve, tf, fresh, models: list[str]):
+    def __init__(self, loop: Loop, resolve, tf, fresh, trained: list[str]):
         super().__init__()
-        self.loop, self.resolve, self.tf, self.fresh, self.models = loop, resolve, tf, fresh, models
+        self.loop, self.resolve, self.tf, self.fresh, self.trained = loop, resolve, tf, fresh, trained
         self.sessions: set[str] = set()   # names the session was bound to
         self.initializers: set[str] = set()  # `init = tf.global_variables_initializer()`
         self.train_step = fresh("train_step", "distributed_train_step")
-        self.loops_rewritten = 0
+        self.keras_optimizer = False      # the optimizer is (now) a Keras one
 
     # --- the graph and the session go --------------------------------------------------
     def visit_With(self, node: cst.With) -> None:
@@ -191,9 +191,13 @@ class _ToTf2(cst.CSTTransformer):
             name, value = assigned[0].value, assigned[1]
             if name in self.sessions or name in self.initializers:
                 return cst.RemovalSentinel.REMOVE
-            if name == loop.optimizer and isinstance(value, cst.Call) and self.resolve(value.func) in OPTIMIZERS:
-                return updated.with_deep_changes(updated.body[0], value=self._keras_optimizer(value))
-            if name == loop.iterator and isinstance(value, cst.Call) and value.args:
+            if name == loop.optimizer and isinstance(value, cst.Call):
+                made_by = self.resolve(value.func) or ""
+                self.keras_optimizer = made_by in OPTIMIZERS or made_by.startswith("keras.optimizers.")
+                if made_by in OPTIMIZERS:
+                    return updated.with_deep_changes(updated.body[0], value=self._keras_optimizer(value))
+            if (name == loop.iterator and isinstance(value, cst.Call) and value.args
+                    and self.resolve(value.func) == "tensorflow.data.make_initializable_iterator"):
                 # The distributed dataset itself is iterable in TF2.
                 return updated.with_deep_changes(updated.body[0], value=value.args[0].value)
             if name == loop.loss and _is_method(value, loop.strategy, "reduce"):
@@ -275,10 +279,10 @@ class _ToTf2(cst.CSTTransformer):
                 f"{loop.optimizer}.apply_gradients(zip({tape}.gradient({target}, {variables}), {variables}))\n"),
             cst.parse_statement(f"return {loop.loss}\n"),
         ]
-        if len(self.models) == 1 and self.models[0].endswith(".trainable_variables"):
-            listed = self.models[0]
+        if len(self.trained) == 1 and self.trained[0].endswith(".trainable_variables"):
+            listed = self.trained[0]
         else:
-            listed = "[" + ", ".join(f"*{m}" if m.endswith(".trainable_variables") else m for m in self.models) + "]"
+            listed = "[" + ", ".join(f"*{t}" if t.endswith(".trainable_variables") else t for t in self.trained) + "]"
         build = [
             cst.parse_statement(f"{variables} = {listed}\n").with_changes(leading_lines=[
                 *updated.leading_lines,
@@ -446,6 +450,9 @@ def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh, module: cst.Mo
     """``node`` (the compat rewrite of the function or `with` holding the loop) made TF2."""
     transformer = _ToTf2(loop, resolve, tf, fresh, trained_variables(node, loop, module, resolve))
     converted = node.visit(transformer)
+    if not transformer.keras_optimizer:
+        raise NotTf2(f"the optimizer `{loop.optimizer}` is not made under the strategy scope by a v1 optimizer "
+                     "with a Keras counterpart (GradientDescent, Momentum, Adam)")
     left = {n for n in names_used(converted)} if isinstance(converted, cst.CSTNode) else set()
     for session in transformer.sessions:
         if session in left:
