@@ -12,6 +12,8 @@ turns it into TF2::
         opt = tf.keras.optimizers.SGD(learning_rate=0.1)
         dataset = tf.data.Dataset.from_generator(...)
         inputs = strategy.experimental_distribute_dataset(dataset)
+        trainable = model.trainable_variables
+        opt.build(trainable)
 
         def tower_step(batch):
             x, y = batch
@@ -29,9 +31,12 @@ turns it into TF2::
             loss_value = train_step(batch)
             ...
 
-``tape.watched_variables()`` is what ``compute_gradients(loss)`` used: every trainable variable
-the loss was computed from. The v1 optimizer becomes the Keras optimizer with the same update
-(plain and momentum SGD, and Adam with v1's epsilon). The scaling is the compat rewrite's:
+What it trains is what the step reads from the scope: a Keras model's (or layer's)
+``trainable_variables``, or ``tf.Variable``s. The optimizer is built on them under the scope:
+slots a Keras optimizer made in the first call of the ``tf.function`` step would be initialised
+inside it, under a ``cond``, which fails with MirroredStrategy's collective all-reduce. The v1
+optimizer becomes the Keras optimizer with the same update (plain and momentum SGD, and Adam
+with v1's epsilon). The scaling is the compat rewrite's:
 MirroredStrategy sums the replicas' gradients, so a loss whose gradients the helper averaged
 is divided by the replica count, inside the tape.
 
@@ -50,6 +55,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from tfmigrate.devices import find, names_used, walk
+from tfmigrate.tower_input import INITIALIZERS
 from tfmigrate.verify.detect import TF1_ONLY, TF1_TRAIN
 
 # The v1 optimizers whose Keras counterpart makes the same update, and how their arguments
@@ -168,6 +174,11 @@ class _ToTf2(cst.CSTTransformer):
         items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated.with_changes(items=items)
 
+    def _is_initializer(self, expression: cst.CSTNode) -> bool:
+        """`tf.global_variables_initializer()` and its older name."""
+        return isinstance(expression, cst.Call) and self.resolve(expression.func) in {
+            f"tensorflow.{name}" for name in INITIALIZERS}
+
     def _is_session(self, expression: cst.CSTNode) -> bool:
         return isinstance(expression, cst.Call) and self.resolve(expression.func) in (
             "tensorflow.Session", "tensorflow.InteractiveSession")
@@ -179,8 +190,7 @@ class _ToTf2(cst.CSTTransformer):
         name, value = assigned[0].value, assigned[1]
         if self._is_session(value):
             self.sessions.add(name)
-        elif isinstance(value, cst.Call) and self.resolve(value.func) in (
-                "tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables"):
+        elif self._is_initializer(value):
             self.initializers.add(name)
 
     def leave_SimpleStatementLine(self, original, updated):
@@ -209,8 +219,7 @@ class _ToTf2(cst.CSTTransformer):
             fetched = _code(call.args[0].value) if call.args else ""
             if method == "close" or (method == "run" and (
                     fetched == f"{loop.iterator}.initializer" or fetched in self.initializers
-                    or (call.args and isinstance(call.args[0].value, cst.Call) and self.resolve(call.args[0].value.func)
-                        in ("tensorflow.global_variables_initializer", "tensorflow.initialize_all_variables")))):
+                    or (call.args and self._is_initializer(call.args[0].value)))):
                 return cst.RemovalSentinel.REMOVE
         return updated
 
@@ -453,7 +462,7 @@ def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh, module: cst.Mo
     if not transformer.keras_optimizer:
         raise NotTf2(f"the optimizer `{loop.optimizer}` is not made under the strategy scope by a v1 optimizer "
                      "with a Keras counterpart (GradientDescent, Momentum, Adam)")
-    left = {n for n in names_used(converted)} if isinstance(converted, cst.CSTNode) else set()
+    left = names_used(converted)
     for session in transformer.sessions:
         if session in left:
             raise NotTf2(f"the session `{session}` is used for more than the training loop")
@@ -463,8 +472,8 @@ def convert(node: cst.CSTNode, loop: Loop, *, resolve, tf, fresh, module: cst.Mo
 
 
 # What the conversion itself replaces: allowed in the compat code it starts from.
-CONVERTED = {"tensorflow.Session", "tensorflow.InteractiveSession", "tensorflow.global_variables_initializer",
-             "tensorflow.initialize_all_variables", "tensorflow.data.make_initializable_iterator", *OPTIMIZERS}
+CONVERTED = {"tensorflow.Session", "tensorflow.InteractiveSession", "tensorflow.data.make_initializable_iterator",
+             *(f"tensorflow.{name}" for name in INITIALIZERS), *OPTIMIZERS}
 
 
 def check_api(parts: list[cst.CSTNode], removed: list[cst.CSTNode], resolve, allowed=frozenset()) -> None:
