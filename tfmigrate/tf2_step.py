@@ -56,7 +56,7 @@ import libcst as cst
 
 from tfmigrate.devices import find, names_used, walk
 from tfmigrate.tower_input import INITIALIZERS
-from tfmigrate.verify.detect import TF1_ONLY, TF1_TRAIN
+from tfmigrate.verify.detect import tf1_only
 
 # The v1 optimizers whose Keras counterpart makes the same update, and how their arguments
 # map: positional order of the v1 signature, v1 keyword -> Keras keyword (None: dropped).
@@ -109,11 +109,7 @@ def denied_api(name: str | None) -> bool:
     if name is None or not name.startswith("tensorflow."):
         return False
     parts = name.split(".")
-    if len(parts) > 1 and parts[1] in TF1_ONLY and parts[1] != "train":
-        return True
-    if len(parts) > 2 and parts[1] == "train" and parts[2] in TF1_TRAIN:
-        return True
-    return name in DENIED or name.startswith(DENIED_PREFIXES)
+    return (len(parts) > 1 and tf1_only(parts[1:])) or name in DENIED or name.startswith(DENIED_PREFIXES)
 
 
 def _code(node: cst.CSTNode) -> str:

@@ -38,6 +38,13 @@ TF1_TRAIN = {
 KERAS_MARKERS = {"keras", "tf_keras"}
 
 
+def tf1_only(attributes: list[str]) -> bool:
+    """Whether ``tf.<attributes>`` (``["train", "AdamOptimizer"]``) exists only in TF1."""
+    if attributes[0] == "train":
+        return len(attributes) > 1 and attributes[1] in TF1_TRAIN
+    return attributes[0] in TF1_ONLY
+
+
 @dataclass
 class Detection:
     legacy: bool
@@ -97,9 +104,7 @@ def detect(source: str) -> Detection:
             reasons.append(name)
         if parts[0] not in tf_aliases or len(parts) < 2:
             continue
-        if parts[1] in TF1_ONLY and parts[1] != "train":
-            reasons.append(name)
-        elif parts[1] == "train" and len(parts) > 2 and parts[2] in TF1_TRAIN:
+        if tf1_only(parts[1:]):
             reasons.append(name)
     if any(isinstance(n, ast.Name) and n.id == "multi_gpu_model" for n in ast.walk(tree)):
         reasons.append("multi_gpu_model")
