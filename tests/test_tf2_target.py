@@ -112,6 +112,9 @@ MODEL = """\
 REFUSALS = {
     "tf1_layers": (("logits = model(x_parts[i])", "logits = tf.layers.dense(x_parts[i], 10)"),
                    "the program uses `tf.layers.dense`"),
+    "tf1_in_the_graph_block": (("        opt = tf.train.AdamOptimizer(1e-3)",
+                                "        scale = tf.get_variable('scale', [])\n        opt = tf.train.AdamOptimizer(1e-3)"),
+                               "the program uses `tf.get_variable`"),
     "global_step": (("train_op = opt.apply_gradients(average_gradients(tower_grads))",
                      "step = tf.Variable(0, trainable=False)\n"
                      "        train_op = opt.apply_gradients(average_gradients(tower_grads), global_step=step)"),

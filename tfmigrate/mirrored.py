@@ -548,11 +548,13 @@ def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, fee
                               "`import tensorflow as tf`")
     compat = changes[anchor]
     resolve = rule.imports.resolve
-    # What the program keeps: the new code, and the module without what the rewrite replaces.
-    removed = [anchor] + [node for node, change in changes.items() if change is cst.RemovalSentinel.REMOVE]
-    # TF1 model code first: it is the reason that matters most when there are several.
-    tf2_step.check_api([*(compat.nodes if isinstance(compat, cst.FlattenSentinel) else [compat]), module], removed,
-                       resolve, allowed=tf2_step.CONVERTED)
+    # TF1 model code first: it is the reason that matters most when there are several. What the
+    # program keeps: the compat code, and the module without what that code replaces (the
+    # anchor) or what the rewrite deletes (the helpers only the loop used).
+    deleted = [node for node, change in changes.items() if change is cst.RemovalSentinel.REMOVE]
+    compat_nodes = list(compat.nodes) if isinstance(compat, cst.FlattenSentinel) else [compat]
+    tf2_step.check_api(compat_nodes, resolve, allowed=tf2_step.CONVERTED)
+    tf2_step.check_api([module], resolve, skipped=[anchor, *deleted])
     tf2_step.check_loop(loop)
     if isinstance(compat, cst.FlattenSentinel):  # the strategy's creation, then the `with`
         create, scoped = compat.nodes
@@ -563,7 +565,7 @@ def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, fee
         replacement, scope_body, new_nodes = converted, converted.body, [converted]
     step_def = next(f for f in find(converted, cst.FunctionDef) if f.name.value == loop.step)
     # The module around was checked above; the new code must have lost what the conversion replaces.
-    tf2_step.check_model_code(module, new_nodes, removed, step_def, scope_body, loop.strategy, resolve)
+    tf2_step.check_model_code(module, new_nodes, step_def, scope_body, loop.strategy, resolve)
     return replacement
 
 

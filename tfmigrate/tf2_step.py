@@ -472,14 +472,15 @@ CONVERTED = {"tensorflow.Session", "tensorflow.InteractiveSession", "tensorflow.
              *(f"tensorflow.{name}" for name in INITIALIZERS), *OPTIMIZERS}
 
 
-def check_api(parts: list[cst.CSTNode], removed: list[cst.CSTNode], resolve, allowed=frozenset()) -> None:
-    """NotTf2 naming the first TF1-only API used in ``parts`` outside ``removed``."""
-    removed_ids = {id(n) for r in removed for n in walk(r)}
+def check_api(parts: list[cst.CSTNode], resolve, *, skipped=(), allowed=frozenset()) -> None:
+    """NotTf2 naming the first TF1-only API (other than ``allowed``) used in ``parts`` outside
+    the nodes ``skipped``."""
+    skipped_ids = {id(n) for r in skipped for n in walk(r)}
     for part in parts:
         nodes = list(walk(part))
         inner = {id(n.value) for n in nodes if isinstance(n, cst.Attribute)}  # `tf.train` of `tf.train.X`
         for node in nodes:
-            if id(node) in removed_ids or id(node) in inner or not isinstance(node, (cst.Attribute, cst.Name)):
+            if id(node) in skipped_ids or id(node) in inner or not isinstance(node, (cst.Attribute, cst.Name)):
                 continue
             name = resolve(node)
             if denied_api(name) and name not in allowed:
@@ -514,16 +515,15 @@ def bound_names(node: cst.CSTNode) -> set[str]:
     return bound
 
 
-def check_model_code(module: cst.Module, kept: list[cst.CSTNode], removed: list[cst.CSTNode],
+def check_model_code(module: cst.Module, kept: list[cst.CSTNode],
                      step: cst.FunctionDef, scope_body: cst.CSTNode, strategy: str, resolve) -> None:
     """Refuse (NotTf2) unless the program can run as TF2: no TF1-only API anywhere it keeps,
     and the replica step reads only what is made under the strategy scope, module-level
     functions, classes, imports and constants.
 
-    ``kept`` is the program after the compat rewrite (new nodes for the rewritten part, the
-    module's other statements as they are); ``removed`` the nodes the rewrite deletes;
+    ``kept`` is the converted code (the module around it was checked before the conversion);
     ``step`` the (converted) replica function; ``scope_body`` what runs under the strategy scope."""
-    check_api(kept, removed, resolve)
+    check_api(kept, resolve)
     module_level: dict[str, cst.CSTNode | None] = {}
     for statement in module.body:
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
