@@ -60,7 +60,7 @@ class Refused(Exception):
 
 
 @dataclass
-class _Names:
+class TfNames:
     """TensorFlow spelled with the module's own alias, and the imports that needs."""
 
     rule: object
@@ -72,7 +72,7 @@ class _Names:
         return cst.Module([]).code_for_node(expression)
 
 
-def _parents(context) -> dict[int, cst.CSTNode]:
+def module_parents(context) -> dict[int, cst.CSTNode]:
     """id(node) -> parent for the whole module: the rules' walk's own once it has visited every
     node (rules plan their rewrites in leave_Module), else computed. (The walk leaves out
     operators and punctuation, which have no children: going up from any node never meets one.)"""
@@ -91,7 +91,7 @@ def _block_of(statement: cst.CSTNode, parents) -> cst.CSTNode:
     return parents[id(statement)]  # an IndentedBlock or the Module
 
 
-def _only_call(statement: cst.CSTNode) -> cst.Call | None:
+def only_call(statement: cst.CSTNode) -> cst.Call | None:
     """The call of `name = call(...)` or of a bare `call(...)` statement."""
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
         small = statement.body[0]
@@ -100,7 +100,7 @@ def _only_call(statement: cst.CSTNode) -> cst.Call | None:
     return None
 
 
-def _assigned_name(statement: cst.CSTNode) -> str | None:
+def assigned_name(statement: cst.CSTNode) -> str | None:
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
         small = statement.body[0]
         if isinstance(small, cst.Assign) and len(small.targets) == 1:
@@ -110,11 +110,11 @@ def _assigned_name(statement: cst.CSTNode) -> str | None:
     return None
 
 
-def _method_call(call: cst.CSTNode, method: str) -> bool:
+def method_call(call: cst.CSTNode, method: str) -> bool:
     return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
 
 
-def _code(node: cst.CSTNode) -> str:
+def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
@@ -133,17 +133,17 @@ class _Gradients:
 def _find_gradients(loop: cst.For) -> _Gradients:
     computes: dict[str, tuple[cst.Call, cst.SimpleStatementLine]] = {}
     for statement in find(loop.body, cst.SimpleStatementLine):
-        call, name = _only_call(statement), _assigned_name(statement)
-        if call is not None and name and _method_call(call, "compute_gradients"):
+        call, name = only_call(statement), assigned_name(statement)
+        if call is not None and name and method_call(call, "compute_gradients"):
             computes[name] = (call, statement)
     for statement in find(loop.body, cst.SimpleStatementLine):
-        call = _only_call(statement)
-        if call is None or _assigned_name(statement) or not _method_call(call, "append"):
+        call = only_call(statement)
+        if call is None or assigned_name(statement) or not method_call(call, "append"):
             continue
         if not (isinstance(call.func.value, cst.Name) and len(call.args) == 1):
             continue
         argument = call.args[0].value
-        if _method_call(argument, "compute_gradients"):
+        if method_call(argument, "compute_gradients"):
             compute, separate = argument, None
         elif isinstance(argument, cst.Name) and argument.value in computes:
             compute, separate = computes[argument.value]
@@ -154,12 +154,12 @@ def _find_gradients(loop: cst.For) -> _Gradients:
             raise Refused("the tower loss passed to compute_gradients is not a plain name")
         return _Gradients(
             tower_list=call.func.value.value, append=statement, compute=compute,
-            compute_statement=separate, optimizer=_code(compute.func.value), loss=loss.value,
+            compute_statement=separate, optimizer=code(compute.func.value), loss=loss.value,
         )
     raise Refused("the loop does not collect `opt.compute_gradients(loss)` with `<list>.append(...)`")
 
 
-def _averaging(helper: str, module: cst.Module, imports) -> tuple[cst.FunctionDef, bool]:
+def averaging_helper(helper: str, module: cst.Module, imports) -> tuple[cst.FunctionDef, bool]:
     """The module-level def of the averaging helper, and whether it averages (else sums)."""
     for statement in module.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == helper:
@@ -175,7 +175,7 @@ def _averaging(helper: str, module: cst.Module, imports) -> tuple[cst.FunctionDe
     raise Refused(f"`{helper}` is not defined in this module, so whether it averages or sums is unknown")
 
 
-def _is_variable_scope_wrapper(statement: cst.CSTNode, imports) -> bool:
+def is_variable_scope_wrapper(statement: cst.CSTNode, imports) -> bool:
     """`with tf.variable_scope(tf.get_variable_scope()):` — only there to share the towers' variables."""
     if not isinstance(statement, cst.With) or len(statement.body.body) != 1:
         return False
@@ -189,9 +189,9 @@ def _is_variable_scope_wrapper(statement: cst.CSTNode, imports) -> bool:
     return True
 
 
-def _is_reuse_statement(statement: cst.CSTNode) -> bool:
-    call = _only_call(statement)
-    return call is not None and _method_call(call, "reuse_variables")
+def is_reuse_statement(statement: cst.CSTNode) -> bool:
+    call = only_call(statement)
+    return call is not None and method_call(call, "reuse_variables")
 
 
 class _RewriteBody(cst.CSTTransformer):
@@ -215,7 +215,7 @@ class _RewriteBody(cst.CSTTransformer):
         return self.new_compute if original is self.grads.compute else updated
 
     def leave_SimpleStatementLine(self, original, updated):
-        if _is_reuse_statement(original):
+        if is_reuse_statement(original):
             return cst.RemovalSentinel.REMOVE
         if original is self.grads.append:
             return cst.FlattenSentinel(self.tail)
@@ -234,34 +234,34 @@ def _last_in_body(statement: cst.CSTNode, loop: cst.For, parents) -> bool:
     return True
 
 
-def _devices_argument(loop: cst.For) -> str:
+def devices_argument(loop: cst.For) -> str:
     iterable = loop.iter
     if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name):
         name = iterable.func.value
         if name in ("range", "xrange") and len(iterable.args) == 1:
-            return f"['/gpu:%d' % k for k in range({_code(iterable.args[0].value)})]"
+            return f"['/gpu:%d' % k for k in range({code(iterable.args[0].value)})]"
         if name == "enumerate" and len(iterable.args) == 1:
-            return _code(iterable.args[0].value)
+            return code(iterable.args[0].value)
     if isinstance(iterable, (cst.Name, cst.Attribute, cst.List, cst.Tuple)):
-        return _code(iterable)
-    raise Refused(f"cannot tell the devices from `{_code(iterable)}`")
+        return code(iterable)
+    raise Refused(f"cannot tell the devices from `{code(iterable)}`")
 
 
-def _loop_index(loop: cst.For) -> tuple[str, set[str]]:
+def loop_index(loop: cst.For) -> tuple[str, set[str]]:
     """The loop's index variable, and the other names its target binds."""
     target = loop.target
     if isinstance(target, cst.Name):
-        if isinstance(loop.iter, cst.Call) and _code(loop.iter.func) in ("range", "xrange"):
+        if isinstance(loop.iter, cst.Call) and code(loop.iter.func) in ("range", "xrange"):
             return target.value, set()
         return "", {target.value}  # `for d in DEVICES`: the element is a device, not an index
     if isinstance(target, cst.Tuple) and len(target.elements) == 2:
         first, second = (e.value for e in target.elements)
         if isinstance(first, cst.Name):
             return first.value, names_used(second)
-    raise Refused(f"cannot use the loop target `{_code(target)}` as a replica index")
+    raise Refused(f"cannot use the loop target `{code(target)}` as a replica index")
 
 
-def _references(module: cst.Module, name: str) -> int:
+def references(module: cst.Module, name: str) -> int:
     return len(name_nodes(module).get(name, ()))
 
 
@@ -282,7 +282,13 @@ def planned(rule, tower) -> Planned:
         try:
             return _plan(rule, tower)
         except Refused as reason:
-            return Planned(None, refused=str(reason))
+            refused = str(reason)
+        from tfmigrate.rewrites import replica_loop  # the general rewrite, for every other shape
+
+        try:
+            return Planned(replica_loop.plan(rule, tower))
+        except Refused as reason:
+            return Planned(None, refused=str(reason) or refused)
 
     return rule.context.memo(("mirrored.plan", id(tower.loop)), compute)
 
@@ -298,8 +304,8 @@ def plan(rule, tower) -> Edit:
 def _plan(rule, tower) -> Planned:
     context, imports = rule.context, rule.imports
     module, loop = context.module, tower.loop
-    parents = _parents(context)
-    tf = _Names(rule)
+    parents = module_parents(context)
+    tf = TfNames(rule)
 
     if tower.via:
         names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
@@ -316,7 +322,7 @@ def _plan(rule, tower) -> Planned:
 
     # The region: [init] [wrapper] loop ... averaging ... apply, all in one block.
     outer: cst.CSTNode = loop
-    while isinstance(parents[id(outer)], cst.IndentedBlock) and _is_variable_scope_wrapper(
+    while isinstance(parents[id(outer)], cst.IndentedBlock) and is_variable_scope_wrapper(
         parents[id(parents[id(outer)])], imports
     ):
         outer = parents[id(parents[id(outer)])]
@@ -324,17 +330,17 @@ def _plan(rule, tower) -> Planned:
     body = list(block.body)
     at = next(k for k, s in enumerate(body) if s is outer)
     init = next(
-        (s for s in reversed(body[:at]) if _assigned_name(s) == grads.tower_list
+        (s for s in reversed(body[:at]) if assigned_name(s) == grads.tower_list
          and isinstance(s.body[0].value, cst.List) and not s.body[0].value.elements),
         None,
     )
     def is_averaging(call: cst.Call | None) -> bool:
         return (call is not None and isinstance(call.func, cst.Name) and len(call.args) == 1
-                and _code(call.args[0].value) == grads.tower_list)
+                and code(call.args[0].value) == grads.tower_list)
 
     def is_apply(call: cst.Call | None, first_argument: str) -> bool:
-        return (call is not None and _method_call(call, "apply_gradients") and bool(call.args)
-                and _code(call.func.value) == grads.optimizer and _code(call.args[0].value) == first_argument)
+        return (call is not None and method_call(call, "apply_gradients") and bool(call.args)
+                and code(call.func.value) == grads.optimizer and code(call.args[0].value) == first_argument)
 
     # `grads = helper(tower_grads)` then `opt.apply_gradients(grads, ...)`, or the two in one
     # statement: `opt.apply_gradients(helper(tower_grads), ...)`.
@@ -344,19 +350,19 @@ def _plan(rule, tower) -> Planned:
         if average is None:
             if grads.tower_list not in used:
                 continue
-            call = _only_call(statement)
+            call = only_call(statement)
             inner = call.args[0].value if call is not None and call.args else None
-            if isinstance(inner, cst.Call) and is_averaging(inner) and is_apply(call, _code(inner)):
+            if isinstance(inner, cst.Call) and is_averaging(inner) and is_apply(call, code(inner)):
                 average = apply = statement
                 average_call = inner
                 continue
-            if not (is_averaging(call) and _assigned_name(statement)):
+            if not (is_averaging(call) and assigned_name(statement)):
                 raise Refused(f"`{grads.tower_list}` is used after the loop other than by one averaging call")
-            average, average_call, averaged = statement, call, _assigned_name(statement)
+            average, average_call, averaged = statement, call, assigned_name(statement)
         elif apply is None:
             if averaged not in used:
                 continue
-            if not is_apply(_only_call(statement), averaged):
+            if not is_apply(only_call(statement), averaged):
                 raise Refused(f"the averaged gradients are used other than by `{grads.optimizer}.apply_gradients(...)`")
             apply = statement
         elif ({grads.tower_list, averaged} & used):
@@ -366,8 +372,8 @@ def _plan(rule, tower) -> Planned:
             "no `grads = <helper>(tower_grads)` and `opt.apply_gradients(grads, ...)` (or "
             "`opt.apply_gradients(<helper>(tower_grads), ...)`) after the loop"
         )
-    helper_name = _code(average_call.func)
-    helper, averages = _averaging(helper_name, module, imports)
+    helper_name = code(average_call.func)
+    helper, averages = averaging_helper(helper_name, module, imports)
 
     # Names the loop body binds that the code after it reads would vanish into the function.
     bound_in_loop = {n for s in find(loop.body, cst.AssignTarget) for n in names_used(s.target)}
@@ -378,12 +384,12 @@ def _plan(rule, tower) -> Planned:
     if leaking:
         raise Refused(f"the loop body defines {', '.join(f'`{n}`' for n in leaking)}, used after the loop")
 
-    index, other_targets = _loop_index(loop)
-    devices = _devices_argument(loop)
+    index, other_targets = loop_index(loop)
+    devices = devices_argument(loop)
 
     # --- the replica function --------------------------------------------------------
-    strategy = "strategy" if _references(module, "strategy") == 0 else "mirrored_strategy"
-    step = "tower_step" if _references(module, "tower_step") == 0 else "replica_step"
+    strategy = "strategy" if references(module, "strategy") == 0 else "mirrored_strategy"
+    step = "tower_step" if references(module, "tower_step") == 0 else "replica_step"
     scaled = (
         cst.parse_expression(f"{grads.loss} / {strategy}.num_replicas_in_sync") if averages
         else cst.Name(grads.loss)
@@ -392,21 +398,21 @@ def _plan(rule, tower) -> Planned:
         args=[grads.compute.args[0].with_changes(value=scaled), *grads.compute.args[1:]]
     )
     if grads.compute_statement is not None:
-        grads_name = _assigned_name(grads.compute_statement)
+        grads_name = assigned_name(grads.compute_statement)
     elif averaged is not None:
         grads_name = averaged
     else:  # averaged inside apply_gradients(...): the replica's gradients need a name
-        grads_name = next(n for n in ("grads", "grads_and_vars", "replica_grads") if _references(module, n) == 0)
-    train_name = _assigned_name(apply) or "train_op"
-    apply_call = _only_call(apply)
+        grads_name = next(n for n in ("grads", "grads_and_vars", "replica_grads") if references(module, n) == 0)
+    train_name = assigned_name(apply) or "train_op"
+    apply_call = only_call(apply)
     apply_statement = cst.parse_statement(
-        f"{train_name} = " + _code(apply_call.with_changes(
+        f"{train_name} = " + code(apply_call.with_changes(
             args=[apply_call.args[0].with_changes(value=cst.Name(grads_name)), *apply_call.args[1:]]
         )) + "\n"
     )
     tail: list[cst.BaseStatement] = []
     if grads.compute_statement is None:
-        tail.append(cst.parse_statement(f"{grads_name} = {_code(new_compute)}\n"))
+        tail.append(cst.parse_statement(f"{grads_name} = {code(new_compute)}\n"))
     tail.append(apply_statement)
     tail.append(cst.parse_statement(
         f"with {tf('tensorflow.control_dependencies')}([{train_name}]):\n"
@@ -427,7 +433,7 @@ def _plan(rule, tower) -> Planned:
             order[-1] = max(order.get(id(n), -1) for n in walk(outer))
         return order.get(id(node), -1) > order[-1]
 
-    fresh = lambda *names: next((n for n in names if _references(module, n) == 0), names[-1] + "_")  # noqa: E731
+    fresh = lambda *names: next((n for n in names if references(module, n) == 0), names[-1] + "_")  # noqa: E731
     feed = tower_input.plan(
         statements, index, body[:at], owner, after_loop,
         strategy=strategy, tf=tf, tf_api=rule.call_name, fresh=fresh,
@@ -460,7 +466,7 @@ def _plan(rule, tower) -> Planned:
         raise Refused(f"the tower code uses the loop's device variable {sorted(other_targets & used_in_step)}")
     if index and index in used_in_step:
         index_line = cst.parse_statement(
-            f"{index} = " + REPLICA_INDEX.format(tf=_tf_root(tf)) + "\n"
+            f"{index} = " + REPLICA_INDEX.format(tf=tf_root(tf)) + "\n"
         ).with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
             "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable."
         ))])
@@ -480,7 +486,7 @@ def _plan(rule, tower) -> Planned:
             f"{grads.loss} = {strategy}.reduce(\n"
             f"    {reduce_op}, {strategy}.run({step}, args=({feed.get_next},)), axis=None)\n"
         ).with_changes(leading_lines=[
-            cst.EmptyLine(indent=False), *_comments(average), *(_comments(apply) if apply is not average else ()),
+            cst.EmptyLine(indent=False), *comment_lines(average), *(comment_lines(apply) if apply is not average else ()),
         ]),
         cst.parse_statement(f"{train_name} = {grads.loss}.op\n"),
     ]
@@ -497,16 +503,16 @@ def _plan(rule, tower) -> Planned:
         f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n"
     )
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
-    anchor, new_anchor = _place_scope(outer, parents, imports, region, create, scope_item)
+    anchor, new_anchor = place_scope(outer, parents, imports, region, create, scope_item)
 
     changes: dict = {anchor: new_anchor}
     # The helpers only the loop used go with it.
     removed = [average] + [scope.device for scope in tower.scopes]
-    for name, definition in [(helper_name, helper)] + _device_helpers(tower, module):
+    for name, definition in [(helper_name, helper)] + device_helpers(tower, module):
         if definition is None or definition is anchor:
             continue
-        inside = sum(_references(node, name) for node in removed)
-        if _references(module, name) - 1 - inside == 0:
+        inside = sum(references(node, name) for node in removed)
+        if references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
     title = "rewrite the tower loop with tf.distribute.MirroredStrategy" + (feed.note if feed else "")
     add_imports = [*(feed.imports if feed else ())]
@@ -537,7 +543,7 @@ def _plan(rule, tower) -> Planned:
                    split_kept=split_kept)
 
 
-def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, feed, fresh, tf: _Names):
+def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, feed, fresh, tf: TfNames):
     """The compat rewrite of ``anchor`` (``changes[anchor]``) made TF2, or NotTf2 with the reason."""
     from tfmigrate import tf2_step
 
@@ -575,16 +581,16 @@ def _lead(statements: list[cst.BaseStatement], comments) -> list[cst.BaseStateme
     return [first.with_changes(leading_lines=[*comments, *first.leading_lines]), *statements[1:]]
 
 
-def _comments(statement: cst.CSTNode) -> list[cst.EmptyLine]:
+def comment_lines(statement: cst.CSTNode) -> list[cst.EmptyLine]:
     return [line for line in statement.leading_lines if line.comment is not None]
 
 
-def _tf_root(tf: _Names) -> str:
+def tf_root(tf: TfNames) -> str:
     """The module's name for TensorFlow itself (`tf`), from a reference to one of its APIs."""
     return tf("tensorflow.identity").rsplit(".", 1)[0]
 
 
-def _device_helpers(tower, module: cst.Module) -> list[tuple[str, cst.FunctionDef | None]]:
+def device_helpers(tower, module: cst.Module) -> list[tuple[str, cst.FunctionDef | None]]:
     """Module-level functions called in the loop's device scopes (`assign_to_device(...)`)."""
     called = {
         call.func.value for scope in tower.scopes for call in find(scope.device, cst.Call)
@@ -594,7 +600,7 @@ def _device_helpers(tower, module: cst.Module) -> list[tuple[str, cst.FunctionDe
     return [(name, defs.get(name)) for name in sorted(called) if name in defs]
 
 
-class _ReplaceById(cst.CSTTransformer):
+class ReplaceById(cst.CSTTransformer):
     def __init__(self, changes: dict[int, object]):
         super().__init__()
         self.changes = changes
@@ -603,7 +609,7 @@ class _ReplaceById(cst.CSTTransformer):
         return self.changes.get(id(original), updated)
 
 
-def _place_scope(outer, parents, imports, region, create, scope_item):
+def place_scope(outer, parents, imports, region, create, scope_item):
     """Put the graph under ``strategy.scope()`` in place of the hand placement on the CPU.
 
     Prefers the `with` that opens the graph (`tf.Graph().as_default()`) or pins it to
@@ -619,11 +625,11 @@ def _place_scope(outer, parents, imports, region, create, scope_item):
         items = [item.with_changes(comma=cst.MaybeSentinel.DEFAULT) for item in items[:-1]] + [
             items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         ]
-        rewritten = node.visit(_ReplaceById(region)).with_changes(items=items)
+        rewritten = node.visit(ReplaceById(region)).with_changes(items=items)
         return node, cst.FlattenSentinel([create.with_changes(leading_lines=node.leading_lines),
                                           rewritten.with_changes(leading_lines=())])
     if isinstance(node, cst.FunctionDef):
-        body = list(node.body.visit(_ReplaceById(region)).body)
+        body = list(node.body.visit(ReplaceById(region)).body)
         docstring = body[:1] if body and _is_docstring(body[0]) else []
         rest = body[len(docstring):]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
@@ -653,7 +659,7 @@ def _scope_owner(outer, parents, imports) -> cst.CSTNode | None:
 
 
 def _is_graph_scope(expression: cst.CSTNode) -> bool:
-    return _method_call(expression, "as_default")
+    return method_call(expression, "as_default")
 
 
 def _is_docstring(statement: cst.CSTNode) -> bool:

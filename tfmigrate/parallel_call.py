@@ -63,7 +63,7 @@ per replica, each device receives only its slice, and the tower code stays as wr
 device scopes go, and so does a ``tf.variable_scope(tf.get_variable_scope(), reuse=<from i>)``
 wrapper: MirroredStrategy builds replica 0's variables and reuses them in the others itself.
 
-As for TFM101 (``mirrored._place_scope``), the graph is built under ``strategy.scope()`` and
+As for TFM101 (``mirrored.place_scope``), the graph is built under ``strategy.scope()`` and
 the strategy is created before it, so that variables made before the call (a global step) are
 mirrored too; at module level, with no ``tf.Graph().as_default()`` to put under the scope, the
 strategy is created just before it is first needed (``strategy.run`` enters the scope for the
@@ -81,8 +81,8 @@ from tfmigrate.devices import (
     children, device_scope_arg, device_scopes, find, mentions_gpu, names_used, tower_group, walk,
 )
 from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, _assigned_name, _code, _comments, _device_helpers, _devices_argument, _loop_index,
-    _method_call, _Names, _only_call, _parents, _place_scope, _ReplaceById, _references, _tf_root,
+    REPLICA_INDEX, Refused, assigned_name, code, comment_lines, device_helpers, devices_argument, loop_index,
+    method_call, TfNames, only_call, module_parents, place_scope, ReplaceById, references, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -122,12 +122,12 @@ def plan_helper(rule, helper: cst.FunctionDef) -> Edit:
     if uses > 1 or len(calls) != 1:
         raise Refused(f"`{name}` is used {uses} times in this module; only a helper called once is rewritten")
     (call,) = calls
-    parents = _parents(context)
+    parents = module_parents(context)
     statement = parents[id(call)]
     while not isinstance(statement, cst.BaseStatement):
         statement = parents[id(statement)]
-    result = _assigned_name(statement)
-    if _only_call(statement) is not call or result is None:
+    result = assigned_name(statement)
+    if only_call(statement) is not call or result is None:
         raise Refused(f"the result of `{name}(...)` is not assigned to a plain name")
     args = list(call.args)
     keywords = args[2:]
@@ -147,18 +147,18 @@ def plan_helper(rule, helper: cst.FunctionDef) -> Edit:
     # The index is local to the replica function: it only must not hide a name the inputs read.
     index = _fresh(lambda candidate: candidate in names_used(call), "i", "replica", "replica_index")
     split = rewrite.tf(SPLIT)
-    inputs = [f"{_code(a.keyword)}={split}({_code(a.value)}, {rewrite.replicas})[{index}]" for a in keywords]
-    forward = f"{result} = {_code(fn)}({', '.join(inputs)})"
+    inputs = [f"{code(a.keyword)}={split}({code(a.value)}, {rewrite.replicas})[{index}]" for a in keywords]
+    forward = f"{result} = {code(fn)}({', '.join(inputs)})"
     depth = _depth(statement, parents) + 1
     if len(forward) + 4 * depth > 100 and len(inputs) > 1:
-        forward = f"{result} = {_code(fn)}(\n" + "".join(f"    {item},\n" for item in inputs) + ")"
+        forward = f"{result} = {code(fn)}(\n" + "".join(f"    {item},\n" for item in inputs) + ")"
     function = rewrite.function(
         [cst.parse_statement(forward + "\n"), *rewrite.training_tail(depth)], index,
         "# MirroredStrategy runs this once per replica, each on its slice of the batch.",
     )
     region = {step.statement: cst.RemovalSentinel.REMOVE}
     changes = rewrite.place(
-        statement, region, list(statement.leading_lines), function, f"['/gpu:%d' % k for k in range({_code(count)})]",
+        statement, region, list(statement.leading_lines), function, f"['/gpu:%d' % k for k in range({code(count)})]",
         first=statement,
     )
     changes[helper] = cst.RemovalSentinel.REMOVE
@@ -201,7 +201,7 @@ def _check_body(helper: cst.FunctionDef, imports, fn: str, count: str) -> None:
         elif isinstance(call.func, cst.Attribute) and call.func.attr.value in ALLOWED_METHODS and qualified is None:
             continue
         else:
-            raise Refused(f"`{name}` also calls `{_code(call.func)}`: only a helper that splits, calls "
+            raise Refused(f"`{name}` also calls `{code(call.func)}`: only a helper that splits, calls "
                           f"`{fn}` per device and concatenates is rewritten")
     if not splits or not all(_splits_by(s, count) for s in splits):
         raise Refused(f"`{name}` does not cut its inputs with `tf.split(value, {count})` along axis 0")
@@ -263,7 +263,7 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
     """
     context, imports = rule.context, rule.imports
     module, loop = context.module, tower.loop
-    parents = _parents(context)
+    parents = module_parents(context)
     if tower.via:
         names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
         raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
@@ -275,8 +275,8 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
     statement = parents[id(join)]
     while not isinstance(statement, cst.BaseStatement):
         statement = parents[id(statement)]
-    result = _assigned_name(statement)
-    if (_only_call(statement) is not join or result is None or not _joins_axis0(join, imports, {CONCAT, STACK})
+    result = assigned_name(statement)
+    if (only_call(statement) is not join or result is None or not _joins_axis0(join, imports, {CONCAT, STACK})
             or not isinstance(join.args[0].value, cst.Name)):
         raise Refused("the towers' outputs are not joined as `result = tf.concat(outputs, axis=0)`")
     if parents[id(statement)] is not block:
@@ -285,17 +285,17 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
     body = list(block.body)
     at, joined_at = body.index(loop), body.index(statement)
     collect = _collection(loop, outputs)
-    init = next((s for s in reversed(body[:at]) if _assigned_name(s) == outputs), None)
+    init = next((s for s in reversed(body[:at]) if assigned_name(s) == outputs), None)
     if not (init is not None and isinstance(init.body[0].value, cst.List) and not init.body[0].value.elements):
         raise Refused(f"`{outputs}` is not created as an empty list (`{outputs} = []`) before the tower loop")
-    uses = sum(_references(s, outputs) for s in body if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
+    uses = sum(references(s, outputs) for s in body if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
     if uses != 3:
         raise Refused(f"`{outputs}` is used other than to collect the towers' outputs and join them once")
 
     # --- the loop ----------------------------------------------------------------------
-    index, others = _loop_index(loop)
+    index, others = loop_index(loop)
     if not index:
-        raise Refused(f"the tower loop `for {_code(loop.target)} in ...` has no index to pick each replica's slice")
+        raise Refused(f"the tower loop `for {code(loop.target)} in ...` has no index to pick each replica's slice")
     count = _loop_count(loop)
     _check_loop_body(loop, tower.owner, parents, index)
     _check_leaks(loop, body[at + 1:], statement)
@@ -315,7 +315,7 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
         split_statement = parents[id(call)]
         while not isinstance(split_statement, cst.BaseStatement):
             split_statement = parents[id(split_statement)]
-        pieces = _assigned_name(split_statement)
+        pieces = assigned_name(split_statement)
         if pieces is not None and pieces in names_used(loop.iter):
             raise Refused(f"the tower loop runs over the pieces of `{pieces}` itself: loop over `range(n)` "
                           f"and read `{pieces}[i]` in the body")
@@ -323,7 +323,7 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
         if parents[id(split_statement)] is not block or body.index(split_statement) > at:
             raise Refused("the batch is not cut in the same block as the tower loop, before it")
     first_split = min(new_splits, key=body.index)
-    devices = _devices_argument(loop)
+    devices = devices_argument(loop)
 
     # --- the training step after the join ------------------------------------------------
     step = _training_step(block, statement, result, imports, "the `tf.concat`")
@@ -333,7 +333,7 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
     else:
         output = result if result not in names_used(loop) else _fresh(
             lambda n: n in names_used(loop), f"replica_{result}", "replica_output")
-        assign = [cst.parse_statement(f"{output} = {_code(appended)}\n")]
+        assign = [cst.parse_statement(f"{output} = {code(appended)}\n")]
 
     # --- the rewrite ------------------------------------------------------------------
     rewrite = _Rewrite(rule, step, result, output=output, step_names=("replica_step", "tower_step"))
@@ -342,10 +342,10 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
             new_call.args[0], new_call.args[1].with_changes(value=cst.parse_expression(rewrite.replicas)),
             *new_call.args[2:],
         ])
-        new_splits[split_statement] = split_statement.visit(_ReplaceById({id(_only_call(split_statement)): new_call}))
+        new_splits[split_statement] = split_statement.visit(ReplaceById({id(only_call(split_statement)): new_call}))
     depth = _depth(statement, parents) + 1
     tail = [*assign, *rewrite.training_tail(depth)]
-    tail[0] = tail[0].with_changes(leading_lines=[*_comments(collect), *tail[0].leading_lines])
+    tail[0] = tail[0].with_changes(leading_lines=[*comment_lines(collect), *tail[0].leading_lines])
     statements = list(loop.body.visit(_TowerBody(imports, index, collect, tail)).body)
     used = set().union(*(names_used(s) for s in statements))
     if others & used:
@@ -355,16 +355,16 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
         "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable.",
     )
     # Comments above the list, the loop and the join stay with the replica function.
-    lines = [*init.leading_lines, *_comments(loop), *_comments(statement)]
+    lines = [*init.leading_lines, *comment_lines(loop), *comment_lines(statement)]
     region = {init: cst.RemovalSentinel.REMOVE, loop: cst.RemovalSentinel.REMOVE,
               step.statement: cst.RemovalSentinel.REMOVE, **new_splits}
     changes = rewrite.place(statement, region, lines, function, devices, first=first_split,
                             join=rule.call_name(join))
     # Device helpers only the tower loop called (`assign_to_device(...)`) go with it.
     removed = [scope.device for scope in tower.scopes]
-    for name, definition in _device_helpers(tower, module):
-        inside = sum(_references(node, name) for node in removed)
-        if definition is not None and _references(module, name) - 1 - inside == 0:
+    for name, definition in device_helpers(tower, module):
+        inside = sum(references(node, name) for node in removed)
+        if definition is not None and references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
     return Edit(
         changes, "rewrite the split, the tower loop and the concat with tf.distribute.MirroredStrategy",
@@ -375,8 +375,8 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
 def _collection(loop: cst.For, outputs: str) -> cst.SimpleStatementLine:
     """`outputs.append(tower_output)`, the last statement the loop body runs."""
     for statement in find(loop.body, cst.SimpleStatementLine):
-        call = _only_call(statement)
-        if (call is not None and _assigned_name(statement) is None and _method_call(call, "append")
+        call = only_call(statement)
+        if (call is not None and assigned_name(statement) is None and method_call(call, "append")
                 and isinstance(call.func.value, cst.Name) and call.func.value.value == outputs):
             if len(call.args) != 1 or call.args[0].star or call.args[0].keyword is not None:
                 break
@@ -403,10 +403,10 @@ def _loop_count(loop: cst.For) -> str:
     iterable = loop.iter
     if isinstance(iterable, cst.Call) and isinstance(iterable.func, cst.Name) and len(iterable.args) == 1:
         if iterable.func.value in ("range", "xrange"):
-            return _code(iterable.args[0].value)
+            return code(iterable.args[0].value)
         if iterable.func.value == "enumerate":
-            return f"len({_code(iterable.args[0].value)})"
-    raise Refused(f"the tower loop runs over `{_code(iterable)}`, not `range(n)` or `enumerate(devices)`")
+            return f"len({code(iterable.args[0].value)})"
+    raise Refused(f"the tower loop runs over `{code(iterable)}`, not `range(n)` or `enumerate(devices)`")
 
 
 def _check_loop_body(loop: cst.For, owner, parents, index: str) -> None:
@@ -417,7 +417,7 @@ def _check_loop_body(loop: cst.For, owner, parents, index: str) -> None:
             raise Refused(f"the tower loop's body has a `{word}`")
     augmented = find(loop.body, cst.AugAssign)
     if augmented:
-        raise Refused(f"`{_code(augmented[0].target)} {_code(augmented[0].operator).strip()} ...` in the tower "
+        raise Refused(f"`{code(augmented[0].target)} {code(augmented[0].operator).strip()} ...` in the tower "
                       "loop carries a value from one tower to the next")
     # `reuse = False` before the loop, read and then `reuse = True` in it: a flag carried from
     # one tower to the next, which a function's local variable cannot be.
@@ -458,26 +458,26 @@ def _recount(call: cst.Call, statement, count: str, imports, rule) -> cst.Call:
     """Check `x_parts = tf.split(x, <the tower count>[, axis=0])`; the call to rewrite."""
     name = rule.call_name(call)
     if name != SPLIT:
-        raise Refused(f"the batch is cut with `{_code(call.func)}`: only `x_parts = tf.split(x, n)` along axis 0 "
+        raise Refused(f"the batch is cut with `{code(call.func)}`: only `x_parts = tf.split(x, n)` along axis 0 "
                       "is rewritten")
-    if _only_call(statement) is not call or _assigned_name(statement) is None:
-        raise Refused(f"`{_code(call)}` is not assigned to one name the towers index (`x_parts = tf.split(x, n)`)")
+    if only_call(statement) is not call or assigned_name(statement) is None:
+        raise Refused(f"`{code(call)}` is not assigned to one name the towers index (`x_parts = tf.split(x, n)`)")
     args = list(call.args)
     if len(args) < 2 or any(a.star for a in args) or args[0].keyword is not None or (
             args[1].keyword is not None and args[1].keyword.value != "num_or_size_splits"):
-        raise Refused(f"`{_code(call)}` is not `tf.split(value, n)`")
+        raise Refused(f"`{code(call)}` is not `tf.split(value, n)`")
     pieces = args[1].value
     if isinstance(pieces, (cst.List, cst.Tuple)):
-        raise Refused(f"`{_code(call)}` cuts the batch into unequal sizes: the replicas' mean losses would not "
+        raise Refused(f"`{code(call)}` cuts the batch into unequal sizes: the replicas' mean losses would not "
                       "average to the batch's")
-    if _code(pieces) != count:
-        raise Refused(f"`{_code(call)}` cuts the batch into `{_code(pieces)}` pieces, the tower loop builds `{count}` towers")
+    if code(pieces) != count:
+        raise Refused(f"`{code(call)}` cuts the batch into `{code(pieces)}` pieces, the tower loop builds `{count}` towers")
     for k, arg in enumerate(args[2:], start=2):
         keyword = arg.keyword.value if arg.keyword is not None else ("axis" if k == 2 else "num")
         if keyword == "axis" and not _is_zero(arg.value):
-            raise Refused(f"`{_code(call)}` cuts along axis {_code(arg.value)}, not the batch axis")
+            raise Refused(f"`{code(call)}` cuts along axis {code(arg.value)}, not the batch axis")
         if keyword not in ("axis", "name"):
-            raise Refused(f"`{_code(call)}` passes `{keyword}`")
+            raise Refused(f"`{code(call)}` passes `{keyword}`")
     return call
 
 
@@ -515,7 +515,7 @@ class _TowerBody(cst.CSTTransformer):
                 return cst.SimpleStatementLine(body=inner.body, leading_lines=updated.leading_lines)
             statements = list(inner.body)
             statements[0] = statements[0].with_changes(
-                leading_lines=[*_comments(updated), *statements[0].leading_lines])
+                leading_lines=[*comment_lines(updated), *statements[0].leading_lines])
             return cst.FlattenSentinel(statements)
         items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return updated.with_changes(items=items)
@@ -547,12 +547,12 @@ def _training_step(block, statement, result: str, imports, what: str) -> _Step:
     minimize = None
     bound_between: set[str] = set()
     for later in body[at + 1:]:
-        value = _only_call(later)
-        target = _assigned_name(later)
+        value = only_call(later)
+        target = assigned_name(later)
         if target and value is not None and _reduction(value, result, imports) is not None:
             reduced[target] = (_reduction(value, result, imports), value)
             continue
-        if value is not None and _method_call(value, "minimize") and value.args:
+        if value is not None and method_call(value, "minimize") and value.args:
             loss_arg = value.args[0].value
             if _reduction(loss_arg, result, imports) is not None or (
                     isinstance(loss_arg, cst.Name) and loss_arg.value in reduced):
@@ -566,8 +566,8 @@ def _training_step(block, statement, result: str, imports, what: str) -> _Step:
                 f"`tf.reduce_sum({result})` (`train_op = opt.minimize(tf.reduce_mean({result}))`)"
             )
         raise Refused(f"`{result}` is not minimized in the same block: the training step cannot move into a replica function")
-    call = _only_call(minimize)
-    train = _assigned_name(minimize)
+    call = only_call(minimize)
+    train = assigned_name(minimize)
     if train is None:
         raise Refused("the result of `minimize(...)` is not assigned to a plain name")
     loss = call.args[0].value
@@ -604,8 +604,8 @@ class _Rewrite:
     def __init__(self, rule, step: _Step, result: str, *, output: str, step_names: tuple[str, ...]):
         self.rule, self.step, self.result, self.output = rule, step, result, output
         self.module = rule.context.module
-        self.parents = _parents(rule.context)
-        self.tf = _Names(rule)
+        self.parents = module_parents(rule.context)
+        self.tf = TfNames(rule)
         self.strategy = _fresh(self.taken, "strategy", "mirrored_strategy")
         self.name = _fresh(self.taken, *step_names)
         self.replicas = f"{self.strategy}.num_replicas_in_sync"
@@ -613,17 +613,17 @@ class _Rewrite:
         self.optimizer = step.optimizer
         if isinstance(step.optimizer, cst.Call):
             name = _fresh(self.taken, "opt", "optimizer", "mirrored_optimizer")
-            self.head.append(cst.parse_statement(f"{name} = {_code(step.optimizer)}\n"))
+            self.head.append(cst.parse_statement(f"{name} = {code(step.optimizer)}\n"))
             self.optimizer = cst.Name(name)
 
     def taken(self, candidate: str) -> bool:
-        return _references(self.module, candidate) > 0
+        return references(self.module, candidate) > 0
 
     def training_tail(self, depth: int) -> list[cst.BaseStatement]:
         """`train_op = opt.minimize(<the replica's loss> [/ N], ...)` and the return of the output."""
         step, call = self.step, self.step.call
         loss = step.loss.with_changes(args=[step.loss.args[0].with_changes(value=cst.Name(self.output))])
-        scaled = cst.parse_expression(_code(loss) + (f" / {self.replicas}" if step.averages else ""))
+        scaled = cst.parse_expression(code(loss) + (f" / {self.replicas}" if step.averages else ""))
         args = [call.args[0].with_changes(value=scaled), *step.kept]
         args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args]
         minimize = call.with_changes(
@@ -631,8 +631,8 @@ class _Rewrite:
             whitespace_before_args=cst.SimpleWhitespace(""),
         )
         return [
-            _wrapped(f"{step.train} = {_code(minimize)}", "    " * depth).with_changes(
-                leading_lines=_comments(step.statement)),
+            _wrapped(f"{step.train} = {code(minimize)}", "    " * depth).with_changes(
+                leading_lines=comment_lines(step.statement)),
             cst.parse_statement(
                 f"with {self.tf('tensorflow.control_dependencies')}([{step.train}]):\n"
                 f"    return {self.tf('tensorflow.identity')}({self.output})\n"
@@ -642,7 +642,7 @@ class _Rewrite:
     def function(self, statements: list, index: str | None, comment: str) -> cst.FunctionDef:
         """`def replica_step():` over ``statements``, first binding ``index`` to the replica id."""
         if index is not None:
-            line = cst.parse_statement(f"{index} = " + REPLICA_INDEX.format(tf=_tf_root(self.tf)) + "\n")
+            line = cst.parse_statement(f"{index} = " + REPLICA_INDEX.format(tf=tf_root(self.tf)) + "\n")
             statements = [line.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(comment))]), *statements]
         return cst.FunctionDef(name=cst.Name(self.name), params=cst.Parameters(),
                                body=cst.IndentedBlock(body=statements))
@@ -672,7 +672,7 @@ class _Rewrite:
         changes = dict(region)
         changes[statement] = _region(lines, self.head, function, tail, blank)
         try:
-            anchor, new_anchor = _place_scope(
+            anchor, new_anchor = place_scope(
                 statement, self.parents, self.rule.imports, {id(k): v for k, v in changes.items()}, create,
                 cst.WithItem(cst.parse_expression(f"{self.strategy}.scope()")))
             return {anchor: new_anchor}

@@ -366,6 +366,11 @@ class Recorder:
         self.state = state
         self.apply_ops: dict[int, dict] = {}       # id(graph) -> {op: [loss tensors]}
         self.grad_losses: dict[int, list] = {}     # id(graph) -> [(loss, set(grad tensors), replica)]
+        # Under MirroredStrategy the k-th apply_gradients of every replica is one update, but each
+        # replica gets its own op back: (id(graph), k) -> the losses they share, and
+        # (id(graph), replica id) -> how many updates that replica has made.
+        self.replica_updates: dict[tuple, list] = {}
+        self.replica_calls: dict[tuple, int] = {}
         self.cache: dict = {}
         self.in_run = False
 
@@ -397,9 +402,9 @@ class Recorder:
                     upstream = cone(roots)
                     losses = [(loss, replica) for loss, gops, replica in rec.grad_losses.get(id(op.graph), [])
                               if gops & upstream]
-                    # Under MirroredStrategy each replica's apply_gradients returns the same
-                    # update op, with its own loss upstream: keep every replica's, not the last.
-                    known = rec.apply_ops.setdefault(id(op.graph), {}).setdefault(op, [])
+                    # Under MirroredStrategy each replica's apply_gradients returns an update op
+                    # with its own loss upstream: keep every replica's, not the last.
+                    known = rec.apply_ops.setdefault(id(op.graph), {}).setdefault(op, rec.update_of(op))
                     known.extend(item for item in losses if not any(item[0] is k[0] for k in known))
             except Exception:
                 pass
@@ -407,6 +412,17 @@ class Recorder:
 
         opt_cls.compute_gradients = compute_gradients
         opt_cls.apply_gradients = apply_gradients
+
+    def update_of(self, op) -> list:
+        """The list of losses behind ``op``: shared by the replicas' ops of one update."""
+        tf = self.tf
+        context = tf.distribute.get_replica_context() if tf.distribute.has_strategy() else None
+        if context is None or tf.distribute.in_cross_replica_context():
+            return []
+        replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+        count = self.replica_calls.get((id(op.graph), replica), 0)
+        self.replica_calls[(id(op.graph), replica)] = count + 1
+        return self.replica_updates.setdefault((id(op.graph), count), [])
 
     # -- Session.run -----------------------------------------------------------------------
     def install_session(self):
@@ -498,7 +514,8 @@ class Recorder:
             rank, index, element = candidates[0]
             plan["loss_index"] = index
             plan["how"] = f"fetched scalar {element.name}"
-            if rank == 0 and len(tower_losses) > 1 and not replica:
+            # One tower's (or replica's) own loss was fetched: report the mean over all of them.
+            if rank == 0 and len(tower_losses) > 1:
                 plan["extras"]["towers"] = list(tower_losses)
                 plan["how"] = (f"mean of the {len(tower_losses)} tower losses passed to compute_gradients "
                                f"(the program fetched {element.name})")

@@ -1,0 +1,657 @@
+"""The general tower rewrite: the loop body becomes the replica function.
+
+A tower loop says "build this once per device". MirroredStrategy says the same with
+``strategy.extended.call_for_each_replica(fn)``: in graph mode it calls ``fn`` once per
+replica, replica 0 first, each running until it finishes or reaches a cross-replica step
+(``apply_gradients``). So the body is kept as written, statement for statement::
+
+    tower_grads = []
+    for i in range(N):
+        with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+            loss = tower_loss(scope, parts[i])
+            summaries = tf.get_collection(tf.GraphKeys.SUMMARIES, scope)
+            grads = opt.compute_gradients(loss)
+            tower_grads.append(grads)
+    grads = average_gradients(tower_grads)
+    ... histograms of grads ...
+    apply_op = opt.apply_gradients(grads, global_step=global_step)
+    train_op = tf.group(apply_op, ema_op)
+
+becomes::
+
+    tower_grads = []
+    loss = summaries = apply_op = None
+
+    def tower_fn():
+        nonlocal loss, summaries, apply_op
+        i = <this replica's index>
+        with tf.name_scope('tower_%d' % i) as scope:
+            ... the same statements ...
+        # MirroredStrategy sums the replicas' gradients: each replica applies its share.
+        apply_op = opt.apply_gradients([(tf.math.scalar_mul(1.0 / strategy.num_replicas_in_sync, g), v)
+                                        for g, v in grads if g is not None], global_step=global_step)
+
+    strategy.extended.call_for_each_replica(tower_fn)
+    grads = average_gradients(tower_grads)
+    ... histograms of grads ...
+    train_op = tf.group(apply_op, ema_op)
+
+What the code means decides what changes, not how it is spelled:
+
+- Lists the body fills are filled once per replica, in replica order, so the code after the
+  loop that stacks losses, averages gradients for summaries or concatenates predictions reads
+  the same per-replica values it read per tower.
+- Names the body binds that the function reads or binds outside the loop are declared
+  ``nonlocal`` (``global`` at module level): the last replica leaves its value where the last
+  tower did, and ``if i == 0: accuracy = ...`` still keeps tower 0's.
+- Only the update moves: the ``apply_gradients`` of the averaged (or summed) tower gradients,
+  or the ``minimize`` of the towers' mean (or summed) loss, becomes each replica's update of
+  its own share (MirroredStrategy sums what the replicas apply). The code after the loop keeps
+  reading the update's name.
+
+:func:`plan` returns the Edit, or raises :class:`Refused` naming the line and the reason when
+the meaning cannot be kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from tfmigrate.devices import DEVICE_SPECS, device_scope_arg, find, names_used, walk
+from tfmigrate.mirrored import (
+    REPLICA_INDEX, Refused, TfNames, averaging_helper, code, device_helpers, is_reuse_statement,
+    method_call, module_parents, place_scope, references, tf_root,
+)
+from tfmigrate.rule import Edit, FixSafety
+
+__all__ = ["plan"]
+
+# Reductions of a list of tower losses, and the share of the total each replica minimises.
+_LOSS_MEANS = {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean"}
+_LOSS_SUMS = {"tensorflow.add_n", "tensorflow.math.add_n", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
+_STACKS = {"tensorflow.stack", "tensorflow.concat", "tensorflow.convert_to_tensor"}
+# Nodes that open their own scope: names bound inside them are not the loop body's.
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+@dataclass
+class _Region:
+    """Where the loop sits: its function (or module), and the statements that follow it."""
+
+    loop: cst.For
+    owner: cst.CSTNode  # FunctionDef or Module
+    parents: dict
+    following: list[cst.BaseStatement]  # statements after the loop, in the blocks up to the owner
+    preceding: list[cst.BaseStatement]  # statements before it, same blocks, nearest last
+
+
+@dataclass
+class _Update:
+    """The one model update the towers feed, moved into the replica function."""
+
+    statements: list[cst.BaseStatement]  # appended to the replica function
+    changes: dict = field(default_factory=dict)  # id(node) after the loop -> replacement
+    binds: set[str] = field(default_factory=set)  # names the moved update binds
+    helper: str | None = None  # the averaging helper, if its call went
+    note: str = ""
+
+
+def plan(rule, tower) -> Edit:
+    """The replica rewrite of ``tower`` (a :class:`tfmigrate.devices.TowerLoop`)."""
+    context, imports, module = rule.context, rule.imports, rule.context.module
+    loop = tower.loop
+    _check_shape(tower)
+    region = _region(context, loop, tower.owner if tower.owner is not None else module)
+    tf = TfNames(rule)
+    strategy = _fresh(module, "strategy", "mirrored_strategy")
+    step = _fresh(module, "tower_fn", "replica_fn")
+    update = _gradient_update(rule, region, strategy, tf) or _loss_update(rule, region, strategy, tf)
+    if update is None:
+        raise Refused(f"line {_line(rule, loop)}: the towers neither collect `opt.compute_gradients(...)` "
+                      "nor a loss that is averaged or summed and minimised after the loop")
+    body = _replica_body(rule, tower, region, update, tf)
+    shared, unbound = _shared_names(region, body, update)
+    function = _replica_function(region, step, body, shared)
+    call = cst.parse_statement(f"{strategy}.extended.call_for_each_replica({step})\n")
+    blank = [cst.EmptyLine(indent=False)]
+    replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank)]
+    if unbound:
+        replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
+    replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
+    region_changes = {id(loop): cst.FlattenSentinel(replacement), **update.changes}
+    devices = _devices(rule, tower)
+    create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
+    scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
+    anchor, new_anchor = place_scope(loop, region.parents, imports, region_changes, create, scope_item)
+    changes = {anchor: new_anchor}
+    # Edits after the loop but outside what the strategy scope replaced apply on their own.
+    inside = {id(node) for node in walk(anchor)}
+    nodes = {id(node): node for node in walk(region.owner)}
+    changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
+    _remove_unused_helpers(changes, anchor, tower, module, update)
+    title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
+    return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
+
+
+# --- the shape ------------------------------------------------------------------------------
+
+
+def _check_shape(tower) -> None:
+    loop = tower.loop
+    if tower.via:
+        names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
+        raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
+    if loop.orelse is not None:
+        raise Refused("the tower loop has an `else:` clause")
+    for node in _own_nodes(loop.body):
+        if isinstance(node, (cst.Return, cst.Yield, cst.Await)):
+            raise Refused("the tower loop body returns or yields: a replica function cannot do that for the caller")
+        if isinstance(node, (cst.Break, cst.Continue)) and not _inside_inner_loop(node, loop):
+            raise Refused("the tower loop body uses `break`/`continue` on the tower loop")
+    owner = tower.owner
+    if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
+        raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
+
+
+def _own_nodes(node: cst.CSTNode):
+    """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and isinstance(current, _SCOPES):
+            continue
+        stack.extend(reversed(current.children))
+
+
+def _inside_inner_loop(node: cst.CSTNode, loop: cst.For) -> bool:
+    """Whether a break/continue belongs to a loop nested in the tower loop."""
+    return any(node in set(walk(inner.body)) for inner in find(loop.body, cst.For, cst.While))
+
+
+def _region(context, loop: cst.For, owner: cst.CSTNode) -> _Region:
+    parents = module_parents(context)
+    following, preceding = [], []
+    node = loop
+    while node is not owner:
+        parent = parents[id(node)]
+        if isinstance(parent, (cst.IndentedBlock, cst.Module)):
+            statements = list(parent.body)
+            at = next(k for k, s in enumerate(statements) if s is node)
+            following += statements[at + 1:]
+            preceding = statements[:at] + preceding
+        node = parent
+    return _Region(loop=loop, owner=owner, parents=parents, following=following, preceding=preceding)
+
+
+# --- the update -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Collected:
+    """``<list>.append(<value>)`` in the loop body."""
+
+    statement: cst.SimpleStatementLine
+    target: str  # the list's code: `tower_grads`, `self.tower_grads`
+    value: cst.BaseExpression
+    compute: cst.Call | None  # `opt.compute_gradients(...)` the value is (or names)
+
+
+def _collected(loop: cst.For) -> list[_Collected]:
+    computed: dict[str, cst.Call] = {}
+    found = []
+    for statement in _statements(loop.body):
+        small = statement.body[0] if len(statement.body) == 1 else None
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
+            if method_call(small.value, "compute_gradients"):
+                computed[small.targets[0].target.value] = small.value
+        if not (isinstance(small, cst.Expr) and method_call(small.value, "append") and len(small.value.args) == 1):
+            continue
+        holder = small.value.func.value
+        if not isinstance(holder, (cst.Name, cst.Attribute)):
+            continue
+        value = small.value.args[0].value
+        compute = value if method_call(value, "compute_gradients") else (
+            computed.get(value.value) if isinstance(value, cst.Name) else None)
+        found.append(_Collected(statement, code(holder), value, compute))
+    return found
+
+
+def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
+    return [n for n in _own_nodes(node) if isinstance(n, cst.SimpleStatementLine)]
+
+
+def _mentions(node: cst.CSTNode, target: str) -> bool:
+    """Whether ``node`` reads the name or attribute chain ``target`` (`x`, `self.x`)."""
+    if "." not in target:
+        return target in names_used(node)
+    return any(code(n) == target for n in find(node, cst.Attribute))
+
+
+def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
+    """`tower_grads.append(opt.compute_gradients(loss))`, then after the loop
+    `grads = helper(tower_grads)` and `opt.apply_gradients(grads, ...)`."""
+    collected = [c for c in _collected(region.loop) if c.compute is not None]
+    if not collected:
+        return None
+    if len(collected) > 1:
+        raise Refused(f"line {_line(rule, collected[1].statement)}: the towers collect gradients into more than one list")
+    item = collected[0]
+    average, helper_call, averaged = _find_average(rule, region, item.target)
+    helper_name = code(helper_call.func)
+    _, averages = averaging_helper(helper_name, rule.context.module, rule.imports)
+    apply_statement, apply_call = _find_call(
+        rule, region, region.following[region.following.index(average) + (0 if averaged is None else 1):],
+        "apply_gradients", averaged if averaged is not None else code(helper_call), item.target,
+    )
+    _check_available(rule, region, apply_call, upto=apply_statement, skip=averaged)
+    grads = item.value if isinstance(item.value, cst.Name) else None
+    statements: list[cst.BaseStatement] = []
+    changes: dict = {}
+    if grads is None:  # `tower_grads.append(opt.compute_gradients(loss))`: name the replica's gradients
+        name = _fresh(rule.context.module, "replica_grads", "tower_grads_")
+        grads = cst.Name(name)
+        changes[id(item.statement)] = cst.FlattenSentinel([
+            cst.parse_statement(f"{name} = {code(item.value)}\n"),
+            item.statement.with_changes(body=[item.statement.body[0].with_changes(
+                value=item.statement.body[0].value.with_changes(args=[cst.Arg(grads)]))]),
+        ])
+    share = grads.value
+    if averages:
+        share = _fresh(rule.context.module, "grads_share", "replica_share")
+        statements.append(cst.parse_statement(
+            f"{share} = [({tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g), v)\n"
+            f"{' ' * (len(share) + 4)}for g, v in {grads.value} if g is not None]\n"))
+    moved, binds, after_changes = _move_call(rule, region, apply_statement, apply_call, share, "apply_op")
+    statements += moved
+    changes.update(after_changes)
+    why = ("MirroredStrategy sums the replicas' gradients: each replica applies its share of the mean."
+           if averages else "MirroredStrategy sums the replicas' gradients, as the helper did.")
+    statements[0] = statements[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}"))])
+    update = _Update(statements, changes, binds)
+    _drop_average(rule, region, update, average, averaged, item)
+    return update
+
+
+def _find_average(rule, region: _Region, tower_list: str):
+    """The first statement after the loop that reads the tower list: `grads = helper(list)`
+    (or an `apply_gradients(helper(list), ...)`): (statement, helper call, averaged name or None)."""
+    for statement in region.following:
+        if not _mentions(statement, tower_list):
+            continue
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and _is_helper_call(small.value, tower_list):
+            target = small.targets[0].target
+            if isinstance(target, (cst.Name, cst.Attribute)):
+                return statement, small.value, code(target)
+        for call in find(statement, cst.Call):
+            if method_call(call, "apply_gradients") and call.args and _is_helper_call(call.args[0].value, tower_list):
+                return statement, call.args[0].value, None
+        raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is read after the loop other than by "
+                      "one call of the averaging helper")
+    raise Refused(f"the tower gradients `{tower_list}` are not averaged after the loop in the same function "
+                  "(returned to a caller?): apply them in the function that builds the towers")
+
+
+def _is_helper_call(node: cst.CSTNode, tower_list: str) -> bool:
+    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and len(node.args) == 1
+            and code(node.args[0].value) == tower_list)
+
+
+def _find_call(rule, region: _Region, statements, method: str, argument: str, what: str):
+    """The first `<x>.<method>(<argument>, ...)` in ``statements``: (statement, call). The value
+    must not change on the way (a clip or a rebinding would then be lost)."""
+    for statement in statements:
+        for call in find(statement, cst.Call):
+            if method_call(call, method) and call.args and code(call.args[0].value) == argument:
+                if statement not in region.following or not isinstance(statement, cst.SimpleStatementLine):
+                    raise Refused(f"line {_line(rule, statement)}: `{method}` is inside a block after the loop")
+                return statement, call
+        if "." not in argument and argument in _bound_names(statement):
+            raise Refused(f"line {_line(rule, statement)}: `{argument}` is changed after the loop before "
+                          f"`{method}` (a replica can only apply its own share of the unchanged value)")
+    raise Refused(f"no `<optimizer>.{method}({argument}, ...)` after the loop for `{what}`")
+
+
+def _check_available(rule, region: _Region, call: cst.Call, upto, skip) -> None:
+    """The moved update runs inside the replica function: what it reads must exist by then."""
+    read = names_used(call.func) | set().union(*(names_used(a.value) for a in call.args[1:]))
+    before = region.following[:region.following.index(upto)]
+    late = sorted(read & set().union(*(_bound_names(s) for s in before)) - {skip})
+    if late:
+        raise Refused(f"line {_line(rule, upto)}: the update reads {', '.join(f'`{n}`' for n in late)}, "
+                      "made after the loop; move it above the tower loop")
+
+
+def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument: str, default_name: str):
+    """The update call with its first argument replaced, as a statement for the replica
+    function; and what becomes of its statement after the loop."""
+    new_call = call.with_changes(args=[call.args[0].with_changes(value=cst.parse_expression(first_argument)),
+                                       *call.args[1:]])
+    small = statement.body[0]
+    if len(statement.body) == 1 and isinstance(small, cst.Assign) and small.value is call:
+        moved = statement.with_changes(body=[small.with_changes(value=new_call)], leading_lines=[])
+        binds = set().union(*(_target_names(t.target) for t in small.targets))
+        return [moved], binds, {id(statement): cst.RemovalSentinel.REMOVE}
+    if len(statement.body) == 1 and isinstance(small, cst.Expr) and small.value is call:
+        return [statement.with_changes(leading_lines=[])], set(), {id(statement): cst.RemovalSentinel.REMOVE}
+    # Inside a larger expression (`train_op = tf.group(opt.apply_gradients(...), ema_op)`).
+    name = _fresh(rule.context.module, default_name, default_name + "_")
+    moved = cst.parse_statement(f"{name} = {code(new_call)}\n")
+    return [moved], {name}, {id(call): cst.Name(name)}
+
+
+def _drop_average(rule, region: _Region, update: _Update, average, averaged, item: _Collected) -> None:
+    """The averaging after the loop stays while something else reads its result (gradient
+    summaries); otherwise it goes, and so do the tower list and its appends if nothing reads them."""
+    module = rule.context.module
+    if averaged is None:
+        return  # averaged inside the apply call, which moved
+    readers = [s for s in _outside(region) if s is not average and id(s) not in update.changes and _mentions(s, averaged)]
+    if readers:
+        update.note = " (the averaged gradients stay for the code after the loop that reads them)"
+        return
+    update.changes[id(average)] = cst.RemovalSentinel.REMOVE
+    update.helper = code(average.body[0].value.func)
+    if "." in item.target or _reads_elsewhere(region, item.target, {average, item.statement}):
+        return
+    init = _empty_list_init(region, item.target)
+    if init is not None:
+        update.changes[id(init)] = cst.RemovalSentinel.REMOVE
+        update.changes[id(item.statement)] = (
+            cst.FlattenSentinel(update.changes[id(item.statement)].nodes[:1])
+            if id(item.statement) in update.changes else cst.RemovalSentinel.REMOVE
+        )
+
+
+def _outside(region: _Region) -> list[cst.BaseStatement]:
+    return [*region.preceding, *region.following]
+
+
+def _reads_elsewhere(region: _Region, name: str, skipped: set) -> bool:
+    loop_statements = [s for s in _statements(region.loop.body) if s not in skipped]
+    return any(_mentions(s, name) for s in [*_outside(region), *loop_statements] if s not in skipped
+               and _empty_list_init(region, name) is not s)
+
+
+def _empty_list_init(region: _Region, name: str):
+    for statement in reversed(region.preceding):
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if (isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
+                and isinstance(small.value, cst.List) and not small.value.elements):
+            return statement
+    return None
+
+
+def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
+    """`tower_losses.append(loss)`, then after the loop `total = tf.add_n(tower_losses) / N`
+    (or a mean, or a sum) and `opt.minimize(total, ...)`: each replica minimises its share."""
+    for item in _collected(region.loop):
+        if not isinstance(item.value, cst.Name):
+            continue
+        reduction = _find_reduction(rule, region, item.target)
+        if reduction is None:
+            continue
+        statement, total, share = reduction
+        tail = region.following[region.following.index(statement) + 1:]
+        if not any(method_call(c, "minimize") and c.args and code(c.args[0].value) == total
+                   for s in tail for c in find(s, cst.Call)):
+            continue
+        minimize_statement, minimize_call = _find_call(rule, region, tail, "minimize", total, item.target)
+        _check_available(rule, region, minimize_call, upto=minimize_statement, skip=total)
+        share_code = share.format(loss=item.value.value, n=f"{strategy}.num_replicas_in_sync")
+        moved, binds, changes = _move_call(rule, region, minimize_statement, minimize_call, share_code, "train_op")
+        why = ("MirroredStrategy sums the replicas' gradients: each replica minimises its share of the mean loss."
+               if share_code != item.value.value else "MirroredStrategy sums the replicas' gradients, as the summed loss did.")
+        moved[0] = moved[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}"))])
+        return _Update(moved, changes, binds)
+    return None
+
+
+def _find_reduction(rule, region: _Region, tower_list: str):
+    """`total = tf.add_n(L) / K`, `tf.reduce_mean(L)`, `tf.reduce_mean(tf.stack(L))`, `tf.add_n(L)`:
+    (statement, the total's code, the replica's share as a format of {loss} and {n})."""
+    resolve = rule.imports.resolve
+    for statement in region.following:
+        if not _mentions(statement, tower_list):
+            continue
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+            return None
+        value, divisor = small.value, None
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide):
+            value, divisor = value.left, value.right
+        if not (isinstance(value, cst.Call) and value.args and _is_list_of(value.args[0].value, tower_list, resolve)):
+            return None
+        if any(a.keyword is not None and a.keyword.value != "axis" for a in value.args[1:]):
+            return None
+        reducer = resolve(value.func)
+        if reducer in _LOSS_MEANS and divisor is None:
+            share = "{loss} / {n}"
+        elif reducer in _LOSS_SUMS:
+            share = "{loss}" if divisor is None else "{loss} / " + code(divisor).replace("{", "{{").replace("}", "}}")
+        else:
+            return None
+        return statement, code(small.targets[0].target), share
+    return None
+
+
+def _is_list_of(node: cst.CSTNode, tower_list: str, resolve) -> bool:
+    if code(node) == tower_list:
+        return True
+    return (isinstance(node, cst.Call) and resolve(node.func) in _STACKS and bool(node.args)
+            and code(node.args[0].value) == tower_list)
+
+
+# --- the replica function -------------------------------------------------------------------
+
+
+class _ReplicaBody(cst.CSTTransformer):
+    """The loop body without the tower's device scopes and `reuse_variables()` calls (the
+    strategy places each replica and reuses replica 0's variables), with the update's edits."""
+
+    def __init__(self, scopes: set[int], changes: dict, imports):
+        super().__init__()
+        self.scopes, self.changes, self.imports = scopes, changes, imports
+
+    def leave_With(self, original: cst.With, updated: cst.With):
+        if id(original) not in self.scopes:
+            return updated
+        items = [item for item in updated.items if device_scope_arg(item.item, self.imports) is None]
+        if not items:
+            return cst.FlattenSentinel(updated.body.body)
+        items[-1] = items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(items=items)
+
+    def leave_SimpleStatementLine(self, original, updated):
+        if is_reuse_statement(original):
+            return cst.RemovalSentinel.REMOVE
+        return self.changes.get(id(original), updated)
+
+    def leave_IndentedBlock(self, original, updated):
+        if not updated.body:  # `if i > 0: reuse_variables()` lost its only statement
+            return updated.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        return updated
+
+
+def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) -> list[cst.BaseStatement]:
+    loop = region.loop
+    in_body = {k: v for k, v in update.changes.items() if any(id(s) == k for s in _statements(loop.body))}
+    for key in in_body:
+        del update.changes[key]
+    scopes = {id(scope.with_node) for scope in tower.scopes}
+    body = loop.body.visit(_ReplicaBody(scopes, in_body, rule.imports))
+    statements = [*body.body, *update.statements]
+    prelude = _loop_variables(rule, loop, statements, tf)
+    return [*prelude, *statements]
+
+
+def _loop_variables(rule, loop: cst.For, statements, tf: TfNames) -> list[cst.BaseStatement]:
+    """The loop target, bound to this replica's index (and element) where the body reads it."""
+    used = set().union(*(names_used(s) for s in statements))
+    index_expression = REPLICA_INDEX.format(tf=tf_root(tf))
+    target, iterable = loop.target, loop.iter
+    lines: list[str] = []
+    if isinstance(iterable, cst.Call) and code(iterable.func) in ("range", "xrange") and isinstance(target, cst.Name):
+        if target.value in used:
+            lines.append(f"{target.value} = {index_expression}")
+    elif (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
+          and isinstance(target, cst.Tuple) and len(target.elements) == 2):
+        index, element = (e.value for e in target.elements)
+        if not isinstance(index, cst.Name):
+            raise Refused(f"cannot use `{code(index)}` of the loop target as a replica index")
+        element_used = bool(names_used(element) & used)
+        if index.value in used or element_used:
+            lines.append(f"{index.value} = {index_expression}")
+        if element_used:
+            lines.append(f"{code(element)} = {_indexable(iterable.args[0].value)}[{index.value}]")
+    else:
+        if names_used(target) & used:
+            lines.append(f"{code(target)} = {_indexable(iterable)}[{index_expression}]")
+    statements = [cst.parse_statement(line + "\n") for line in lines]
+    if statements:
+        statements[0] = statements[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+            "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable."))])
+    return statements
+
+
+def _indexable(iterable: cst.BaseExpression) -> str:
+    if isinstance(iterable, (cst.Name, cst.Attribute, cst.List, cst.Tuple, cst.Subscript)):
+        return code(iterable)
+    return f"list({code(iterable)})"
+
+
+def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], set[str]]:
+    """Names the replica function must share with the code around the loop, and those of them
+    nothing else binds (they get a `= None` before the function so `nonlocal` has a binding)."""
+    bound = set(update.binds)
+    for statement in body:
+        bound |= _bound_names(statement)
+    loop_targets = names_used(region.loop.target)
+    outside = set()
+    bound_outside = set()
+    for statement in _outside_statements(region):
+        if update.changes.get(id(statement)) is cst.RemovalSentinel.REMOVE:
+            continue  # it moved into the replica function, or went
+        outside |= names_used(statement)
+        bound_outside |= _bound_names(statement)
+    if isinstance(region.owner, cst.FunctionDef):
+        parameters = {p.name.value for p in find(region.owner.params, cst.Param)}
+        bound_outside |= parameters
+    shared = sorted((bound & (outside | bound_outside)) - loop_targets)
+    unbound = set() if isinstance(region.owner, cst.Module) else set(shared) - bound_outside
+    return shared, unbound
+
+
+def _outside_statements(region: _Region) -> list[cst.CSTNode]:
+    """The owner's statements other than the loop (whole compound statements around it are
+    represented by their other parts: ``preceding`` and ``following`` cover the blocks)."""
+    body = region.owner.body.body if isinstance(region.owner, cst.FunctionDef) else region.owner.body
+    result = []
+    for statement in body:
+        if any(node is region.loop for node in walk(statement)):
+            continue
+        result.append(statement)
+    return [*result, *_outside(region)]
+
+
+def _replica_function(region: _Region, step: str, body, shared: list[str]) -> cst.FunctionDef:
+    statements = list(body)
+    if shared:
+        keyword = cst.Global if isinstance(region.owner, cst.Module) else cst.Nonlocal
+        declaration = cst.SimpleStatementLine([keyword([cst.NameItem(cst.Name(n)) for n in shared])])
+        statements.insert(0, declaration)
+    return cst.FunctionDef(name=cst.Name(step), params=cst.Parameters(), body=cst.IndentedBlock(body=statements))
+
+
+# --- names ----------------------------------------------------------------------------------
+
+
+def _bound_names(node: cst.CSTNode) -> set[str]:
+    """Names a statement binds in its own scope (not inside nested functions or comprehensions)."""
+    found: set[str] = set()
+    for current in _own_nodes(node):
+        if isinstance(current, cst.AssignTarget):
+            found |= _target_names(current.target)
+        elif isinstance(current, (cst.AugAssign, cst.AnnAssign)):
+            found |= _target_names(current.target)
+        elif isinstance(current, cst.For):
+            found |= _target_names(current.target)
+        elif isinstance(current, cst.AsName):
+            found |= _target_names(current.name)
+        elif isinstance(current, cst.NamedExpr):
+            found |= _target_names(current.target)
+        elif isinstance(current, (cst.FunctionDef, cst.ClassDef)) and current is not node:
+            found.add(current.name.value)
+        elif isinstance(current, (cst.Import, cst.ImportFrom)) and not isinstance(current.names, cst.ImportStar):
+            for alias in current.names:
+                name = alias.asname.name if alias.asname else alias.name
+                found.add(code(name).split(".")[0])
+    if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        found.add(node.name.value)
+    return found
+
+
+def _target_names(target: cst.CSTNode) -> set[str]:
+    """The plain names an assignment target binds (`a`, `a, (b, c)`; not `x.a` or `x[a]`)."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return set().union(*(_target_names(e.value) for e in target.elements)) if target.elements else set()
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return set()
+
+
+def _fresh(module: cst.Module, *names: str) -> str:
+    return next((n for n in names if references(module, n) == 0), names[-1] + "_")
+
+
+def _line(rule, node: cst.CSTNode) -> int:
+    return rule.position(node).start.line
+
+
+# --- devices and cleanup --------------------------------------------------------------------
+
+
+def _devices(rule, tower) -> str:
+    """The strategy's device list: the towers' own device expression for each loop value."""
+    loop, imports = tower.loop, rule.imports
+    if not tower.scopes:
+        raise Refused("cannot tell the towers' devices")
+    device = tower.scopes[0].device
+    if isinstance(device, cst.Call) and isinstance(device.func, cst.Name) and device.args:
+        device = device.args[0].value  # a device function of the module: `assign_to_device('/gpu:%d' % i, ...)`
+    elif isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
+        device = cst.parse_expression(f"{code(device)}.to_string()")
+    targets = names_used(loop.target)
+    body_bound = set().union(*(_bound_names(s) for s in loop.body.body))
+    if names_used(device) & (body_bound - targets):
+        raise Refused(f"the device `{code(device)}` is computed in the tower body")
+    if code(device) == code(loop.target):
+        return _indexable(loop.iter) if not isinstance(loop.iter, cst.Call) else f"list({code(loop.iter)})"
+    if (isinstance(loop.iter, cst.Call) and code(loop.iter.func) == "enumerate" and isinstance(loop.target, cst.Tuple)
+            and code(loop.target.elements[1].value) == code(device)):
+        return code(loop.iter.args[0].value)
+    return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _remove_unused_helpers(changes: dict, anchor, tower, module: cst.Module, update: _Update) -> None:
+    """The averaging helper and device functions only the loop used go with it."""
+    removed = [scope.device for scope in tower.scopes]
+    names = [name for name, _ in device_helpers(tower, module)]
+    if update.helper:
+        names.append(update.helper)
+    definitions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    for name in names:
+        definition = definitions.get(name)
+        if definition is None or definition is anchor:
+            continue
+        inside = sum(references(node, name) for node in removed)
+        if name == update.helper:
+            inside += 1  # its one call went with the averaging statement
+        if references(module, name) - 1 - inside == 0:
+            changes[definition] = cst.RemovalSentinel.REMOVE
+
