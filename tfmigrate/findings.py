@@ -8,6 +8,7 @@ of start-up). ``tfmigrate.rule`` re-exports them: rules import them from there.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 
@@ -15,6 +16,10 @@ class FixSafety(str, enum.Enum):
     SAFE = "safe"  # applied by `fix`
     UNSAFE = "unsafe"  # applied only with --unsafe-fixes; check the result with `verify`
     NONE = "none"  # the message says what to do by hand
+
+
+# Rules end a finding's message with the reason its fix was refused (see Finding.refusal).
+_REFUSAL = re.compile(r"no automatic fix: (.*?)\)?$", re.S)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,14 @@ class Finding:
     @property
     def fixable(self) -> bool:
         return self.fix_title is not None
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the fix left this finding, when the rule said (`... (no automatic fix: <why>)`)."""
+        if self.fixable:
+            return None
+        match = _REFUSAL.search(self.message)
+        return match.group(1) if match else None
 
     def sort_key(self) -> tuple:
         return (self.path, self.cell or 0, self.start.row, self.start.column, self.code)

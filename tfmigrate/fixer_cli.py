@@ -65,6 +65,17 @@ def _summary(results: list[FixResult], missing: list[str], write: bool, unsafe: 
     return lines
 
 
+def refusal_lines(results: list[FixResult]) -> list[str]:
+    """`path:row:col: CODE no automatic fix: <why>` for each finding a rule refused to rewrite."""
+    lines = []
+    for result in results:
+        for finding in result.remaining if not result.error else ():
+            if finding.refusal:
+                where = f"{finding.path}:{finding.start.row}:{finding.start.column}"
+                lines.append(f"{where}: {finding.code} no automatic fix: {finding.refusal}")
+    return lines
+
+
 def register(app: typer.Typer) -> None:
     from tfmigrate.cli import (
         EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, ConfigOpt, ForceExcludeOpt, IgnoreOpt, JobsOpt, PathsArg,
@@ -84,6 +95,10 @@ def register(app: typer.Typer) -> None:
             False, "--exit-non-zero-on-fix", help="Exit 1 when a file was rewritten (for pre-commit)."
         ),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print errors only."),
+        show_refusals: Optional[bool] = typer.Option(
+            None, "--show-refusals/--hide-refusals",
+            help="Print why each remaining finding got no fix (default: with --unsafe-fixes).",
+        ),
         config_file: Optional[str] = ConfigOpt,
         force_exclude: bool = ForceExcludeOpt,
         jobs: Optional[int] = JobsOpt,
@@ -130,6 +145,9 @@ def register(app: typer.Typer) -> None:
                 err.print(f"{result.path}: note: {result.skipped}", highlight=False, markup=False)
             elif not write and result.changed and not quiet:
                 sys.stdout.write(result.diff())
+        if not quiet and (show_refusals if show_refusals is not None else unsafe_fixes):
+            for line in refusal_lines(results):
+                err.print(line, highlight=False, markup=False)
         if not quiet:
             for line in _summary(results, found.missing, write, unsafe_fixes):
                 err.print(line, highlight=False, markup=False)

@@ -159,19 +159,27 @@ def _find_gradients(loop: cst.For) -> _Gradients:
     raise Refused("the loop does not collect `opt.compute_gradients(loss)` with `<list>.append(...)`")
 
 
+def averages(node: cst.CSTNode, imports) -> bool | None:
+    """Whether code combining tower gradients averages them (True), sums them (False), or
+    neither can be told (None): a mean or a division averages, `add_n`/`reduce_sum` alone sums."""
+    called = {imports.resolve(c.func) for c in find(node, cst.Call)}
+    divides = any(isinstance(b.operator, cst.Divide) for b in find(node, cst.BinaryOperation))
+    if called & {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean", "tensorflow.divide",
+                 "tensorflow.div", "tensorflow.truediv"} or divides:
+        return True
+    if called & {"tensorflow.add_n", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum", "tensorflow.math.add_n"}:
+        return False
+    return None
+
+
 def averaging_helper(helper: str, module: cst.Module, imports) -> tuple[cst.FunctionDef, bool]:
     """The module-level def of the averaging helper, and whether it averages (else sums)."""
     for statement in module.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == helper:
-            called = {imports.resolve(c.func) for c in find(statement, cst.Call)}
-            divides = any(isinstance(b.operator, cst.Divide) for b in find(statement, cst.BinaryOperation))
-            if called & {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean", "tensorflow.divide",
-                         "tensorflow.div", "tensorflow.truediv"} or divides:
-                return statement, True
-            if called & {"tensorflow.add_n", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum",
-                         "tensorflow.math.add_n"}:
-                return statement, False
-            raise Refused(f"cannot tell whether `{helper}` averages or sums the tower gradients")
+            verdict = averages(statement, imports)
+            if verdict is None:
+                raise Refused(f"cannot tell whether `{helper}` averages or sums the tower gradients")
+            return statement, verdict
     raise Refused(f"`{helper}` is not defined in this module, so whether it averages or sums is unknown")
 
 
@@ -421,7 +429,7 @@ def _plan(rule, tower) -> Planned:
     step_body = loop.body.visit(_RewriteBody(imports, grads, new_compute, tail))
     statements = list(step_body.body)
     # Towers reading their own shard of one dataset: one dataset distributed by the strategy.
-    scope_owner = _scope_owner(outer, parents, imports)
+    scope_owner = scope_owner(outer, parents, imports)
     owner = tower.owner if tower.owner is not None else module
     order: dict[int, int] = {}
 
@@ -616,7 +624,7 @@ def place_scope(outer, parents, imports, region, create, scope_item):
     `/cpu:0`; otherwise the whole enclosing function body goes under the scope. Returns the
     node to replace and its replacement (with the loop region rewritten inside).
     """
-    node = _scope_owner(outer, parents, imports)
+    node = scope_owner(outer, parents, imports)
     if isinstance(node, cst.With):
         graph, cpu = _graph_items(node, imports)
         items = [item for i, item in enumerate(node.items) if i not in cpu]
@@ -647,7 +655,7 @@ def _graph_items(node: cst.With, imports) -> tuple[list[int], list[int]]:
     return graph, cpu
 
 
-def _scope_owner(outer, parents, imports) -> cst.CSTNode | None:
+def scope_owner(outer, parents, imports) -> cst.CSTNode | None:
     """What goes under ``strategy.scope()``: the nearest `with` around the loop that opens the
     graph or pins it to the CPU, else the enclosing function (or the module)."""
     node = parents[id(outer)]

@@ -61,8 +61,8 @@ import libcst as cst
 
 from tfmigrate.devices import DEVICE_SPECS, device_scope_arg, find, names_used, walk
 from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, TfNames, averaging_helper, code, device_helpers, is_reuse_statement,
-    method_call, module_parents, place_scope, references, tf_root,
+    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, code, device_helpers, devices_argument, is_reuse_statement,
+    method_call, module_parents, place_scope, references, scope_owner, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -107,10 +107,10 @@ def plan(rule, tower) -> Edit:
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     step = _fresh(module, "tower_fn", "replica_fn")
-    update = _gradient_update(rule, region, strategy, tf) or _loss_update(rule, region, strategy, tf)
-    if update is None:
-        raise Refused(f"line {_line(rule, loop)}: the towers neither collect `opt.compute_gradients(...)` "
-                      "nor a loss that is averaged or summed and minimised after the loop")
+    update = (_gradient_update(rule, region, strategy, tf) or _loss_update(rule, region, strategy, tf)
+              or _forward_only(rule, region))
+    if update.statements:
+        _check_training_state(rule, region, update)
     body = _replica_body(rule, tower, region, update, tf)
     shared, unbound = _shared_names(region, body, update)
     function = _replica_function(region, step, body, shared)
@@ -231,22 +231,19 @@ def _mentions(node: cst.CSTNode, target: str) -> bool:
 
 
 def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
-    """`tower_grads.append(opt.compute_gradients(loss))`, then after the loop
-    `grads = helper(tower_grads)` and `opt.apply_gradients(grads, ...)`."""
+    """`tower_grads.append(opt.compute_gradients(loss))`, then after the loop the gradients
+    averaged (or summed) and `opt.apply_gradients(<them>, ...)`."""
     collected = [c for c in _collected(region.loop) if c.compute is not None]
     if not collected:
         return None
     if len(collected) > 1:
         raise Refused(f"line {_line(rule, collected[1].statement)}: the towers collect gradients into more than one list")
     item = collected[0]
-    average, helper_call, averaged = _find_average(rule, region, item.target)
-    helper_name = code(helper_call.func)
-    _, averages = averaging_helper(helper_name, rule.context.module, rule.imports)
+    average = _find_average(rule, region, item.target)
+    start = region.following.index(average.statement) + (0 if average.inline else 1)
     apply_statement, apply_call = _find_call(
-        rule, region, region.following[region.following.index(average) + (0 if averaged is None else 1):],
-        "apply_gradients", averaged if averaged is not None else code(helper_call), item.target,
-    )
-    _check_available(rule, region, apply_call, upto=apply_statement, skip=averaged)
+        rule, region, region.following[start:], "apply_gradients", average.argument, item.target)
+    _check_available(rule, region, apply_call, upto=apply_statement, skip=average.argument)
     grads = item.value if isinstance(item.value, cst.Name) else None
     statements: list[cst.BaseStatement] = []
     changes: dict = {}
@@ -259,7 +256,7 @@ def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Upda
                 value=item.statement.body[0].value.with_changes(args=[cst.Arg(grads)]))]),
         ])
     share = grads.value
-    if averages:
+    if average.averages:
         share = _fresh(rule.context.module, "grads_share", "replica_share")
         statements.append(cst.parse_statement(
             f"{share} = [({tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g), v)\n"
@@ -267,32 +264,61 @@ def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Upda
     moved, binds, after_changes = _move_call(rule, region, apply_statement, apply_call, share, "apply_op")
     statements += moved
     changes.update(after_changes)
-    why = ("MirroredStrategy sums the replicas' gradients: each replica applies its share of the mean."
-           if averages else "MirroredStrategy sums the replicas' gradients, as the helper did.")
+    why = ("Replicas' gradients are summed: each replica applies its share of the mean."
+           if average.averages else "Replicas' gradients are summed, as the towers' were.")
     statements[0] = statements[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}"))])
     update = _Update(statements, changes, binds)
-    _drop_average(rule, region, update, average, averaged, item)
+    _drop_average(region, update, average, item)
     return update
 
 
-def _find_average(rule, region: _Region, tower_list: str):
-    """The first statement after the loop that reads the tower list: `grads = helper(list)`
-    (or an `apply_gradients(helper(list), ...)`): (statement, helper call, averaged name or None)."""
-    for statement in region.following:
+@dataclass
+class _Average:
+    """How the code after the loop combines the tower gradients."""
+
+    statement: cst.BaseStatement  # the first statement after the loop that reads the tower list
+    argument: str  # what `apply_gradients` must receive: the averaged name, or the inline call
+    averages: bool  # else sums
+    inline: bool = False  # `opt.apply_gradients(helper(tower_grads), ...)`: nothing to remove
+    helper: str | None = None  # the module function that averages
+    init: cst.BaseStatement | None = None  # `averaged = []` before an averaging loop
+
+
+def _find_average(rule, region: _Region, tower_list: str) -> _Average:
+    """`grads = helper(tower_grads)`, `grads = [<mean of each variable's gradients>]`, a loop
+    over `zip(*tower_grads)` appending to a list, or `opt.apply_gradients(helper(tower_grads))`."""
+    module, imports = rule.context.module, rule.imports
+    for at, statement in enumerate(region.following):
         if not _mentions(statement, tower_list):
             continue
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and _is_helper_call(small.value, tower_list):
-            target = small.targets[0].target
-            if isinstance(target, (cst.Name, cst.Attribute)):
-                return statement, small.value, code(target)
         for call in find(statement, cst.Call):
             if method_call(call, "apply_gradients") and call.args and _is_helper_call(call.args[0].value, tower_list):
-                return statement, call.args[0].value, None
-        raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is read after the loop other than by "
-                      "one call of the averaging helper")
+                helper = code(call.args[0].value.func)
+                return _Average(statement, code(call.args[0].value), averaging_helper(helper, module, imports)[1],
+                                inline=True, helper=helper)
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, (cst.Name, cst.Attribute)):
+            target = code(small.targets[0].target)
+            if _is_helper_call(small.value, tower_list):
+                helper = code(small.value.func)
+                return _Average(statement, target, averaging_helper(helper, module, imports)[1], helper=helper)
+            return _Average(statement, target, _verdict(rule, statement, tower_list))
+        if isinstance(statement, cst.For) and _mentions(statement.iter, tower_list):
+            appended = {c.target for c in _collected(statement)}
+            init = next((s for s in reversed(region.following[:at]) if any(_empty_list_init_of(s, n) for n in appended)), None)
+            if len(appended) == 1 and init is not None:
+                return _Average(statement, appended.pop(), _verdict(rule, statement, tower_list), init=init)
+        raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is read after the loop other than to "
+                      "average or sum the towers' gradients")
     raise Refused(f"the tower gradients `{tower_list}` are not averaged after the loop in the same function "
                   "(returned to a caller?): apply them in the function that builds the towers")
+
+
+def _verdict(rule, statement: cst.CSTNode, tower_list: str) -> bool:
+    verdict = averages(statement, rule.imports)
+    if verdict is None:
+        raise Refused(f"line {_line(rule, statement)}: cannot tell whether this averages or sums `{tower_list}`")
+    return verdict
 
 
 def _is_helper_call(node: cst.CSTNode, tower_list: str) -> bool:
@@ -343,19 +369,22 @@ def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument:
     return [moved], {name}, {id(call): cst.Name(name)}
 
 
-def _drop_average(rule, region: _Region, update: _Update, average, averaged, item: _Collected) -> None:
+def _drop_average(region: _Region, update: _Update, average: _Average, item: _Collected) -> None:
     """The averaging after the loop stays while something else reads its result (gradient
     summaries); otherwise it goes, and so do the tower list and its appends if nothing reads them."""
-    module = rule.context.module
-    if averaged is None:
-        return  # averaged inside the apply call, which moved
-    readers = [s for s in _outside(region) if s is not average and id(s) not in update.changes and _mentions(s, averaged)]
+    if average.inline:
+        update.helper = average.helper  # its one call moved into the replica, without it
+        return
+    went = {average.statement, average.init}
+    readers = [s for s in _outside(region) if s not in went and id(s) not in update.changes
+               and _mentions(s, average.argument)]
     if readers:
         update.note = " (the averaged gradients stay for the code after the loop that reads them)"
         return
-    update.changes[id(average)] = cst.RemovalSentinel.REMOVE
-    update.helper = code(average.body[0].value.func)
-    if "." in item.target or _reads_elsewhere(region, item.target, {average, item.statement}):
+    for statement in went - {None}:
+        update.changes[id(statement)] = cst.RemovalSentinel.REMOVE
+    update.helper = average.helper
+    if "." in item.target or _reads_elsewhere(region, item.target, {average.statement, item.statement}):
         return
     init = _empty_list_init(region, item.target)
     if init is not None:
@@ -377,12 +406,14 @@ def _reads_elsewhere(region: _Region, name: str, skipped: set) -> bool:
 
 
 def _empty_list_init(region: _Region, name: str):
-    for statement in reversed(region.preceding):
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-        if (isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
-                and isinstance(small.value, cst.List) and not small.value.elements):
-            return statement
-    return None
+    return next((s for s in reversed(region.preceding) if _empty_list_init_of(s, name)), None)
+
+
+def _empty_list_init_of(statement: cst.CSTNode, name: str) -> bool:
+    """Whether ``statement`` is `<name> = []`."""
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    return (isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
+            and isinstance(small.value, cst.List) and not small.value.elements)
 
 
 def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
@@ -395,7 +426,8 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
         if reduction is None:
             continue
         statement, total, share = reduction
-        tail = region.following[region.following.index(statement) + 1:]
+        tail = region.following[region.following.index(statement) + (0 if total.startswith("(") else 1):]
+        total = total.strip("()") if total.startswith("(") else total
         if not any(method_call(c, "minimize") and c.args and code(c.args[0].value) == total
                    for s in tail for c in find(s, cst.Call)):
             continue
@@ -410,6 +442,53 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
     return None
 
 
+def _forward_only(rule, region: _Region) -> _Update:
+    """Towers that only compute (predictions, an evaluation) need no update moved, as long as
+    nothing trains on what they make: a training step left outside the replicas would fail."""
+    for statement in [*_statements(region.loop.body), *region.following]:
+        for call in find(statement, cst.Call):
+            if _trains(rule, call):
+                raise Refused(f"line {_line(rule, statement)}: the towers' gradients or losses reach "
+                              f"`{code(call.func)}` in a shape the rewrite does not know")
+    filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
+    returned = set().union(*(names_used(r) for r in find(region.owner, cst.Return) if r.value is not None))
+    if filled & returned and any(_trains(rule, c) for c in find(rule.context.module, cst.Call)):
+        raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to a "
+                      "caller that trains on them: build the update in the function with the tower loop")
+    return _Update([], note=" (the towers only compute: nothing to update)")
+
+
+def _check_training_state(rule, region: _Region, update: _Update) -> None:
+    """What the moved update needs that the strategy cannot give each replica.
+
+    Regularization losses are collected once, when the first tower makes the variables: a
+    tower adding `REGULARIZATION_LOSSES` to its loss reads replica 0's copy of the weights, so
+    the other replicas would not decay theirs. A global step made outside what the strategy
+    scope covers is not a mirrored variable, and the update cannot increment it.
+    """
+    module = rule.context.module
+    for node in find(module, cst.Attribute, cst.Call):
+        name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
+        if name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses",
+                                                              "get_total_loss")):
+            raise Refused(f"line {_line(rule, node)}: the loss reads the regularization losses collected when the "
+                          "first tower made the variables; under MirroredStrategy the other replicas would not decay "
+                          "their copies (add each tower's weight decay from the weights it reads instead)")
+    owner = scope_owner(region.loop, region.parents, rule.imports)
+    made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
+                                for s in _statements(owner) if not any(s is t for t in _statements(region.loop))))
+    for statement in update.statements:
+        for arg in find(statement, cst.Arg):
+            if arg.keyword is not None and arg.keyword.value == "global_step" and code(arg.value) not in made_inside:
+                raise Refused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
+                              "would cover, so it would not be a mirrored variable the replicas can update")
+
+
+def _trains(rule, call: cst.Call) -> bool:
+    return (any(method_call(call, m) for m in ("minimize", "apply_gradients", "compute_gradients"))
+            or rule.imports.resolve(call.func) in {"tensorflow.gradients", "tensorflow.GradientTape"})
+
+
 def _find_reduction(rule, region: _Region, tower_list: str):
     """`total = tf.add_n(L) / K`, `tf.reduce_mean(L)`, `tf.reduce_mean(tf.stack(L))`, `tf.add_n(L)`:
     (statement, the total's code, the replica's share as a format of {loss} and {n})."""
@@ -418,9 +497,14 @@ def _find_reduction(rule, region: _Region, tower_list: str):
         if not _mentions(statement, tower_list):
             continue
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
-        if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        minimized = [c.args[0].value for c in find(statement, cst.Call) if method_call(c, "minimize") and c.args]
+        if minimized and _mentions(minimized[0], tower_list):  # `opt.minimize(tf.add_n(tower_losses))`
+            value, target = minimized[0], f"({code(minimized[0])})"
+        elif isinstance(small, cst.Assign) and len(small.targets) == 1:
+            value, target = small.value, code(small.targets[0].target)
+        else:
             return None
-        value, divisor = small.value, None
+        divisor = None
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide):
             value, divisor = value.left, value.right
         if not (isinstance(value, cst.Call) and value.args and _is_list_of(value.args[0].value, tower_list, resolve)):
@@ -434,7 +518,7 @@ def _find_reduction(rule, region: _Region, tower_list: str):
             share = "{loss}" if divisor is None else "{loss} / " + code(divisor).replace("{", "{{").replace("}", "}}")
         else:
             return None
-        return statement, code(small.targets[0].target), share
+        return statement, target, share
     return None
 
 
@@ -629,7 +713,7 @@ def _devices(rule, tower) -> str:
     targets = names_used(loop.target)
     body_bound = set().union(*(_bound_names(s) for s in loop.body.body))
     if names_used(device) & (body_bound - targets):
-        raise Refused(f"the device `{code(device)}` is computed in the tower body")
+        return devices_argument(loop)  # computed in the body (a device setter): the loop's own count
     if code(device) == code(loop.target):
         return _indexable(loop.iter) if not isinstance(loop.iter, cst.Call) else f"list({code(loop.iter)})"
     if (isinstance(loop.iter, cst.Call) and code(loop.iter.func) == "enumerate" and isinstance(loop.target, cst.Tuple)

@@ -502,6 +502,8 @@ class Recorder:
             dtype = getattr(element, "dtype", None)
             if dtype is None or not dtype.is_floating:
                 continue
+            if element.op in recorded:  # an update's own output (a float global step's increment)
+                continue
             shape = element.shape
             if shape.rank not in (0, None):
                 continue
