@@ -38,12 +38,12 @@ def check():
     return run_check
 
 
-def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20) -> tuple[int, dict]:
+def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20, rtol: float = 1e-4) -> tuple[int, dict]:
     """`tfmigrate verify OLD NEW` on 2 logical devices: (exit status, the JSON report)."""
     report = tmp_path / f"{new.stem}.json"
     result = subprocess.run(
         [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", str(steps),
-         "--devices", "2", "--timeout", "180", "--json", str(report)],
+         "--devices", "2", "--timeout", "180", "--json", str(report), "--rtol", str(rtol)],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert report.exists(), result.stdout + result.stderr

@@ -429,7 +429,7 @@ def _plan(rule, tower) -> Planned:
     step_body = loop.body.visit(_RewriteBody(imports, grads, new_compute, tail))
     statements = list(step_body.body)
     # Towers reading their own shard of one dataset: one dataset distributed by the strategy.
-    scope_owner = scope_owner(outer, parents, imports)
+    scope_owner = strategy_scope_owner(outer, parents, imports)
     owner = tower.owner if tower.owner is not None else module
     order: dict[int, int] = {}
 
@@ -624,7 +624,7 @@ def place_scope(outer, parents, imports, region, create, scope_item):
     `/cpu:0`; otherwise the whole enclosing function body goes under the scope. Returns the
     node to replace and its replacement (with the loop region rewritten inside).
     """
-    node = scope_owner(outer, parents, imports)
+    node = strategy_scope_owner(outer, parents, imports)
     if isinstance(node, cst.With):
         graph, cpu = _graph_items(node, imports)
         items = [item for i, item in enumerate(node.items) if i not in cpu]
@@ -638,10 +638,13 @@ def place_scope(outer, parents, imports, region, create, scope_item):
                                           rewritten.with_changes(leading_lines=())])
     if isinstance(node, cst.FunctionDef):
         body = list(node.body.visit(ReplaceById(region)).body)
-        docstring = body[:1] if body and _is_docstring(body[0]) else []
-        rest = body[len(docstring):]
+        before = body[:1] if body and _is_docstring(body[0]) else []
+        rest = body[len(before):]
+        # `tf.reset_default_graph()` first: a strategy scope must not be open when it runs.
+        while rest and only_call(rest[0]) is not None and method_call(only_call(rest[0]), "reset_default_graph"):
+            before, rest = [*before, rest[0]], rest[1:]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
-        return node, node.with_changes(body=node.body.with_changes(body=[*docstring, create, scoped]))
+        return node, node.with_changes(body=node.body.with_changes(body=[*before, create, scoped]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
 
@@ -655,7 +658,7 @@ def _graph_items(node: cst.With, imports) -> tuple[list[int], list[int]]:
     return graph, cpu
 
 
-def scope_owner(outer, parents, imports) -> cst.CSTNode | None:
+def strategy_scope_owner(outer, parents, imports) -> cst.CSTNode | None:
     """What goes under ``strategy.scope()``: the nearest `with` around the loop that opens the
     graph or pins it to the CPU, else the enclosing function (or the module)."""
     node = parents[id(outer)]

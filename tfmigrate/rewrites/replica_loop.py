@@ -62,7 +62,7 @@ import libcst as cst
 from tfmigrate.devices import DEVICE_SPECS, device_scope_arg, find, names_used, walk
 from tfmigrate.mirrored import (
     REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, code, device_helpers, devices_argument, is_reuse_statement,
-    method_call, module_parents, place_scope, references, scope_owner, tf_root,
+    method_call, module_parents, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -103,7 +103,7 @@ def plan(rule, tower) -> Edit:
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
     _check_shape(tower)
-    region = _region(context, loop, tower.owner if tower.owner is not None else module)
+    region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     step = _fresh(module, "tower_fn", "replica_fn")
@@ -155,11 +155,14 @@ def _check_shape(tower) -> None:
         raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
 
 
-def _own_nodes(node: cst.CSTNode):
-    """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions."""
+def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset()):
+    """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions
+    (and outside the nodes whose ids are in ``skipped``)."""
     stack = [node]
     while stack:
         current = stack.pop()
+        if id(current) in skipped:
+            continue
         yield current
         if current is not node and isinstance(current, _SCOPES):
             continue
@@ -171,7 +174,7 @@ def _inside_inner_loop(node: cst.CSTNode, loop: cst.For) -> bool:
     return any(node in set(walk(inner.body)) for inner in find(loop.body, cst.For, cst.While))
 
 
-def _region(context, loop: cst.For, owner: cst.CSTNode) -> _Region:
+def _region(context, loop: cst.For, owner: cst.CSTNode, imports) -> _Region:
     parents = module_parents(context)
     following, preceding = [], []
     node = loop
@@ -183,7 +186,20 @@ def _region(context, loop: cst.For, owner: cst.CSTNode) -> _Region:
             following += statements[at + 1:]
             preceding = statements[:at] + preceding
         node = parent
-    return _Region(loop=loop, owner=owner, parents=parents, following=following, preceding=preceding)
+    return _Region(loop=loop, owner=owner, parents=parents, following=_open_device_blocks(following, imports),
+                   preceding=_open_device_blocks(preceding, imports))
+
+
+def _open_device_blocks(statements, imports) -> list[cst.BaseStatement]:
+    """``statements`` with `with tf.device('/gpu:0'):` blocks opened: a fixed placement of the
+    averaging and update (pixel-cnn's) does not change what runs after the loop."""
+    opened = []
+    for statement in statements:
+        if isinstance(statement, cst.With) and all(device_scope_arg(i.item, imports) is not None for i in statement.items):
+            opened += _open_device_blocks(statement.body.body, imports)
+        else:
+            opened.append(statement)
+    return opened
 
 
 # --- the update -----------------------------------------------------------------------------
@@ -196,16 +212,21 @@ class _Collected:
     statement: cst.SimpleStatementLine
     target: str  # the list's code: `tower_grads`, `self.tower_grads`
     value: cst.BaseExpression
-    compute: cst.Call | None  # `opt.compute_gradients(...)` the value is (or names)
+    compute: cst.Call | None  # `opt.compute_gradients(...)` / `tf.gradients(...)` the value is (or names)
 
 
-def _collected(loop: cst.For) -> list[_Collected]:
+def _collected(loop: cst.For, resolve=lambda node: None) -> list[_Collected]:
     computed: dict[str, cst.Call] = {}
     found = []
+
+    def computes(node) -> bool:
+        return method_call(node, "compute_gradients") or (
+            isinstance(node, cst.Call) and resolve(node.func) == "tensorflow.gradients")
+
     for statement in _statements(loop.body):
         small = statement.body[0] if len(statement.body) == 1 else None
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-            if method_call(small.value, "compute_gradients"):
+            if computes(small.value):
                 computed[small.targets[0].target.value] = small.value
         if not (isinstance(small, cst.Expr) and method_call(small.value, "append") and len(small.value.args) == 1):
             continue
@@ -213,7 +234,7 @@ def _collected(loop: cst.For) -> list[_Collected]:
         if not isinstance(holder, (cst.Name, cst.Attribute)):
             continue
         value = small.value.args[0].value
-        compute = value if method_call(value, "compute_gradients") else (
+        compute = value if computes(value) else (
             computed.get(value.value) if isinstance(value, cst.Name) else None)
         found.append(_Collected(statement, code(holder), value, compute))
     return found
@@ -233,7 +254,7 @@ def _mentions(node: cst.CSTNode, target: str) -> bool:
 def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
     """`tower_grads.append(opt.compute_gradients(loss))`, then after the loop the gradients
     averaged (or summed) and `opt.apply_gradients(<them>, ...)`."""
-    collected = [c for c in _collected(region.loop) if c.compute is not None]
+    collected = [c for c in _collected(region.loop, rule.imports.resolve) if c.compute is not None]
     if not collected:
         return None
     if len(collected) > 1:
@@ -256,12 +277,18 @@ def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Upda
                 value=item.statement.body[0].value.with_changes(args=[cst.Arg(grads)]))]),
         ])
     share = grads.value
+    pairs = method_call(item.compute, "compute_gradients")  # else `tf.gradients`: a list of gradients
     if average.averages:
         share = _fresh(rule.context.module, "grads_share", "replica_share")
+        scaled = f"{tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g)"
+        indent = " " * (len(share) + 4)
         statements.append(cst.parse_statement(
-            f"{share} = [({tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g), v)\n"
-            f"{' ' * (len(share) + 4)}for g, v in {grads.value} if g is not None]\n"))
-    moved, binds, after_changes = _move_call(rule, region, apply_statement, apply_call, share, "apply_op")
+            f"{share} = [({scaled}, v)\n{indent}for g, v in {grads.value} if g is not None]\n" if pairs else
+            f"{share} = [None if g is None else {scaled}\n{indent}for g in {grads.value}]\n"))
+    first = cst.parse_expression(share)
+    if not pairs:  # `zip(averaged, params)`: the replica's share takes the averaged list's place
+        first = apply_call.args[0].value.visit(_ReplaceCode(average.argument, share))
+    moved, binds, after_changes = _move_call(rule, region, apply_statement, apply_call, first, "apply_op")
     statements += moved
     changes.update(after_changes)
     why = ("Replicas' gradients are summed: each replica applies its share of the mean."
@@ -303,6 +330,9 @@ def _find_average(rule, region: _Region, tower_list: str) -> _Average:
                 helper = code(small.value.func)
                 return _Average(statement, target, averaging_helper(helper, module, imports)[1], helper=helper)
             return _Average(statement, target, _verdict(rule, statement, tower_list))
+        if any(_mentions(r, tower_list) for r in find(statement, cst.Return)):
+            raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is returned to the caller, which applies "
+                          "them: apply the towers' gradients in the function that builds the towers")
         if isinstance(statement, cst.For) and _mentions(statement.iter, tower_list):
             appended = {c.target for c in _collected(statement)}
             init = next((s for s in reversed(region.following[:at]) if any(_empty_list_init_of(s, n) for n in appended)), None)
@@ -331,14 +361,28 @@ def _find_call(rule, region: _Region, statements, method: str, argument: str, wh
     must not change on the way (a clip or a rebinding would then be lost)."""
     for statement in statements:
         for call in find(statement, cst.Call):
-            if method_call(call, method) and call.args and code(call.args[0].value) == argument:
+            if method_call(call, method) and call.args and _receives(call.args[0].value, argument):
                 if statement not in region.following or not isinstance(statement, cst.SimpleStatementLine):
                     raise Refused(f"line {_line(rule, statement)}: `{method}` is inside a block after the loop")
                 return statement, call
         if "." not in argument and argument in _bound_names(statement):
             raise Refused(f"line {_line(rule, statement)}: `{argument}` is changed after the loop before "
                           f"`{method}` (a replica can only apply its own share of the unchanged value)")
+    reader = next((s for s in statements if _mentions(s, argument)), None)
+    if reader is not None:
+        raise Refused(f"line {_line(rule, reader)}: `{argument}` goes through other code before `{method}` "
+                      f"(a clip?): a replica can only {method.split('_')[0]} its own share of the unchanged value")
     raise Refused(f"no `<optimizer>.{method}({argument}, ...)` after the loop for `{what}`")
+
+
+def _receives(node: cst.CSTNode, argument: str) -> bool:
+    """`argument` itself, or zipped with the variables: `zip(argument, params)`, `list(zip(...))`."""
+    if code(node) == argument:
+        return True
+    if isinstance(node, cst.Call) and code(node.func) == "list" and len(node.args) == 1:
+        node = node.args[0].value
+    return (isinstance(node, cst.Call) and code(node.func) == "zip" and len(node.args) == 2
+            and code(node.args[0].value) == argument)
 
 
 def _check_available(rule, region: _Region, call: cst.Call, upto, skip) -> None:
@@ -351,11 +395,26 @@ def _check_available(rule, region: _Region, call: cst.Call, upto, skip) -> None:
                       "made after the loop; move it above the tower loop")
 
 
-def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument: str, default_name: str):
-    """The update call with its first argument replaced, as a statement for the replica
-    function; and what becomes of its statement after the loop."""
-    new_call = call.with_changes(args=[call.args[0].with_changes(value=cst.parse_expression(first_argument)),
-                                       *call.args[1:]])
+class _ReplaceCode(cst.CSTTransformer):
+    """Every name or attribute chain spelled ``old`` becomes the name ``new``."""
+
+    def __init__(self, old: str, new: str):
+        super().__init__()
+        self.old, self.new = old, new
+
+    def leave_Name(self, original, updated):
+        return cst.Name(self.new) if original.value == self.old else updated
+
+    def leave_Attribute(self, original, updated):
+        return cst.Name(self.new) if code(original) == self.old else updated
+
+
+def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument, default_name: str):
+    """The update call with its first argument replaced (code or an expression), as a statement
+    for the replica function; and what becomes of its statement after the loop."""
+    if isinstance(first_argument, str):
+        first_argument = cst.parse_expression(first_argument)
+    new_call = call.with_changes(args=[call.args[0].with_changes(value=first_argument), *call.args[1:]])
     small = statement.body[0]
     if len(statement.body) == 1 and isinstance(small, cst.Assign) and small.value is call:
         moved = statement.with_changes(body=[small.with_changes(value=new_call)], leading_lines=[])
@@ -427,7 +486,7 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
             continue
         statement, total, share = reduction
         tail = region.following[region.following.index(statement) + (0 if total.startswith("(") else 1):]
-        total = total.strip("()") if total.startswith("(") else total
+        total = total[1:-1] if total.startswith("(") else total
         if not any(method_call(c, "minimize") and c.args and code(c.args[0].value) == total
                    for s in tail for c in find(s, cst.Call)):
             continue
@@ -452,9 +511,9 @@ def _forward_only(rule, region: _Region) -> _Update:
                               f"`{code(call.func)}` in a shape the rewrite does not know")
     filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
     returned = set().union(*(names_used(r) for r in find(region.owner, cst.Return) if r.value is not None))
-    if filled & returned and any(_trains(rule, c) for c in find(rule.context.module, cst.Call)):
-        raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to a "
-                      "caller that trains on them: build the update in the function with the tower loop")
+    if filled & returned:  # the caller may train on them, or open its own strategy: neither can be seen here
+        raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to the "
+                      "caller: build the update (or use the results) in the function with the tower loop")
     return _Update([], note=" (the towers only compute: nothing to update)")
 
 
@@ -474,12 +533,13 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
             raise Refused(f"line {_line(rule, node)}: the loss reads the regularization losses collected when the "
                           "first tower made the variables; under MirroredStrategy the other replicas would not decay "
                           "their copies (add each tower's weight decay from the weights it reads instead)")
-    owner = scope_owner(region.loop, region.parents, rule.imports)
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
                                 for s in _statements(owner) if not any(s is t for t in _statements(region.loop))))
     for statement in update.statements:
         for arg in find(statement, cst.Arg):
-            if arg.keyword is not None and arg.keyword.value == "global_step" and code(arg.value) not in made_inside:
+            if (arg.keyword is not None and arg.keyword.value == "global_step"
+                    and code(arg.value) not in made_inside | {"None"}):
                 raise Refused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
                               "would cover, so it would not be a mirrored variable the replicas can update")
 
@@ -616,15 +676,18 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
     loop_targets = names_used(region.loop.target)
     outside = set()
     bound_outside = set()
+    # What moved into the replica function, or went, binds nothing outside any more.
+    removed = frozenset(key for key, change in update.changes.items() if change is cst.RemovalSentinel.REMOVE)
     for statement in _outside_statements(region):
-        if update.changes.get(id(statement)) is cst.RemovalSentinel.REMOVE:
-            continue  # it moved into the replica function, or went
+        if id(statement) in removed:
+            continue
         outside |= names_used(statement)
-        bound_outside |= _bound_names(statement)
+        bound_outside |= _bound_names(statement, removed)
     if isinstance(region.owner, cst.FunctionDef):
         parameters = {p.name.value for p in find(region.owner.params, cst.Param)}
         bound_outside |= parameters
-    shared = sorted((bound & (outside | bound_outside)) - loop_targets)
+    # What the moved update binds was bound, or is read (`tf.group(apply_op, ...)`), after the loop.
+    shared = sorted(((bound & (outside | bound_outside)) | update.binds) - loop_targets)
     unbound = set() if isinstance(region.owner, cst.Module) else set(shared) - bound_outside
     return shared, unbound
 
@@ -647,16 +710,18 @@ def _replica_function(region: _Region, step: str, body, shared: list[str]) -> cs
         keyword = cst.Global if isinstance(region.owner, cst.Module) else cst.Nonlocal
         declaration = cst.SimpleStatementLine([keyword([cst.NameItem(cst.Name(n)) for n in shared])])
         statements.insert(0, declaration)
-    return cst.FunctionDef(name=cst.Name(step), params=cst.Parameters(), body=cst.IndentedBlock(body=statements))
+    # A comment on the loop's line (`for i in range(n):  # one tower per GPU`) stays on the def's.
+    block = cst.IndentedBlock(body=statements, header=region.loop.body.header)
+    return cst.FunctionDef(name=cst.Name(step), params=cst.Parameters(), body=block)
 
 
 # --- names ----------------------------------------------------------------------------------
 
 
-def _bound_names(node: cst.CSTNode) -> set[str]:
+def _bound_names(node: cst.CSTNode, skipped: frozenset = frozenset()) -> set[str]:
     """Names a statement binds in its own scope (not inside nested functions or comprehensions)."""
     found: set[str] = set()
-    for current in _own_nodes(node):
+    for current in _own_nodes(node, skipped):
         if isinstance(current, cst.AssignTarget):
             found |= _target_names(current.target)
         elif isinstance(current, (cst.AugAssign, cst.AnnAssign)):
