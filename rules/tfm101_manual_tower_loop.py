@@ -69,13 +69,22 @@ class ManualTowerLoop(Rule):
         fed each step from `for ... in <source>` (`feed_dict={images: x, ...}`), become one
         `tf.data.Dataset.from_generator(<source>)` distributed by the strategy, the replica's
         part of each batch bound to the placeholders' names where the tower read its piece; any
-        other feed is kept, and the message says why. The shape it needs:
+        other feed is kept, and the message says why. This textbook rewrite takes
         `tower_grads.append(opt.compute_gradients(loss))` in the loop, then
         `grads = helper(tower_grads)` (a helper of the module) and
-        `train_op = opt.apply_gradients(grads, ...)`, inside a function. Anything else gets no
-        fix, and the message says what blocks it. Check the result with
+        `train_op = opt.apply_gradients(grads, ...)`, inside a function. Check the result with
         `tfmigrate verify old.py new.py`: the fixture programs match their originals step by
         step (relative difference ~6e-8).
+
+        Every other shape goes to the general rewrite: the loop body becomes a replica
+        function run by `strategy.extended.call_for_each_replica`, statement for statement;
+        lists it fills stay per-replica results that the code after the loop reads as before;
+        names it leaves for that code are declared `nonlocal`; only the update moves into the
+        replica (each replica applies its share of the averaged gradients, or minimises its
+        share of the mean loss). It refuses, naming the line, what would change the meaning:
+        gradients clipped before they are applied, tower lists returned to a caller,
+        regularization losses collected once by the first tower, a global step made outside
+        the strategy scope.
 
         With `--target tf2`, where the model code allows it, the same rewrite goes on to an
         eager program: no graph and no Session; the v1 optimizer becomes the Keras one with the

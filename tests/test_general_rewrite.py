@@ -215,7 +215,8 @@ def test_towers_that_only_compute_become_a_replica_function():
                 for i in range(num_gpus):  # one tower per GPU
                     with tf.device('/gpu:%d' % i):
                         outputs.append(model(parts[i]))
-                return tf.concat(outputs, axis=0)
+                predictions = tf.concat(outputs, axis=0)
+                return tf.argmax(predictions, 1)
     """)
     assert "def tower_fn():  # one tower per GPU" in out
     assert "outputs.append(model(parts[i]))" in out and "tf.concat(outputs, axis=0)" in out
@@ -230,7 +231,8 @@ def test_the_loop_target_of_enumerate_is_the_replicas_element():
                 for i, gpu in enumerate(gpus.split(',')):
                     with tf.device('/gpu:' + gpu), tf.name_scope('tower_' + gpu):
                         outputs.append(model(parts[i]))
-                return outputs
+                merged = tf.concat(outputs, 0)
+                return tf.nn.softmax(merged)
     """)
     assert "gpu = list(gpus.split(','))[i]" in out
     assert "devices=['/gpu:' + gpu for i, gpu in enumerate(gpus.split(','))]" in out

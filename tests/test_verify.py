@@ -279,3 +279,35 @@ def test_tf_contrib_is_named(tf_available, tmp_path):
     result = run_verify(str(program), str(PROGRAMS / "migrated_towers.py"), "--steps", "2")
     assert result.returncode == 2
     assert "tf.contrib.slim.prefetch_queue.prefetch_queue is not available" in result.stderr
+
+
+MULTI_GPU_MODEL_SPELLINGS = '''\
+import numpy as np
+import tensorflow as tf
+from tensorflow.keras.utils import multi_gpu_model
+
+
+def main():
+    x = np.random.RandomState(0).normal(size=(64, 4)).astype(np.float32)
+    y = x.sum(axis=1, keepdims=True).astype(np.float32)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(4,))])
+    parallel = multi_gpu_model(model, gpus=2)
+    also = tf.keras.utils.multi_gpu_model(model, gpus=2)
+    parallel.compile(optimizer='sgd', loss='mse')
+    parallel.fit(x, y, batch_size=16, epochs=2, verbose=0)
+
+
+main()
+'''
+
+
+@pytest.mark.tensorflow
+def test_multi_gpu_model_runs_from_tensorflow_keras_imports_too(tf_available, tmp_path):
+    # Issue 14: `from tensorflow.keras.utils import multi_gpu_model` and the attribute
+    # `tf.keras.utils.multi_gpu_model` failed (ImportError, AttributeError: exit 2).
+    from tests.conftest import run_verify
+
+    program = tmp_path / "mgm_spellings.py"
+    program.write_text(MULTI_GPU_MODEL_SPELLINGS)
+    status, report = run_verify(program, program, tmp_path, steps=4)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")

@@ -305,6 +305,8 @@ def install_tf1_shim(tf, keras_module) -> None:
     real_import = builtins.__import__
 
     keras_proxy, submodules = (make_keras2_modules(keras_module) if keras_module is not None else (None, {}))
+    if keras_proxy is not None:
+        tf1.keras = keras_proxy  # `tf.keras.utils.multi_gpu_model(...)` too
 
     def keras_target(name):
         import importlib
@@ -321,6 +323,10 @@ def install_tf1_shim(tf, keras_module) -> None:
                 raise LegacyAPIError(
                     f"{name} is not available: tf.contrib was removed in TensorFlow 2.0; port it "
                     f"by hand before verifying")
+            for prefix in ("tensorflow.compat.v1.keras", "tensorflow.keras"):
+                # `from tensorflow.keras.utils import multi_gpu_model`: the same Keras as `import keras`.
+                if keras_module is not None and fromlist and (name == prefix or name.startswith(prefix + ".")):
+                    return keras_target("keras" + name[len(prefix):])
             if keras_module is not None and (name == "keras" or name.startswith("keras.")):
                 target = keras_target(name)
                 if fromlist:
