@@ -26,6 +26,11 @@ AUTO = [
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
     "parallel_make_parallel", "parallel_inline_split", "towers_dataset_shard", "towers_keras",
     "towers_variables",
+    # The general rewrite (issue 14): programs in the style of public TF1 code.
+    "general_cifar_summaries", "general_multigpu_cnn", "general_loss_average_minimize",
+    "general_tower_loss_expression", "general_per_tower_optimizer", "general_tf_gradients_zip",
+    "general_enumerate_split_devices", "general_module_level_script", "general_summed_gradients",
+    "general_keras_model_towers", "general_inline_average", "general_accumulated_loss",
 ]
 TF2 = ["towers_keras", "towers_variables"]
 
