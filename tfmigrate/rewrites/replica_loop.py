@@ -171,7 +171,12 @@ def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset()):
 
 def _inside_inner_loop(node: cst.CSTNode, loop: cst.For) -> bool:
     """Whether a break/continue belongs to a loop nested in the tower loop."""
-    return any(node in set(walk(inner.body)) for inner in find(loop.body, cst.For, cst.While))
+    return any(n is node for inner in find(loop.body, cst.For, cst.While) for n in walk(inner.body))
+
+
+def _index(statements: list, statement: cst.CSTNode) -> int:
+    """The position of ``statement`` itself (LibCST nodes compare equal by value)."""
+    return next(k for k, s in enumerate(statements) if s is statement)
 
 
 def _region(context, loop: cst.For, owner: cst.CSTNode, imports) -> _Region:
@@ -261,7 +266,7 @@ def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Upda
         raise Refused(f"line {_line(rule, collected[1].statement)}: the towers collect gradients into more than one list")
     item = collected[0]
     average = _find_average(rule, region, item.target)
-    start = region.following.index(average.statement) + (0 if average.inline else 1)
+    start = _index(region.following, average.statement) + (0 if average.inline else 1)
     apply_statement, apply_call = _find_call(
         rule, region, region.following[start:], "apply_gradients", average.argument, item.target)
     _check_available(rule, region, apply_call, upto=apply_statement, skip=average.argument)
@@ -362,7 +367,7 @@ def _find_call(rule, region: _Region, statements, method: str, argument: str, wh
     for statement in statements:
         for call in find(statement, cst.Call):
             if method_call(call, method) and call.args and _receives(call.args[0].value, argument):
-                if statement not in region.following or not isinstance(statement, cst.SimpleStatementLine):
+                if not any(s is statement for s in region.following) or not isinstance(statement, cst.SimpleStatementLine):
                     raise Refused(f"line {_line(rule, statement)}: `{method}` is inside a block after the loop")
                 return statement, call
         if "." not in argument and argument in _bound_names(statement):
@@ -388,7 +393,7 @@ def _receives(node: cst.CSTNode, argument: str) -> bool:
 def _check_available(rule, region: _Region, call: cst.Call, upto, skip) -> None:
     """The moved update runs inside the replica function: what it reads must exist by then."""
     read = names_used(call.func) | set().union(*(names_used(a.value) for a in call.args[1:]))
-    before = region.following[:region.following.index(upto)]
+    before = region.following[:_index(region.following, upto)]
     late = sorted(read & set().union(*(_bound_names(s) for s in before)) - {skip})
     if late:
         raise Refused(f"line {_line(rule, upto)}: the update reads {', '.join(f'`{n}`' for n in late)}, "
@@ -434,16 +439,16 @@ def _drop_average(region: _Region, update: _Update, average: _Average, item: _Co
     if average.inline:
         update.helper = average.helper  # its one call moved into the replica, without it
         return
-    went = {average.statement, average.init}
-    readers = [s for s in _outside(region) if s not in went and id(s) not in update.changes
+    went_ids = {id(s) for s in (average.statement, average.init) if s is not None}
+    readers = [s for s in _outside(region) if id(s) not in went_ids and id(s) not in update.changes
                and _mentions(s, average.argument)]
     if readers:
         update.note = " (the averaged gradients stay for the code after the loop that reads them)"
         return
-    for statement in went - {None}:
-        update.changes[id(statement)] = cst.RemovalSentinel.REMOVE
+    for key in went_ids:
+        update.changes[key] = cst.RemovalSentinel.REMOVE
     update.helper = average.helper
-    if "." in item.target or _reads_elsewhere(region, item.target, {average.statement, item.statement}):
+    if "." in item.target or _reads_elsewhere(region, item.target, (average.statement, item.statement)):
         return
     init = _empty_list_init(region, item.target)
     if init is not None:
@@ -458,9 +463,10 @@ def _outside(region: _Region) -> list[cst.BaseStatement]:
     return [*region.preceding, *region.following]
 
 
-def _reads_elsewhere(region: _Region, name: str, skipped: set) -> bool:
-    loop_statements = [s for s in _statements(region.loop.body) if s not in skipped]
-    return any(_mentions(s, name) for s in [*_outside(region), *loop_statements] if s not in skipped
+def _reads_elsewhere(region: _Region, name: str, skipped: tuple) -> bool:
+    skipped_ids = {id(s) for s in skipped}
+    loop_statements = [s for s in _statements(region.loop.body) if id(s) not in skipped_ids]
+    return any(_mentions(s, name) for s in [*_outside(region), *loop_statements] if id(s) not in skipped_ids
                and _empty_list_init(region, name) is not s)
 
 
@@ -485,7 +491,7 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
         if reduction is None:
             continue
         statement, total, share = reduction
-        tail = region.following[region.following.index(statement) + (0 if total.startswith("(") else 1):]
+        tail = region.following[_index(region.following, statement) + (0 if total.startswith("(") else 1):]
         total = total[1:-1] if total.startswith("(") else total
         if not any(method_call(c, "minimize") and c.args and code(c.args[0].value) == total
                    for s in tail for c in find(s, cst.Call)):
