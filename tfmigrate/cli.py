@@ -35,7 +35,8 @@ def _stdout() -> Console:
     return Console(soft_wrap=True)
 
 
-def _stderr() -> Console:
+def stderr_console() -> Console:
+    """A rich console on stderr (messages, progress), shared by every command."""
     from rich.console import Console
 
     return Console(stderr=True, soft_wrap=True)
@@ -47,7 +48,7 @@ def _text_out(stderr: bool = False) -> Console | PlainConsole:
     stream = sys.stderr if stderr else sys.stdout
     if plain_stream(stream):
         return PlainConsole(stream)
-    return _stderr() if stderr else _stdout()
+    return stderr_console() if stderr else _stdout()
 
 
 def _split_codes(values: Optional[List[str]]) -> list[str]:
@@ -158,7 +159,7 @@ def run_files(
 
         progress = Progress(
             TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=_stderr(), transient=True,
+            console=stderr_console(), transient=True,
         )
     with progress:
         task = progress.add_task(label, total=len(files)) if show_progress else None
@@ -418,7 +419,7 @@ def _build_app() -> None:
         """Show a rule's documentation, with its before/after example."""
         rule = rule_by_code(code)
         if rule is None:
-            _stderr().print(f"error: unknown rule: {code} (see `tfmigrate rules`)", highlight=False, markup=False)
+            stderr_console().print(f"error: unknown rule: {code} (see `tfmigrate rules`)", highlight=False, markup=False)
             raise typer.Exit(EXIT_ERROR)
         out = _stdout()
         if out.is_terminal:

@@ -79,7 +79,7 @@ def refusal_lines(results: list[FixResult]) -> list[str]:
 def register(app: typer.Typer) -> None:
     from tfmigrate.cli import (
         EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, ConfigOpt, ForceExcludeOpt, IgnoreOpt, JobsOpt, PathsArg,
-        SelectOpt, _stderr, build_config, print_notes, run_files,
+        SelectOpt, stderr_console, build_config, print_notes, run_files,
     )
 
     @app.command()
@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Rewrite legacy patterns to tf.distribute / tf.data (a diff unless --write)."""
         paths = paths or ["."]
-        err = _stderr()
+        err = stderr_console()
         if write and diff:
             err.print("error: --write and --diff exclude each other", highlight=False, markup=False)
             raise typer.Exit(EXIT_ERROR)
