@@ -275,6 +275,20 @@ REFUSALS = {
                     tower_grads.append(opt.compute_gradients(model(i)))
             return tower_grads
     """, "`tower_grads` is returned to the caller"),
+    "two_loops": ("""
+        import tensorflow as tf
+        def train(opt, n):
+            with tf.Graph().as_default():
+                losses = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        losses.append(model(i))
+                outputs = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        outputs.append(head(losses[i]))
+                return tf.add_n(outputs)
+    """, "the towers are built across 2 loops"),
     "unknown_update": ("""
         import tensorflow as tf
         def train(opt, n):

@@ -289,14 +289,14 @@ def planned(rule, tower) -> Planned:
     def compute() -> Planned:
         try:
             return _plan(rule, tower)
-        except Refused as reason:
-            refused = str(reason)
-        from tfmigrate.rewrites import replica_loop  # the general rewrite, for every other shape
+        except Refused:
+            pass  # the general rewrite's reason is the one to give: it is tried on every shape
+        from tfmigrate.rewrites import replica_loop
 
         try:
             return Planned(replica_loop.plan(rule, tower))
         except Refused as reason:
-            return Planned(None, refused=str(reason) or refused)
+            return Planned(None, refused=str(reason))
 
     return rule.context.memo(("mirrored.plan", id(tower.loop)), compute)
 
@@ -309,21 +309,27 @@ def plan(rule, tower) -> Edit:
     return result.edit
 
 
+def check_tower(context, tower) -> None:
+    """Refused for towers no rewrite takes: built by a function called in the loop, spread over
+    several loops, or inside an Estimator model_fn."""
+    if tower.via:
+        names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
+        raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
+    group = tower_group(context, tower.loop)
+    if len(group) > 1:
+        raise Refused(f"the towers are built across {len(group)} loops; merge them into one loop first")
+    owner = tower.owner
+    if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
+        raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
+
+
 def _plan(rule, tower) -> Planned:
     context, imports = rule.context, rule.imports
     module, loop = context.module, tower.loop
     parents = module_parents(context)
     tf = TfNames(rule)
 
-    if tower.via:
-        names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
-        raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
-    group = tower_group(context, loop)
-    if len(group) > 1:
-        raise Refused(f"the towers are built across {len(group)} loops; merge them into one loop first")
-    owner = tower.owner
-    if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
-        raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
+    check_tower(context, tower)
     grads = _find_gradients(loop)
     if not _last_in_body(grads.append, loop, parents):
         raise Refused("statements follow the gradient collection in the loop body")

@@ -59,9 +59,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.devices import DEVICE_SPECS, device_scope_arg, find, names_used, walk
+from tfmigrate.devices import DEVICE_SPECS, children, device_scope_arg, find, names_used, walk
 from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, code, device_helpers, devices_argument, is_reuse_statement,
+    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, code, device_helpers, devices_argument, is_reuse_statement,
     method_call, module_parents, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
@@ -102,7 +102,8 @@ def plan(rule, tower) -> Edit:
     """The replica rewrite of ``tower`` (a :class:`tfmigrate.devices.TowerLoop`)."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
-    _check_shape(tower)
+    check_tower(context, tower)
+    _check_body(loop)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
@@ -138,11 +139,7 @@ def plan(rule, tower) -> Edit:
 # --- the shape ------------------------------------------------------------------------------
 
 
-def _check_shape(tower) -> None:
-    loop = tower.loop
-    if tower.via:
-        names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
-        raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
+def _check_body(loop: cst.For) -> None:
     if loop.orelse is not None:
         raise Refused("the tower loop has an `else:` clause")
     for node in _own_nodes(loop.body):
@@ -150,9 +147,6 @@ def _check_shape(tower) -> None:
             raise Refused("the tower loop body returns or yields: a replica function cannot do that for the caller")
         if isinstance(node, (cst.Break, cst.Continue)) and not _inside_inner_loop(node, loop):
             raise Refused("the tower loop body uses `break`/`continue` on the tower loop")
-    owner = tower.owner
-    if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
-        raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
 
 
 def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset()):
@@ -166,7 +160,7 @@ def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset()):
         yield current
         if current is not node and isinstance(current, _SCOPES):
             continue
-        stack.extend(reversed(current.children))
+        stack.extend(reversed(children(current)))
 
 
 def _inside_inner_loop(node: cst.CSTNode, loop: cst.For) -> bool:
@@ -187,7 +181,7 @@ def _region(context, loop: cst.For, owner: cst.CSTNode, imports) -> _Region:
         parent = parents[id(node)]
         if isinstance(parent, (cst.IndentedBlock, cst.Module)):
             statements = list(parent.body)
-            at = next(k for k, s in enumerate(statements) if s is node)
+            at = _index(statements, node)
             following += statements[at + 1:]
             preceding = statements[:at] + preceding
         node = parent
@@ -229,7 +223,7 @@ def _collected(loop: cst.For, resolve=lambda node: None) -> list[_Collected]:
             isinstance(node, cst.Call) and resolve(node.func) == "tensorflow.gradients")
 
     for statement in _statements(loop.body):
-        small = statement.body[0] if len(statement.body) == 1 else None
+        small = _single(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
             if computes(small.value):
                 computed[small.targets[0].target.value] = small.value
@@ -243,6 +237,13 @@ def _collected(loop: cst.For, resolve=lambda node: None) -> list[_Collected]:
             computed.get(value.value) if isinstance(value, cst.Name) else None)
         found.append(_Collected(statement, code(holder), value, compute))
     return found
+
+
+def _single(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    """The one small statement of a simple statement line (`x = f()`, `f()`), else None."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
 
 
 def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
@@ -328,7 +329,7 @@ def _find_average(rule, region: _Region, tower_list: str) -> _Average:
                 helper = code(call.args[0].value.func)
                 return _Average(statement, code(call.args[0].value), averaging_helper(helper, module, imports)[1],
                                 inline=True, helper=helper)
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        small = _single(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, (cst.Name, cst.Attribute)):
             target = code(small.targets[0].target)
             if _is_helper_call(small.value, tower_list):
@@ -420,12 +421,12 @@ def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument,
     if isinstance(first_argument, str):
         first_argument = cst.parse_expression(first_argument)
     new_call = call.with_changes(args=[call.args[0].with_changes(value=first_argument), *call.args[1:]])
-    small = statement.body[0]
-    if len(statement.body) == 1 and isinstance(small, cst.Assign) and small.value is call:
+    small = _single(statement)
+    if isinstance(small, cst.Assign) and small.value is call:
         moved = statement.with_changes(body=[small.with_changes(value=new_call)], leading_lines=[])
         binds = set().union(*(_target_names(t.target) for t in small.targets))
         return [moved], binds, {id(statement): cst.RemovalSentinel.REMOVE}
-    if len(statement.body) == 1 and isinstance(small, cst.Expr) and small.value is call:
+    if isinstance(small, cst.Expr) and small.value is call:
         return [statement.with_changes(leading_lines=[])], set(), {id(statement): cst.RemovalSentinel.REMOVE}
     # Inside a larger expression (`train_op = tf.group(opt.apply_gradients(...), ema_op)`).
     name = _fresh(rule.context.module, default_name, default_name + "_")
@@ -464,10 +465,9 @@ def _outside(region: _Region) -> list[cst.BaseStatement]:
 
 
 def _reads_elsewhere(region: _Region, name: str, skipped: tuple) -> bool:
-    skipped_ids = {id(s) for s in skipped}
-    loop_statements = [s for s in _statements(region.loop.body) if id(s) not in skipped_ids]
-    return any(_mentions(s, name) for s in [*_outside(region), *loop_statements] if id(s) not in skipped_ids
-               and _empty_list_init(region, name) is not s)
+    skipped_ids = {id(s) for s in (*skipped, _empty_list_init(region, name))}
+    statements = [*_outside(region), *_statements(region.loop.body)]
+    return any(_mentions(s, name) for s in statements if id(s) not in skipped_ids)
 
 
 def _empty_list_init(region: _Region, name: str):
@@ -476,7 +476,7 @@ def _empty_list_init(region: _Region, name: str):
 
 def _empty_list_init_of(statement: cst.CSTNode, name: str) -> bool:
     """Whether ``statement`` is `<name> = []`."""
-    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+    small = _single(statement)
     return (isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
             and isinstance(small.value, cst.List) and not small.value.elements)
 
@@ -490,9 +490,8 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
         reduction = _find_reduction(rule, region, item.target)
         if reduction is None:
             continue
-        statement, total, share = reduction
-        tail = region.following[_index(region.following, statement) + (0 if total.startswith("(") else 1):]
-        total = total[1:-1] if total.startswith("(") else total
+        statement, total, share, inline = reduction
+        tail = region.following[_index(region.following, statement) + (0 if inline else 1):]
         if not any(method_call(c, "minimize") and c.args and code(c.args[0].value) == total
                    for s in tail for c in find(s, cst.Call)):
             continue
@@ -540,8 +539,9 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
                           "first tower made the variables; under MirroredStrategy the other replicas would not decay "
                           "their copies (add each tower's weight decay from the weights it reads instead)")
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    in_loop = {id(s) for s in _statements(region.loop)}
     made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
-                                for s in _statements(owner) if not any(s is t for t in _statements(region.loop))))
+                                for s in _statements(owner) if id(s) not in in_loop))
     for statement in update.statements:
         for arg in find(statement, cst.Arg):
             if (arg.keyword is not None and arg.keyword.value == "global_step"
@@ -557,17 +557,18 @@ def _trains(rule, call: cst.Call) -> bool:
 
 def _find_reduction(rule, region: _Region, tower_list: str):
     """`total = tf.add_n(L) / K`, `tf.reduce_mean(L)`, `tf.reduce_mean(tf.stack(L))`, `tf.add_n(L)`:
-    (statement, the total's code, the replica's share as a format of {loss} and {n})."""
+    (statement, the total's code, the replica's share as a format of {loss} and {n}, whether the
+    reduction is written inside the `minimize` call)."""
     resolve = rule.imports.resolve
     for statement in region.following:
         if not _mentions(statement, tower_list):
             continue
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1 else None
+        small = _single(statement)
         minimized = [c.args[0].value for c in find(statement, cst.Call) if method_call(c, "minimize") and c.args]
         if minimized and _mentions(minimized[0], tower_list):  # `opt.minimize(tf.add_n(tower_losses))`
-            value, target = minimized[0], f"({code(minimized[0])})"
+            value, target, inline = minimized[0], code(minimized[0]), True
         elif isinstance(small, cst.Assign) and len(small.targets) == 1:
-            value, target = small.value, code(small.targets[0].target)
+            value, target, inline = small.value, code(small.targets[0].target), False
         else:
             return None
         divisor = None
@@ -584,7 +585,7 @@ def _find_reduction(rule, region: _Region, tower_list: str):
             share = "{loss}" if divisor is None else "{loss} / " + code(divisor).replace("{", "{{").replace("}", "}}")
         else:
             return None
-        return statement, target, share
+        return statement, target, share, inline
     return None
 
 
