@@ -26,6 +26,7 @@ REWRITTEN = [
     "general_tower_loss_expression", "general_per_tower_optimizer", "general_tf_gradients_zip",
     "general_enumerate_split_devices", "general_module_level_script", "general_summed_gradients",
     "general_keras_model_towers", "general_inline_average", "general_accumulated_loss",
+    "general_clip_before_apply",
 ]
 # Programs that differ from themselves from run to run (the legacy program verified against
 # itself: up to 5e-5 relative after a few Adam steps), so that the bar is wider than that noise.
@@ -34,7 +35,6 @@ REFUSED = {
     "general_deepspeech_flags": "returned to the caller",
     "general_east_bn_updates": "regularization losses",
     "general_tower_class": "global step `self.global_step` is made outside",
-    "general_clip_before_apply": "goes through other code before `apply_gradients`",
 }
 
 
@@ -252,20 +252,6 @@ REFUSALS = {
                         outs.append(model(xs[i]))
                 return outs
     """, "`break`/`continue`"),
-    "clipped": ("""
-        import tensorflow as tf
-        def average_gradients(tower_grads):
-            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
-        def train(opt, n):
-            with tf.Graph().as_default():
-                tower_grads = []
-                for i in range(n):
-                    with tf.device('/gpu:%d' % i):
-                        tower_grads.append(opt.compute_gradients(model(i)))
-                grads = average_gradients(tower_grads)
-                grads = [(tf.clip_by_norm(g, 5.0), v) for g, v in grads]
-                return opt.apply_gradients(grads)
-    """, "line 11: `grads` is changed after the loop before `apply_gradients`"),
     "returned": ("""
         import tensorflow as tf
         def towers(opt, n):
@@ -289,7 +275,7 @@ REFUSALS = {
                         outputs.append(head(losses[i]))
                 return tf.add_n(outputs)
     """, "the towers are built across 2 loops"),
-    "unknown_update": ("""
+    "gradients_after_the_loop": ("""
         import tensorflow as tf
         def train(opt, n):
             with tf.Graph().as_default():
@@ -297,9 +283,20 @@ REFUSALS = {
                 for i in range(n):
                     with tf.device('/gpu:%d' % i):
                         losses.append(model(i))
-                loss = tf.concat(losses, 0)
-                return opt.minimize(tf.reduce_mean(loss))
-    """, "in a shape the rewrite does not know"),
+                grads = opt.compute_gradients(tf.reduce_mean(tf.concat(losses, 0)))
+                return opt.apply_gradients(grads)
+    """, "line 8: gradients are computed after the tower loop, outside the replicas"),
+    "update_in_the_towers_too": ("""
+        import tensorflow as tf
+        def train(opt, n):
+            with tf.Graph().as_default():
+                losses = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        losses.append(model(i))
+                        opt.minimize(losses[-1])
+                return opt.minimize(tf.add_n(losses) * 0.5)
+    """, "line 8: each tower updates the model itself"),
 }
 
 
@@ -327,3 +324,55 @@ def test_comments_outside_the_edit_survive():
     out = unsafe_fix(source)
     assert "# Build the training graph." in out and "# one graph" in out
     cst.parse_module(out)
+
+
+def test_gradients_changed_after_averaging_are_applied_by_each_replica_as_its_share():
+    out = fixed("""
+        import tensorflow as tf
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        def train(opt, n):
+            with tf.Graph().as_default():
+                tower_grads = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(opt.compute_gradients(model(i)))
+                grads = average_gradients(tower_grads)
+                grads = [(tf.clip_by_norm(g, 5.0), v) for g, v in grads]
+                pairs = zip(*grads)
+                return opt.apply_gradients(pairs)
+    """)
+    # The averaging and the clip stay as written, outside the replicas...
+    assert "grads = average_gradients(tower_grads)" in out and "tf.clip_by_norm(g, 5.0)" in out
+    # ...and each replica applies 1/N of what the legacy program applied once.
+    assert "grads_and_vars_list = list(pairs)" in out  # a zip would run dry after the first replica
+    assert "share = [(tf.math.scalar_mul(1.0 / strategy.num_replicas_in_sync, g), v)" in out
+    assert "for g, v in grads_and_vars_list if g is not None]" in out
+    assert "return opt.apply_gradients(share)" in out
+    assert ("return tf.group(strategy.experimental_local_results(\n"
+            "            strategy.extended.call_for_each_replica(apply_share)))") in out
+
+
+def test_a_loss_combined_in_an_unknown_way_is_minimised_by_each_replica_unscaled():
+    out = fixed("""
+        import tensorflow as tf
+        def train(opt, n):
+            with tf.Graph().as_default():
+                losses = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        losses.append(model(i))
+                loss = tf.concat(losses, 0)
+                with tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS)):
+                    train_op = opt.minimize(tf.reduce_mean(loss))
+                return train_op
+    """)
+    # Each replica's gradient of the whole loss by its own copy of a weight is that copy's part;
+    # the strategy's sum of the parts is the legacy gradient: no 1/N here.
+    assert ("with tf.control_dependencies(tf.get_collection(tf.GraphKeys.UPDATE_OPS)):\n"
+            "            # Each replica differentiates the loss by its own copy of the weights;\n"
+            "            # MirroredStrategy sums the copies' gradients into the weight's.\n"
+            "            def minimize_share():\n"
+            "                return opt.minimize(tf.reduce_mean(loss))\n") in out
+    assert "train_op = tf.group(strategy.experimental_local_results(" in out
+    assert "loss = tf.concat(losses, 0)" in out

@@ -62,7 +62,7 @@ import libcst as cst
 from tfmigrate.devices import DEVICE_SPECS, children, device_scope_arg, find, names_used, walk
 from tfmigrate.mirrored import (
     REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, code, device_helpers, devices_argument, is_reuse_statement,
-    method_call, module_parents, place_scope, references, strategy_scope_owner, tf_root,
+    method_call, module_parents, place_scope, references, ReplaceById, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -96,6 +96,7 @@ class _Update:
     binds: set[str] = field(default_factory=set)  # names the moved update binds
     helper: str | None = None  # the averaging helper, if its call went
     note: str = ""
+    wrapped: list = field(default_factory=list)  # statements after the loop whose optimizer call each replica runs
 
 
 def plan(rule, tower) -> Edit:
@@ -108,9 +109,8 @@ def plan(rule, tower) -> Edit:
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     step = _fresh(module, "tower_fn", "replica_fn")
-    update = (_gradient_update(rule, region, strategy, tf) or _loss_update(rule, region, strategy, tf)
-              or _forward_only(rule, region))
-    if update.statements:
+    update = _update(rule, region, strategy, tf)
+    if update.statements or update.wrapped:
         _check_training_state(rule, region, update)
     body = _replica_body(rule, tower, region, update, tf)
     shared, unbound = _shared_names(region, body, update)
@@ -506,6 +506,125 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
     return None
 
 
+def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
+    """The update moved into the replicas where its shape is known (the cheapest program);
+    else the update left as written with its optimizer call run by each replica; else none."""
+    try:
+        update = _gradient_update(rule, region, strategy, tf) or _loss_update(rule, region, strategy, tf)
+    except Refused as refusal:
+        update, moved_refusal = None, refusal
+    else:
+        moved_refusal = None
+    if update is None:
+        update = _wrapped_update(rule, region, strategy, tf)
+    if update is None and moved_refusal is not None:
+        raise moved_refusal
+    return update or _forward_only(rule, region)
+
+
+# What computes gradients: after the loop, outside the replicas, it would see one replica's weights.
+_GRADIENT_COMPUTATIONS = {"tensorflow.gradients", "tensorflow.GradientTape", "tensorflow.contrib.layers.optimize_loss"}
+
+
+def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
+    """The code after the loop keeps combining the towers' results as it did (a clip, a
+    dict of gradients, a custom total loss); only its optimizer call runs once per replica.
+
+    The replicas' copies of a weight are one weight to the legacy program, so its gradient is
+    the sum over the copies' gradients, which is what MirroredStrategy all-reduces:
+    ``opt.minimize(total)`` run by each replica differentiates ``total`` by that replica's copy
+    (each tower reads its own), and ``opt.apply_gradients(g)`` of gradients already combined
+    applies ``g / N`` from each replica.
+    """
+    lines = [n for s in region.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
+    steps = [(line, call) for line in lines for call in find(line, cst.Call) if _optimizer_step(call)]
+    if not steps:
+        return None
+    for line in lines:
+        for call in find(line, cst.Call):
+            if method_call(call, "compute_gradients") or rule.imports.resolve(call.func) in _GRADIENT_COMPUTATIONS:
+                raise Refused(f"line {_line(rule, line)}: gradients are computed after the tower loop, outside the "
+                              "replicas: under MirroredStrategy they would see one replica's copy of the weights")
+    for statement in _statements(region.loop.body):
+        if any(_optimizer_step(call) for call in find(statement, cst.Call)):
+            raise Refused(f"line {_line(rule, statement)}: each tower updates the model itself as well as the "
+                          "update after the loop")
+    update = _Update([], note=" (the update after the loop stays; each replica runs its optimizer call)")
+    taken: set[str] = set()
+    for line in {id(line): line for line, _ in steps}.values():
+        calls = [call for at, call in steps if at is line]
+        update.changes[id(line)] = _replica_steps(rule, strategy, tf, region, line, calls, taken)
+        update.wrapped.append(line)
+    return update
+
+
+def _optimizer_step(call: cst.CSTNode) -> bool:
+    return method_call(call, "apply_gradients") or method_call(call, "minimize")
+
+
+def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, calls: list[cst.Call], taken: set[str]):
+    """``line`` with each optimizer call run by the replicas: a function before it per call."""
+    before: list[cst.BaseStatement] = []
+    runs = {}
+    for call in calls:
+        statements, name = _replica_step(rule, strategy, tf, region, call, taken)
+        before += statements
+        # Each replica's step returns its own handle on the one update: group them into one op.
+        runs[id(call)] = cst.parse_expression(f"{tf('tensorflow.group')}({strategy}.experimental_local_results(\n"
+                                              f"    {strategy}.extended.call_for_each_replica({name})))")
+    blank = [cst.EmptyLine(indent=False)]
+    block = region.parents[id(line)]
+    first = isinstance(block, (cst.IndentedBlock, cst.Module)) and block.body[0] is line
+    before[0] = before[0].with_changes(leading_lines=[*line.leading_lines, *([] if first else blank),
+                                                      *before[0].leading_lines])
+    replaced = line.visit(ReplaceById(runs)).with_changes(leading_lines=blank)
+    return cst.FlattenSentinel([*before, replaced])
+
+
+def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.Call, taken: set[str]):
+    """The function each replica runs in place of ``call`` (with what it needs first), and its name."""
+    module = rule.context.module
+    first = call.args[0].value if call.args else None
+    before: list[cst.BaseStatement] = []
+    if method_call(call, "apply_gradients") and first is not None:
+        if _may_be_iterator(region, first):  # each replica walks the pairs: a zip would run dry
+            pairs = _fresh_unique(module, taken, "grads_and_vars_list")
+            before.append(cst.parse_statement(f"{pairs} = list({code(first)})\n"))
+            first = cst.Name(pairs)
+        scaled = f"{tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g)"
+        share = f"share = [({scaled}, v)\n             for g, v in {code(first)} if g is not None]\n    "
+        call = call.with_changes(args=[call.args[0].with_changes(value=cst.Name("share")), *call.args[1:]])
+        why = "MirroredStrategy sums what the replicas apply: each applies 1/N of these gradients."
+        name = _fresh_unique(module, taken, "apply_share")
+    else:
+        share = ""
+        why = ("Each replica differentiates the loss by its own copy of the weights;\n"
+               "MirroredStrategy sums the copies' gradients into the weight's.")
+        name = _fresh_unique(module, taken, "minimize_share")
+    function = cst.parse_statement(f"def {name}():\n    {share}return {code(call)}\n")
+    comments = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in why.split("\n")]
+    if before:
+        before[0] = before[0].with_changes(leading_lines=comments)
+    else:
+        function = function.with_changes(leading_lines=comments)
+    return [*before, function], name
+
+
+def _may_be_iterator(region: _Region, value: cst.BaseExpression) -> bool:
+    """Whether the pairs handed to `apply_gradients` may be an iterator (`zip(...)` bound to a name)."""
+    if isinstance(value, (cst.List, cst.ListComp, cst.Tuple)):
+        return False
+    if isinstance(value, cst.Call):
+        return code(value.func) not in ("zip", "list", "map", "tuple")  # a fresh one at each call, or a list
+    name = code(value)
+    for node in find(region.owner, cst.Assign):
+        if any(code(t.target) == name for t in node.targets):
+            if isinstance(node.value, cst.GeneratorExp) or (
+                    isinstance(node.value, cst.Call) and code(node.value.func) in ("zip", "map", "filter", "iter")):
+                return True
+    return False
+
+
 def _forward_only(rule, region: _Region) -> _Update:
     """Towers that only compute (predictions, an evaluation) need no update moved, as long as
     nothing trains on what they make: a training step left outside the replicas would fail."""
@@ -542,7 +661,7 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
     in_loop = {id(s) for s in _statements(region.loop)}
     made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
                                 for s in _statements(owner) if id(s) not in in_loop))
-    for statement in update.statements:
+    for statement in [*update.statements, *update.wrapped]:
         for arg in find(statement, cst.Arg):
             if (arg.keyword is not None and arg.keyword.value == "global_step"
                     and code(arg.value) not in made_inside | {"None"}):
@@ -763,6 +882,16 @@ def _target_names(target: cst.CSTNode) -> set[str]:
 
 def _fresh(module: cst.Module, *names: str) -> str:
     return next((n for n in names if references(module, n) == 0), names[-1] + "_")
+
+
+def _fresh_unique(module: cst.Module, taken: set[str], name: str) -> str:
+    """A name unused in the module and not yet ``taken`` by this rewrite (which it then is)."""
+    candidate, n = name, 1
+    while candidate in taken or references(module, candidate):
+        n += 1
+        candidate = f"{name}_{n}"
+    taken.add(candidate)
+    return candidate
 
 
 def _line(rule, node: cst.CSTNode) -> int:
