@@ -623,13 +623,15 @@ class ReplaceById(cst.CSTTransformer):
         return self.changes.get(id(original), updated)
 
 
-def place_scope(outer, parents, imports, region, create, scope_item):
+def place_scope(outer, parents, imports, region, create, scope_item, prelude=()):
     """Put the graph under ``strategy.scope()`` in place of the hand placement on the CPU.
 
     Prefers the `with` that opens the graph (`tf.Graph().as_default()`) or pins it to
     `/cpu:0`; otherwise the whole enclosing function body goes under the scope. Returns the
-    node to replace and its replacement (with the loop region rewritten inside).
+    node to replace and its replacement (with the loop region rewritten inside). The
+    ``prelude`` statements (what the strategy's device list reads) go just before ``create``.
     """
+    creates = [*prelude, create]
     node = strategy_scope_owner(outer, parents, imports)
     if isinstance(node, cst.With):
         graph, cpu = _graph_items(node, imports)
@@ -640,8 +642,8 @@ def place_scope(outer, parents, imports, region, create, scope_item):
             items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         ]
         rewritten = node.visit(ReplaceById(region)).with_changes(items=items)
-        return node, cst.FlattenSentinel([create.with_changes(leading_lines=node.leading_lines),
-                                          rewritten.with_changes(leading_lines=())])
+        creates[0] = creates[0].with_changes(leading_lines=node.leading_lines)
+        return node, cst.FlattenSentinel([*creates, rewritten.with_changes(leading_lines=())])
     if isinstance(node, cst.FunctionDef):
         body = list(node.body.visit(ReplaceById(region)).body)
         before = body[:1] if body and _is_docstring(body[0]) else []
@@ -650,7 +652,7 @@ def place_scope(outer, parents, imports, region, create, scope_item):
         while rest and only_call(rest[0]) is not None and method_call(only_call(rest[0]), "reset_default_graph"):
             before, rest = [*before, rest[0]], rest[1:]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
-        return node, node.with_changes(body=node.body.with_changes(body=[*before, create, scoped]))
+        return node, node.with_changes(body=node.body.with_changes(body=[*before, *creates, scoped]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
 

@@ -125,7 +125,9 @@ def plan(rule, tower) -> Edit:
     devices = _devices(rule, tower)
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
-    anchor, new_anchor = place_scope(loop, region.parents, imports, region_changes, create, scope_item)
+    prelude = _device_prelude(rule, region, create)
+    region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in prelude)
+    anchor, new_anchor = place_scope(loop, region.parents, imports, region_changes, create, scope_item, prelude)
     changes = {anchor: new_anchor}
     # Edits after the loop but outside what the strategy scope replaced apply on their own.
     inside = {id(node) for node in walk(anchor)}
@@ -921,6 +923,23 @@ def _devices(rule, tower) -> str:
             and code(loop.target.elements[1].value) == code(device)):
         return code(loop.iter.args[0].value)
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """The statements before the loop that the strategy's device list reads (`devices = [...]`):
+    they move up with the strategy, above the scope, which is only safe for plain Python."""
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else []
+    needed = names_used(create) - {"tf"}
+    prelude = []
+    for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
+        if _bound_names(statement) & needed:
+            if any((rule.imports.resolve(n) or "").startswith("tensorflow") for n in find(statement, cst.Name, cst.Attribute)):
+                raise Refused(f"line {_line(rule, statement)}: the towers' devices come from TensorFlow code in the "
+                              "graph; name the device list before the graph is built")
+            prelude.insert(0, statement)
+            needed |= names_used(statement)
+    return prelude
 
 
 def _remove_unused_helpers(changes: dict, anchor, tower, module: cst.Module, update: _Update) -> None:
