@@ -5,21 +5,13 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tfmigrate import parallel_call
+from tfmigrate.batch_splits import JOINS, SPLIT, UNSTACKS, along_batch_axis, join_after
+from tfmigrate.callargs import is_legacy_split
 from tfmigrate.devices import TowerLoop, enclosing_tower, find, names_used, tower_loop_at
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
-SPLITS = {"tensorflow.split", "tensorflow.unstack"}
-CONCATS = {
-    "tensorflow.concat",
-    "tensorflow.stack",
-    # Keras merges (the `make_parallel` / `ParallelModel` helpers).
-    "keras.layers.concatenate",
-    "keras.layers.merge",
-    "keras.layers.merge.concatenate",
-    "keras.backend.concatenate",
-}
-KERAS_CONCAT_LAYERS = {"keras.layers.Concatenate", "keras.layers.merge.Concatenate"}
-KERAS_LAMBDA = "keras.layers.Lambda"
+SPLITS = {SPLIT} | UNSTACKS
+KERAS_LAMBDAS = {"keras.layers.Lambda", "keras.layers.core.Lambda"}
 
 
 def bound_names(target: cst.CSTNode) -> set[str]:
@@ -35,35 +27,26 @@ def bound_names(target: cst.CSTNode) -> set[str]:
     return set()
 
 
-def tower_outputs(tower: TowerLoop) -> set[str]:
-    """Names the tower loop collects results in: `out.append(..)`, `out[i] = ..`, `out += ..`."""
-    found: set[str] = set()
-    collecting = [
-        call for call in find(tower.loop.body, cst.Call)
-        if isinstance(call.func, cst.Attribute) and call.func.attr.value in ("append", "extend", "insert")
-    ]
-    for call in collecting:
-        found |= bound_names(call.func.value)
-    for assign in find(tower.loop.body, cst.Assign):
-        for target in assign.targets:
-            if isinstance(target.target, cst.Subscript):
-                found |= bound_names(target.target)
-    for assign in find(tower.loop.body, cst.AugAssign):
-        found |= bound_names(assign.target)
-    return found
-
-
 @dataclass
 class _Scope:
     """What one function (or the module) holds, outside nested functions."""
 
     node: cst.CSTNode
     splits: list[tuple[cst.Call, set[str]]] = field(default_factory=list)  # call, names it fills
-    concats: list[cst.Call] = field(default_factory=list)
     towers: list[TowerLoop] = field(default_factory=list)
     returns: list[cst.Return] = field(default_factory=list)
-    joined: set[str] = field(default_factory=set)  # names assigned from a concat
+    joined: set[str] = field(default_factory=set)  # names assigned from a join
     keras: bool = False  # the pieces are Keras Lambda slices
+
+
+@dataclass
+class _Found:
+    """A split / towers / join found in one scope, reported once the walk is over."""
+
+    scope: _Scope
+    tower: TowerLoop
+    feeding: list[cst.Call]
+    join: cst.Call
 
 
 class SplitConcatParallel(Rule):
@@ -203,8 +186,7 @@ class SplitConcatParallel(Rule):
         super().__init__(context)
         self.scopes: list[_Scope] = []
         self.filled: dict[int, set[str]] = {}  # id(split call) -> the names its result fills
-        self.loops: list[cst.CSTNode] = []  # enclosing for loops and comprehension fors
-        self.concat_names: dict[int, set[str]] = {}  # id(join) -> names it (indirectly) reads
+        self.found: list[_Found] = []
 
     # --- collect, per function ----------------------------------------------------------
     def visit_Module(self, node: cst.Module) -> None:
@@ -212,6 +194,9 @@ class SplitConcatParallel(Rule):
 
     def leave_Module(self, original_node: cst.Module) -> None:
         self._judge(self.scopes.pop())
+        # Reported once the walk is over: the messages give the lines of the split and the loop.
+        for found in self.found:
+            self._report(found)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.scopes.append(_Scope(node))
@@ -220,76 +205,29 @@ class SplitConcatParallel(Rule):
         self._judge(self.scopes.pop())
 
     def visit_For(self, node: cst.For) -> None:
-        self.loops.append(node)
         tower = tower_loop_at(self.context, node)
         if tower is not None:
             self.scopes[-1].towers.append(tower)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        scope = self.scopes[-1]
         targets = set().union(*(bound_names(t.target) for t in node.targets))
         for call in find(node.value, cst.Call):
             name = self.call_name(call)
             if name in SPLITS:
                 self.filled[id(call)] = targets
-            elif name in CONCATS:
-                scope.joined |= targets
+            elif name in JOINS:
+                self.scopes[-1].joined |= targets
 
     def visit_Call(self, node: cst.Call) -> None:
         name = self.call_name(node)
         if name in SPLITS:
             self.scopes[-1].splits.append((node, self.filled.get(id(node), set())))
-        elif name in CONCATS or self.call_name(node.func) in KERAS_CONCAT_LAYERS:
-            self.scopes[-1].concats.append(node)
-            self.concat_names[id(node)] = self._with_loop_sources(names_used(node))
-        elif name == KERAS_LAMBDA:
+        elif name in KERAS_LAMBDAS:
             # `Lambda(get_slice, arguments={'idx': i, 'parts': n})(x)` in a tower loop.
             tower = enclosing_tower(self.context, node)
             if tower is not None and names_used(node) & tower.loop_names:
                 self.scopes[-1].splits.append((node, set()))
                 self.scopes[-1].keras = True
-
-    # Loops and comprehensions around a join: `for outs in outputs_all: concatenate(outs)`
-    # joins `outputs_all`.
-    def leave_For(self, original_node: cst.For) -> None:
-        self.loops.pop()
-
-    # (A comprehension's element is visited before its `for`: push its fors on entry.)
-    def visit_ListComp(self, node: cst.ListComp) -> None:
-        self._enter_comprehension(node)
-
-    def leave_ListComp(self, original_node: cst.ListComp) -> None:
-        self._leave_comprehension(original_node)
-
-    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
-        self._enter_comprehension(node)
-
-    def leave_GeneratorExp(self, original_node: cst.GeneratorExp) -> None:
-        self._leave_comprehension(original_node)
-
-    def visit_DictComp(self, node: cst.DictComp) -> None:
-        self._enter_comprehension(node)
-
-    def leave_DictComp(self, original_node: cst.DictComp) -> None:
-        self._leave_comprehension(original_node)
-
-    def _enter_comprehension(self, node: cst.BaseComp) -> None:
-        comp = node.for_in
-        while comp is not None:
-            self.loops.append(comp)
-            comp = comp.inner_for_in
-
-    def _leave_comprehension(self, node: cst.BaseComp) -> None:
-        comp = node.for_in
-        while comp is not None:
-            self.loops.pop()
-            comp = comp.inner_for_in
-
-    def _with_loop_sources(self, names: set[str]) -> set[str]:
-        for loop in reversed(self.loops):
-            if names_used(loop.target) & names:
-                names = names | names_used(loop.iter)
-        return names
 
     def visit_Return(self, node: cst.Return) -> None:
         self.scopes[-1].returns.append(node)
@@ -297,64 +235,79 @@ class SplitConcatParallel(Rule):
     # --- judge ----------------------------------------------------------------------------
     def _judge(self, scope: _Scope) -> None:
         for tower in scope.towers:
-            outputs = tower_outputs(tower)
             body_names = names_used(tower.loop)  # the iterable too: `enumerate(pieces)`
             feeding = [
                 call
                 for call, filled in scope.splits
                 if filled & body_names or enclosing_tower(self.context, call) is tower
             ]
-            joining = [
-                call
-                for call in scope.concats
-                if enclosing_tower(self.context, call) is not tower
-                and self.concat_names.get(id(call), names_used(call)) & outputs
-            ]
-            if feeding and joining:
-                self._report(scope, tower, feeding, joining[0])
+            # A split along another axis (channels, heads) is no batch split; Keras slices are.
+            if not any(self._cuts_batch(call) for call in feeding):
+                continue
+            join = join_after(self.context, tower)
+            if join is not None:
+                self.found.append(_Found(scope, tower, feeding, join))
                 return
 
-    def _report(self, scope: _Scope, tower: TowerLoop, feeding: list[cst.Call], concat: cst.Call) -> None:
+    def _cuts_batch(self, call: cst.Call) -> bool:
+        name = self.call_name(call)
+        return name in KERAS_LAMBDAS or along_batch_axis(call, name)
+
+    def _report(self, found: _Found) -> None:
+        scope, tower, feeding, concat = found.scope, found.tower, found.feeding, found.join
         split = feeding[0]
         advice = (
             "MirroredStrategy splits each global batch across replicas and gathers their "
             "results (strategy.run, then strategy.gather or strategy.reduce)"
         )
+        lines = self._lines(tower, split, concat)
         if scope.keras:
             where = scope.node if isinstance(scope.node, cst.FunctionDef) else split
             subject = f"`{scope.node.name.value}`" if isinstance(scope.node, cst.FunctionDef) else "this code"
             self.report(
                 where,
                 f"{subject} slices each batch per GPU with Keras `Lambda` layers and concatenates "
-                "the towers' outputs (a `make_parallel` / `ParallelModel` helper): build and "
+                f"the towers' outputs ({lines}; a `make_parallel` / `ParallelModel` helper): build and "
                 "compile the template model under tf.distribute.MirroredStrategy().scope() and "
                 "fit it directly, and delete the helper; the batch size passed to fit stays the global batch "
                 "(no automatic fix: the Keras form wraps a template model that is built, compiled and fit "
                 "elsewhere, and it is that code, not the slicing, that must move under the strategy scope)",
             )
             return
-        if isinstance(scope.node, cst.FunctionDef) and self._is_helper(scope, concat):
+        legacy = next((c for c in feeding if self.call_name(c) == SPLIT and is_legacy_split(c)), None)
+        helper = isinstance(scope.node, cst.FunctionDef) and self._is_helper(scope, concat)
+        if helper:
             message = (
                 f"`{scope.node.name.value}` splits a batch across devices with tf.split and "
-                f"joins the towers' outputs with tf.concat: {advice}"
+                f"joins the towers' outputs with tf.concat ({lines}): {advice}"
             )
-            try:
-                edit = parallel_call.plan_helper(self, scope.node)
-            except parallel_call.Refused as reason:
-                edit = None
-                message += f" (no automatic fix: {reason})"
-            self.report(scope.node, message, edit=edit)
         else:
             message = (
                 "batch split across devices with tf.split and joined with tf.concat after the "
-                f"tower loop: {advice}"
+                f"tower loop ({lines}): {advice}"
             )
-            try:
-                edit = parallel_call.plan_inline(self, tower, feeding, concat)
-            except parallel_call.Refused as reason:
-                edit = None
-                message += f" (no automatic fix: {reason})"
-            self.report(split, message, edit=edit)
+        try:
+            if legacy is not None:
+                raise parallel_call.Refused(
+                    f"`{self.context.module.code_for_node(legacy.func)}(0, n, x)` is TF 0.x's argument order "
+                    "(axis, count, value); only `tf.split(x, n)` is rewritten"
+                )
+            edit = (
+                parallel_call.plan_helper(self, scope.node) if helper
+                else parallel_call.plan_inline(self, tower, feeding, concat)
+            )
+        except parallel_call.Refused as reason:
+            edit = None
+            message += f" (no automatic fix: {reason})"
+        self.report(scope.node if helper else split, message, edit=edit)
+
+    def _lines(self, tower: TowerLoop, split: cst.Call, join: cst.Call) -> str:
+        """Where the split, the tower loop that reads it and the join are."""
+        what = "sliced" if self.call_name(split) in KERAS_LAMBDAS else "split"
+        return (
+            f"{what} at line {self.position(split).start.line}, read by the tower loop at line "
+            f"{self.position(tower.loop).start.line}, joined at line {self.position(join).start.line}"
+        )
 
     def _is_helper(self, scope: _Scope, concat: cst.Call) -> bool:
         """A `make_parallel`: a function that returns the joined result and does not train on it

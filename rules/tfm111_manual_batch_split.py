@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.batch_splits import PY_FUNCS, BatchSplit, batch_split, is_splitter, join_after
 from tfmigrate.devices import (
+    contains,
     enclosing_tower,
     find,
     loop_derived_names,
@@ -28,15 +30,26 @@ _ADVICE = (
 class ManualBatchSplit(Rule):
     code = "TFM111"
     name = "manual-batch-split"
-    summary = "A batch cut into per-device pieces by hand, without tf.split"
+    summary = "A batch cut into per-device pieces by hand (tf.split, slicing, unstack, py_func, np.split)"
     triggers = ("gpu", "GPU", "device", "tower", "parallel_stack", "split")
     fix_safety = FixSafety.NONE
 
     what_it_finds = """
-        Per-device batches made by hand (the `tf.split` spelling is TFM105's and TFM101's):
+        Per-device batches made by hand (a split whose towers' outputs are joined again with
+        `tf.concat` is TFM105's `make_parallel`):
 
+        - a batch cut with `tf.split` along axis 0 — TF 1.x's order, positional or keywords in
+          any order (`tf.split(axis=0, num_or_size_splits=num_gpus, value=images)`), or TF 0.x's
+          (`tf.split(0, num_gpus, images)`) — with `tf.unstack`, or by a Python function run
+          through `tf.py_func` / `tf.numpy_function` / `tf.py_function`, when the pieces are read
+          one per device: by a tower loop that indexes them with its index (`images_splits[i]`,
+          `[a, b][i]`) or iterates them (`enumerate(pieces)`), or, with no loop, one piece under
+          each fixed GPU scope (`a, b = tf.split(x, 2)`, `a` on '/gpu:0', `b` on '/gpu:1';
+          the half-and-half split of a model built on two devices). The finding is at the cut
+          and names the loop (or the device scopes) that reads it. A split along another axis
+          (channels, attention heads) or whose pieces are not read per device is not reported;
         - slicing with bounds computed from the device loop's variable,
-          `x[i * bs:(i + 1) * bs]`, inside a tower loop (TFM101) or inside a loop over the
+          `x[i * bs:(i + 1) * bs]` (or a stride, `examples[i::num_gpus]`), inside a tower loop (TFM101) or inside a loop over the
           devices (`for i in range(num_gpus)`) in a module that builds towers (reported once per
           loop, at the first slice);
         - round-robin distribution: examples appended to `per_device[i % n]` in a loop over a
@@ -65,7 +78,12 @@ class ManualBatchSplit(Rule):
     """
     fix_notes = """
         No automatic fix: the per-device pieces feed per-device inputs, which go with the tower
-        loop (TFM101) and the per-tower placeholders (TFM106).
+        loop (TFM101) and the per-tower placeholders (TFM106). Where TFM101 rewrites the tower
+        loop that reads a `tf.split`, the cut stays and each replica reads its piece by replica
+        id (or, for placeholders fed a numpy batch, the cut becomes a distributed dataset);
+        feeding the global batch through `strategy.experimental_distribute_dataset` is what
+        removes it. Pieces read under fixed GPU scopes, with no loop, have no replica function
+        to become: build the model once under `strategy.scope()` and run it with `strategy.run`.
     """
 
     valid = [
@@ -78,6 +96,21 @@ class ManualBatchSplit(Rule):
         """\
         import numpy as np
         train, test = np.split(data, [800])
+        """,
+        """\
+        import tensorflow as tf
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i):
+                q, k, v = tf.split(qkv[i], 3, axis=-1)
+                heads = tf.split(q, num_heads, axis=2)
+                outputs.append(attend(heads[i % num_heads], k, v))
+        """,
+        """\
+        import tensorflow as tf
+        strategy = tf.distribute.MirroredStrategy()
+        with strategy.scope():
+            real, fake = tf.split(batch, 2)
+            loss = model(real) - model(fake)
         """,
     ]
     invalid = [
@@ -97,6 +130,38 @@ class ManualBatchSplit(Rule):
             """,
             line=2,
         ),
+        Invalid(
+            """\
+            import tensorflow as tf
+            images_splits = tf.split(axis=0, num_or_size_splits=num_gpus, value=images)
+            labels_splits = tf.split(0, num_gpus, labels)
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    grads.append(opt.compute_gradients(loss(images_splits[i], labels_splits[i])))
+            """,
+            line=2,
+        ),
+        Invalid(
+            """\
+            import tensorflow as tf
+            parts = tf.py_func(split_batch, [images], [tf.float32] * num_gpus)
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    grads.append(opt.compute_gradients(loss(parts[i])))
+            """,
+            line=2,
+        ),
+        Invalid(
+            """\
+            import tensorflow as tf
+            left, right = tf.split(images, 2)
+            with tf.device('/gpu:0'):
+                a = encoder(left)
+            with tf.device('/gpu:1'):
+                b = encoder(right)
+            """,
+            line=2,
+        ),
     ]
 
     def __init__(self, context) -> None:
@@ -111,6 +176,8 @@ class ManualBatchSplit(Rule):
         self.stacked: set[str] = set()  # names read by statements calling tf.parallel_stack
         self.statements: list[cst.SimpleStatementLine] = []
         self.numpy_splits: list[cst.Call] = []
+        self.cuts: list[tuple[cst.Call, str]] = []  # tf.split / unstack / py_func calls and their API
+        self.slices: list[tuple[cst.Subscript, cst.For]] = []  # per-device slices, with their loop
 
     # --- loops ------------------------------------------------------------------------------
     def visit_For(self, node: cst.For) -> None:
@@ -141,16 +208,17 @@ class ManualBatchSplit(Rule):
         if not bounds:
             return
         used = set().union(*(names_used(b) for b in bounds))
+        strided = any(
+            isinstance(e.slice, cst.Slice) and e.slice.step is not None and e.slice.lower is not None
+            for e in node.slice
+        )  # `examples[i::num_gpus]`: every n-th example, from the device's own
         for loop in self.loops:
             if id(loop) in self.reported_loops or not (used & self._names_of(loop)):
                 continue
-            if not any(find(b, cst.BinaryOperation) for b in bounds):
+            if not strided and not any(find(b, cst.BinaryOperation) for b in bounds):
                 continue  # `x[i:]`: not a piece of a batch
             self.reported_loops.add(id(loop))
-            code = self.context.module.code_for_node(node)
-            if len(code) > 50:
-                code = code[:47] + "..."
-            self.report(node, f"batch cut per device by slicing (`{code}`): {_ADVICE}")
+            self.slices.append((node, loop))
             return
 
     # --- calls ------------------------------------------------------------------------------
@@ -167,6 +235,8 @@ class ManualBatchSplit(Rule):
     def visit_Call(self, node: cst.Call) -> None:
         self._note_dealing(node)
         name = self.call_name(node)
+        if is_splitter(name):
+            self.cuts.append((node, name))
         if name == PARALLEL_STACK and self.statements:
             self.stacked |= names_used(self.statements[-1])
         elif name in NUMPY_SPLITS:
@@ -201,6 +271,57 @@ class ManualBatchSplit(Rule):
         return any(self.call_name(c) in UNSTACKS for c in find(iterable, cst.Call))
 
     def leave_Module(self, original_node: cst.Module) -> None:
+        for node, loop in self.slices:
+            where = self._loop_words(loop)
+            self.report(node, f"batch cut per device by slicing (`{self._code(node)}`) in {where}: {_ADVICE}")
+        reported = self._report_cuts()
+        self._report_dealing()
+        self._report_numpy(reported)
+
+    def _code(self, node: cst.CSTNode) -> str:
+        code = " ".join(self.context.module.code_for_node(node).split())
+        return code if len(code) <= 50 else code[:47] + "..."
+
+    def _loop_words(self, loop: cst.For) -> str:
+        line = self.position(loop).start.line
+        tower = enclosing_tower(self.context, loop)
+        return f"the tower loop at line {line}" if tower is not None and tower.loop is loop else f"the loop at line {line}"
+
+    def _report_cuts(self) -> list[BatchSplit]:
+        """Batch splits read one piece per device, where TFM105 does not report them (their
+        towers' outputs are not joined again)."""
+        reported = []
+        for call, api in self.cuts:
+            split = batch_split(self.context, call, api)
+            if split is None or (split.tower is not None and join_after(self.context, split.tower) is not None):
+                continue
+            reported.append(split)
+            self.report(call, self._cut_message(split))
+        return reported
+
+    def _cut_message(self, split: BatchSplit) -> str:
+        how = f"`{self._code(split.call)}`"
+        if split.api in PY_FUNCS:
+            how = f"a Python function run through {how}"
+        if split.legacy:
+            how += " (TF 0.x's argument order: axis, count, value)"
+        if split.tower is not None:
+            reader = f"each piece read by {self._loop_words(split.tower.loop)}"
+            note = (
+                "no automatic fix for the cut itself: TFM101's rewrite of that loop keeps it, each replica "
+                "reading its piece by replica id, or, for placeholders fed a numpy batch, replaces it "
+                "with a distributed dataset"
+            )
+        else:
+            lines = ", ".join(str(self.position(block).start.line) for block in split.blocks)
+            reader = f"one piece under each fixed GPU scope (lines {lines})"
+            note = (
+                "no automatic fix: there is no tower loop to become a replica function; build the model "
+                "once under strategy.scope() and run it with strategy.run on the global batch"
+            )
+        return f"batch cut into one piece per device with {how}, {reader}: {_ADVICE} ({note})"
+
+    def _report_dealing(self) -> None:
         for loop, dealt in self.dealt.values():
             stacked = bool(dealt & self.stacked)
             if stacked or self._from_unstack(loop.iter):
@@ -210,14 +331,26 @@ class ManualBatchSplit(Rule):
                     + (", each stacked with tf.parallel_stack" if stacked else "")
                     + f"): {_ADVICE}",
                 )
+
+    def _report_numpy(self, reported: list[BatchSplit]) -> None:
         if not self.numpy_splits:
             return
+        # The cut inside a `tf.py_func` reported above (a lambda, or the function it names).
+        inside = [s.call for s in reported] + [
+            function
+            for s in reported
+            if s.api in PY_FUNCS and s.call.args and isinstance(s.call.args[0].value, cst.Name)
+            for function in find(self.context.module, cst.FunctionDef)
+            if function.name.value == s.call.args[0].value.value
+        ]
         per_tower_inputs = any(
             self.call_name(c) in PLACEHOLDERS
             for tower in module_tower_loops(self.context)
             for c in find(tower.loop, cst.Call)
         )
         for call in self.numpy_splits:
+            if any(contains(outer, call) for outer in inside):
+                continue
             count = call.args[1].value if len(call.args) > 1 else None
             if per_tower_inputs or (count is not None and looks_per_device(count)):
                 code = self.context.module.code_for_node(call.func)

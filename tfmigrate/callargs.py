@@ -49,3 +49,35 @@ def is_false(node: cst.BaseExpression | None) -> bool:
 
 def is_none(node: cst.BaseExpression | None) -> bool:
     return node is None or (isinstance(node, cst.Name) and node.value == "None")
+
+
+# `tf.split` as TF 1.x+ binds it, and as TF 0.x did (axis first: `tf.split(0, num_gpus, images)`).
+SPLIT_PARAMS = ("value", "num_or_size_splits", "axis", "num", "name")
+LEGACY_SPLIT_PARAMS = ("split_dim", "num_split", "value", "name")
+
+
+def is_legacy_split(call: cst.Call) -> bool:
+    """``tf.split(0, n, x)`` / ``tf.split(split_dim=0, num_split=n, value=x)``: TF 0.x's order,
+    told apart by its keywords, or by three positional arguments led by an integer axis."""
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    if keywords & {"split_dim", "num_split"}:
+        return True
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    first = positional[0] if positional else None
+    if isinstance(first, cst.UnaryOperation):
+        first = first.expression
+    return len(positional) >= 3 and isinstance(first, cst.Integer)
+
+
+def split_arguments(call: cst.Call) -> tuple[cst.BaseExpression | None, ...]:
+    """(value, count, axis) of a ``tf.split`` call in either argument order; None where the
+    call does not pass it (a missing axis is the default, 0)."""
+    params = LEGACY_SPLIT_PARAMS if is_legacy_split(call) else SPLIT_PARAMS
+    if params is LEGACY_SPLIT_PARAMS:
+        return (argument(call, params, "value"), argument(call, params, "num_split"),
+                argument(call, params, "split_dim"))
+    return argument(call, params, "value"), argument(call, params, "num_or_size_splits"), argument(call, params, "axis")
+
+
+def is_zero(node: cst.BaseExpression | None) -> bool:
+    return isinstance(node, cst.Integer) and int(node.value, 0) == 0

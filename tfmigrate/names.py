@@ -41,6 +41,9 @@ _CANONICAL_PREFIXES = (
     ("tensorflow.python.training.supervisor.", "tensorflow.train."),
     ("tensorflow.contrib.slim.", "slim."),
     ("tf_slim.", "slim."),
+    # Keras 1/2's TensorFlow backend re-exports TensorFlow itself: `K.tf.device('/gpu:0')`.
+    ("keras.backend.tensorflow_backend.", "keras.backend."),
+    ("keras.backend.tf.", "tensorflow."),
 )
 
 
