@@ -27,6 +27,7 @@ REWRITTEN = [
     "general_enumerate_split_devices", "general_module_level_script", "general_summed_gradients",
     "general_keras_model_towers", "general_inline_average", "general_accumulated_loss",
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
+    "general_inception_regularized",
 ]
 # Programs that differ from themselves from run to run (the legacy program verified against
 # itself: up to 5e-5 relative after a few Adam steps), so that the bar is wider than that noise.
@@ -376,3 +377,36 @@ def test_a_loss_combined_in_an_unknown_way_is_minimised_by_each_replica_unscaled
             "                return opt.minimize(tf.reduce_mean(loss))\n") in out
     assert "train_op = tf.group(strategy.experimental_local_results(" in out
     assert "loss = tf.concat(losses, 0)" in out
+
+
+REGULARIZED = """
+    import tensorflow as tf
+
+    def average_gradients(tower_grads):
+        return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+
+    def train(opt, parts, num_gpus):
+        with tf.Graph().as_default():
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    with tf.variable_scope('net', reuse=i > 0):
+                        logits = LAYER
+                    loss = tf.reduce_mean(logits) + tf.add_n(tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES))
+                    tower_grads.append(opt.compute_gradients(loss))
+            return opt.apply_gradients(average_gradients(tower_grads))
+"""
+
+
+@pytest.mark.parametrize("layer, refused", [
+    # tf.get_variable's regularization loss is evaluated where it is read: each replica decays its copy.
+    ("tf.matmul(parts[i], tf.get_variable('w', [4, 2], regularizer=tf.nn.l2_loss))", False),
+    ("slim.fully_connected(parts[i], 2, weights_regularizer=slim.l2_regularizer(1e-4))", False),
+    # A Keras-style layer's is a tensor on the first tower's weights: the other replicas would not decay.
+    ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss)", True),
+])
+def test_regularization_losses_are_refused_only_where_they_are_fixed_on_the_first_replica(layer, refused):
+    (finding,) = tower_findings(textwrap.dedent(REGULARIZED.replace("LAYER", layer)))
+    assert finding.fixable is not refused
+    if refused:
+        assert "makes regularization losses from the first tower's weights only" in finding.refusal

@@ -646,19 +646,25 @@ def _forward_only(rule, region: _Region) -> _Update:
 def _check_training_state(rule, region: _Region, update: _Update) -> None:
     """What the moved update needs that the strategy cannot give each replica.
 
-    Regularization losses are collected once, when the first tower makes the variables: a
-    tower adding `REGULARIZATION_LOSSES` to its loss reads replica 0's copy of the weights, so
-    the other replicas would not decay theirs. A global step made outside what the strategy
-    scope covers is not a mirrored variable, and the update cannot increment it.
+    A regularization loss is made once, when the first tower makes the variables. One made by
+    `tf.get_variable(regularizer=...)` (slim's `weights_regularizer`, a variable scope's
+    `regularizer`) is evaluated again wherever it is read, so each replica's reads its own copy
+    of the weights (checked on TF 2.21); one made by a Keras-style layer argument
+    (`kernel_regularizer=`) or added to the collection by hand is a fixed tensor on replica 0's
+    copy, and the other replicas would not decay theirs. A global step made outside what the
+    strategy scope covers is not a mirrored variable, and the update cannot increment it.
     """
     module = rule.context.module
+    fixed = _fixed_regularization(rule, module)
     for node in find(module, cst.Attribute, cst.Call):
         name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
-        if name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses",
-                                                              "get_total_loss")):
-            raise Refused(f"line {_line(rule, node)}: the loss reads the regularization losses collected when the "
-                          "first tower made the variables; under MirroredStrategy the other replicas would not decay "
-                          "their copies (add each tower's weight decay from the weights it reads instead)")
+        if name.endswith("get_total_loss") or (fixed is not None and (
+                name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses")))):
+            why = (f"line {_line(rule, fixed)} makes regularization losses from the first tower's weights only"
+                   if fixed is not None else "`get_total_loss()` sums every tower's losses made so far")
+            raise Refused(f"line {_line(rule, node)}: the loss reads the regularization losses, and {why}: under "
+                          "MirroredStrategy the other replicas would not decay their copies (regularize through "
+                          "`tf.get_variable(regularizer=...)`, or add each tower's weight decay from the weights it reads)")
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     in_loop = {id(s) for s in _statements(region.loop)}
     made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
@@ -669,6 +675,25 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
                     and code(arg.value) not in made_inside | {"None"}):
                 raise Refused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
                               "would cover, so it would not be a mirrored variable the replicas can update")
+
+
+# Layer arguments whose regularization loss is a tensor on the weights of the first tower that
+# made the layer (Keras-style layers); `regularizer=`, `weights_regularizer=` and
+# `biases_regularizer=` go through `tf.get_variable`, whose loss is re-read per replica.
+_LAZY_REGULARIZERS = {"regularizer", "weights_regularizer", "biases_regularizer"}
+
+
+def _fixed_regularization(rule, module: cst.Module) -> cst.CSTNode | None:
+    """Where the module makes a regularization loss that is not re-read per replica, if it does."""
+    for node in find(module, cst.Arg, cst.Call):
+        if isinstance(node, cst.Arg):
+            keyword = node.keyword.value if node.keyword is not None else ""
+            if keyword.endswith("_regularizer") and keyword not in _LAZY_REGULARIZERS:
+                return node
+        elif method_call(node, "add_to_collection") or (rule.imports.resolve(node.func) or "").endswith("add_to_collection"):
+            if any("REGULARIZATION_LOSSES" in code(a.value) for a in node.args[:1]):
+                return node
+    return None
 
 
 def _trains(rule, call: cst.Call) -> bool:
