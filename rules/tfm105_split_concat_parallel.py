@@ -68,11 +68,20 @@ class SplitConcatParallel(Rule):
         the helper's `def`, or at the first `Lambda` outside a function). It is reported only:
         the fix notes say how to migrate it by hand.
 
+        Every spelling of the split counts: `tf.split(x, n)`, keywords in any order
+        (`tf.split(axis=0, num_or_size_splits=n, value=x)`), TF 0.x's `tf.split(0, n, x)`, and
+        the Keras slices imported from `keras.layers.core` or spelled with the backend (`K.shape`,
+        `K.tf.device`), joined with `concatenate`, `Concatenate`, Keras 1's
+        `merge(..., mode='concat')` or `K.concatenate`. A split along another axis than the
+        batch's (channel groups joined back along the channels) is not a batch split.
+
         The finding is at the helper's `def` when the function returns the joined result
         and does not train on it (it is a `make_parallel`), otherwise at the first `tf.split`
-        that feeds the towers (the inline form).
+        that feeds the towers (the inline form); its message gives the lines of the split, of
+        the tower loop that reads it and of the join.
         A `tf.split` without a tower loop, or a tower loop whose outputs are not joined with
-        `tf.concat` (the towers' gradients are averaged instead: TFM102), is not reported.
+        `tf.concat` (the towers' gradients are averaged instead: TFM102), is not reported here:
+        such a batch split is TFM111's.
     """
     why = """
         `tf.distribute.MirroredStrategy` splits each global batch across the replicas and
@@ -130,7 +139,8 @@ class SplitConcatParallel(Rule):
         another count than the towers, or inside the loop; a loop body that carries a value
         from one tower to the next, breaks, or defines names used after it; outputs joined
         other than `loss = tf.concat(outputs, axis=0)`; a result not minimized in the same
-        block, or a name the `minimize` reads set between the join and it.
+        block, or a name the `minimize` reads set between the join and it; a split in TF 0.x's
+        argument order (`tf.split(0, n, x)`).
 
         The Keras form (`Lambda` slices and a `concatenate`, building a new `Model` around a
         template) gets no fix: the template is built, compiled and fit elsewhere, and it is that
@@ -152,6 +162,15 @@ class SplitConcatParallel(Rule):
         for i in range(num_gpus):
             with tf.device('/gpu:%d' % i):
                 tower_grads.append(opt.compute_gradients(model(images[i])))
+        """,
+        """\
+        import tensorflow as tf
+        groups = tf.split(features, num_gpus, axis=3)
+        outs = []
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i):
+                outs.append(conv_block(groups[i]))
+        merged = tf.concat(outs, axis=3)
         """,
     ]
     invalid = [
@@ -179,6 +198,34 @@ class SplitConcatParallel(Rule):
             c = tf.concat(split_c, axis=0)
             """,
             line=2,
+        ),
+        Invalid(
+            """\
+            import tensorflow as tf
+            def parallel_predict(batch, n_gpus):
+                pieces = tf.split(0, n_gpus, batch)
+                outs = []
+                for g in range(n_gpus):
+                    with tf.device('/gpu:' + str(g)):
+                        outs.append(predict(pieces[g]))
+                return tf.concat(0, outs)
+            """,
+            line=2,
+        ),
+        Invalid(
+            """\
+            import keras.backend as K
+            from keras.layers import merge
+            from keras.layers.core import Lambda
+            def make_parallel(model, gpu_count, x):
+                outputs = []
+                for i in range(gpu_count):
+                    with K.tf.device('/gpu:%d' % i):
+                        piece = Lambda(get_slice, arguments={'idx': i, 'parts': gpu_count})(x)
+                        outputs.append(model(piece))
+                return merge(outputs, mode='concat', concat_axis=0)
+            """,
+            line=4,
         ),
     ]
 
@@ -260,7 +307,7 @@ class SplitConcatParallel(Rule):
             "MirroredStrategy splits each global batch across replicas and gathers their "
             "results (strategy.run, then strategy.gather or strategy.reduce)"
         )
-        lines = self._lines(tower, split, concat)
+        lines = self._lines(tower, feeding, concat)
         if scope.keras:
             where = scope.node if isinstance(scope.node, cst.FunctionDef) else split
             subject = f"`{scope.node.name.value}`" if isinstance(scope.node, cst.FunctionDef) else "this code"
@@ -301,12 +348,14 @@ class SplitConcatParallel(Rule):
             message += f" (no automatic fix: {reason})"
         self.report(scope.node if helper else split, message, edit=edit)
 
-    def _lines(self, tower: TowerLoop, split: cst.Call, join: cst.Call) -> str:
-        """Where the split, the tower loop that reads it and the join are."""
-        what = "sliced" if self.call_name(split) in KERAS_LAMBDAS else "split"
+    def _lines(self, tower: TowerLoop, feeding: list[cst.Call], join: cst.Call) -> str:
+        """Where the splits, the tower loop that reads them and the join are."""
+        what = "sliced" if self.call_name(feeding[0]) in KERAS_LAMBDAS else "split"
+        at = sorted({self.position(call).start.line for call in feeding})
+        where = f"line {at[0]}" if len(at) == 1 else "lines " + ", ".join(map(str, at))
         return (
-            f"{what} at line {self.position(split).start.line}, read by the tower loop at line "
-            f"{self.position(tower.loop).start.line}, joined at line {self.position(join).start.line}"
+            f"{what} at {where}, read by the tower loop at line {self.position(tower.loop).start.line}, "
+            f"joined at line {self.position(join).start.line}"
         )
 
     def _is_helper(self, scope: _Scope, concat: cst.Call) -> bool:

@@ -49,9 +49,9 @@ class ManualBatchSplit(Rule):
           and names the loop (or the device scopes) that reads it. A split along another axis
           (channels, attention heads) or whose pieces are not read per device is not reported;
         - slicing with bounds computed from the device loop's variable,
-          `x[i * bs:(i + 1) * bs]` (or a stride, `examples[i::num_gpus]`), inside a tower loop (TFM101) or inside a loop over the
-          devices (`for i in range(num_gpus)`) in a module that builds towers (reported once per
-          loop, at the first slice);
+          `x[i * bs:(i + 1) * bs]` (or a stride, `examples[i::num_gpus]`), inside a tower loop
+          (TFM101) or inside a loop over the devices (`for i in range(num_gpus)`) in a module
+          that builds towers (reported once per loop, at the first slice, naming the loop);
         - round-robin distribution: examples appended to `per_device[i % n]` in a loop over a
           batch unstacked with `tf.unstack` (or in a module that stacks the pieces with
           `tf.parallel_stack`), reported at the loop;
@@ -285,7 +285,8 @@ class ManualBatchSplit(Rule):
     def _loop_words(self, loop: cst.For) -> str:
         line = self.position(loop).start.line
         tower = enclosing_tower(self.context, loop)
-        return f"the tower loop at line {line}" if tower is not None and tower.loop is loop else f"the loop at line {line}"
+        kind = "the tower loop" if tower is not None and tower.loop is loop else "the loop"
+        return f"{kind} at line {line}"
 
     def _report_cuts(self) -> list[BatchSplit]:
         """Batch splits read one piece per device, where TFM105 does not report them (their
