@@ -196,7 +196,15 @@ def is_join(call: cst.Call, imports) -> bool:
 def join_after(context, tower: TowerLoop) -> cst.Call | None:
     """The first join (:func:`is_join`), in the function (or module) with the tower loop and
     outside the loop, that reads what the towers collect (`outputs.append(..)`), directly or
-    through a loop over it (`[concatenate(outs) for outs in outputs_all]`)."""
+    through a loop over it (`[concatenate(outs) for outs in outputs_all]`). Asked by both rules:
+    computed once per tower loop."""
+    joins = context.memo("tower_joins", dict)
+    if id(tower.loop) not in joins:
+        joins[id(tower.loop)] = _join_after(context, tower)
+    return joins[id(tower.loop)]
+
+
+def _join_after(context, tower: TowerLoop) -> cst.Call | None:
     outputs = collected_names(tower.loop)
     owner = tower.owner if tower.owner is not None else context.module
     stack: list[tuple[cst.CSTNode, frozenset]] = [(owner, frozenset())]

@@ -80,4 +80,4 @@ def split_arguments(call: cst.Call) -> tuple[cst.BaseExpression | None, ...]:
 
 
 def is_zero(node: cst.BaseExpression | None) -> bool:
-    return isinstance(node, cst.Integer) and int(node.value, 0) == 0
+    return isinstance(node, cst.Integer) and node.evaluated_value == 0
