@@ -27,13 +27,12 @@ REWRITTEN = [
     "general_enumerate_split_devices", "general_module_level_script", "general_summed_gradients",
     "general_keras_model_towers", "general_inline_average", "general_accumulated_loss",
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
-    "general_inception_regularized",
+    "general_inception_regularized", "general_deepspeech_flags",
 ]
 # Programs that differ from themselves from run to run (the legacy program verified against
 # itself: up to 5e-5 relative after a few Adam steps), so that the bar is wider than that noise.
 NOISY = {"general_tf_gradients_zip": 1e-3}
 REFUSED = {
-    "general_deepspeech_flags": "returned to the caller",
     "general_east_bn_updates": "regularization losses",
     "general_tower_class": "global step `self.global_step` is made outside",
 }
@@ -261,7 +260,7 @@ REFUSALS = {
                 with tf.device('/gpu:%d' % i):
                     tower_grads.append(opt.compute_gradients(model(i)))
             return tower_grads
-    """, "`tower_grads` is returned to the caller"),
+    """, "returned by `towers`, which is not called in this module"),
     "two_loops": ("""
         import tensorflow as tf
         def train(opt, n):
@@ -410,3 +409,66 @@ def test_regularization_losses_are_refused_only_where_they_are_fixed_on_the_firs
     assert finding.fixable is not refused
     if refused:
         assert "makes regularization losses from the first tower's weights only" in finding.refusal
+
+
+CALLER = """
+    import tensorflow as tf
+
+    DEVICES = ['/gpu:0', '/gpu:1']
+
+    def average_gradients(tower_grads):
+        return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+
+    def get_tower_results(opt, parts):
+        tower_grads, tower_losses = [], []
+        for i in range(len(DEVICES)):
+            device = DEVICES[i]
+            with tf.device(device):
+                loss = model(parts[i])
+                tower_losses.append(loss)
+                tower_grads.append(opt.compute_gradients(loss))
+        return tower_grads, tf.reduce_mean(tower_losses)
+
+    def train(parts):
+        tf.reset_default_graph()
+        opt = tf.train.AdamOptimizer(0.001)
+        grads, loss = get_tower_results(opt, parts)
+        global_step = tf.train.get_or_create_global_step()
+        apply_op = opt.apply_gradients(average_gradients(grads),
+                                       global_step=global_step)
+        return apply_op, loss
+"""
+
+
+def test_towers_returned_to_the_one_caller_run_in_its_strategy_and_its_update_is_each_replicas_share():
+    out = fixed(CALLER)
+    # The tower function runs its replicas under whatever strategy its caller opened...
+    assert "tf.distribute.get_strategy().extended.call_for_each_replica(tower_fn)" in out
+    assert "return tower_grads, tf.reduce_mean(tower_losses)" in out
+    # ...the caller makes it, from the towers' own device list, after resetting the graph...
+    assert ("    tf.reset_default_graph()\n"
+            "    strategy = tf.distribute.MirroredStrategy(devices=DEVICES)\n"
+            "    with strategy.scope():\n") in out
+    # ...and keeps averaging as it did; each replica applies 1/N of the average.
+    # (once, outside the replicas: the averaging is not built again by each)
+    assert "grads_and_vars_list = list(average_gradients(grads))\n\n        def apply_share():" in out
+    assert "for g, v in grads_and_vars_list if g is not None]" in out
+    assert "return opt.apply_gradients(share, global_step=global_step)" in out  # one line again
+    assert "apply_op = tf.group(strategy.experimental_local_results(" in out
+
+
+@pytest.mark.parametrize("change, reason", [
+    # Used twice: which call opens the strategy?
+    ("        return apply_op, loss\n", "        get_tower_results(opt, parts)\n        return apply_op, loss\n"),
+    # The device list is the tower function's own: the caller cannot make the strategy from it.
+    ("            device = DEVICES[i]\n", "            device = local_devices[i]\n"),
+])
+def test_towers_returned_to_a_caller_are_refused_where_the_caller_cannot_hold_the_strategy(change, reason):
+    source = CALLER.replace(change, reason)
+    if "local_devices" in reason:
+        source = source.replace("        tower_grads, tower_losses = [], []\n",
+                                "        local_devices = list(DEVICES)\n        tower_grads, tower_losses = [], []\n")
+        source = source.replace("range(len(DEVICES))", "range(len(local_devices))")
+    (finding,) = tower_findings(textwrap.dedent(source))
+    expected = "is used in 2 places" if "local_devices" not in reason else "are computed inside `get_tower_results`"
+    assert not finding.fixable and expected in finding.refusal, finding.refusal

@@ -108,34 +108,50 @@ def plan(rule, tower) -> Edit:
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
-    step = _fresh(module, "tower_fn", "replica_fn")
-    update = _update(rule, region, strategy, tf)
+    caller = _caller(rule, region)
+    if caller is None:
+        update = _update(rule, region, strategy, tf)
+    else:
+        update = _caller_update(rule, region, caller, strategy, tf)
+    scope_region = caller or region
     if update.statements or update.wrapped:
-        _check_training_state(rule, region, update)
+        _check_training_state(rule, scope_region, update)
+    run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
+    region_changes = {id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes}
+    devices = _devices(rule, tower)
+    if caller is not None:
+        _check_devices_visible(rule, region, devices)
+    create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
+    scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
+    prelude = _device_prelude(rule, scope_region, create)
+    region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in prelude)
+    anchor, new_anchor = place_scope(scope_region.loop, scope_region.parents, imports, region_changes, create,
+                                     scope_item, prelude)
+    changes = {anchor: new_anchor}
+    # Edits outside what the strategy scope replaced apply on their own.
+    inside = {id(node) for node in walk(anchor)}
+    nodes = {id(node): node for owner in {id(region.owner): region.owner, id(scope_region.owner): scope_region.owner}.values()
+             for node in walk(owner)}
+    changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
+    _remove_unused_helpers(changes, anchor, tower, module, update)
+    title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
+    return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
+
+
+def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str) -> cst.FlattenSentinel:
+    """What takes the loop's place: the replica function and the strategy's call of it."""
+    loop = region.loop
+    step = _fresh(rule.context.module, "tower_fn", "replica_fn")
     body = _replica_body(rule, tower, region, update, tf)
     shared, unbound = _shared_names(region, body, update)
     function = _replica_function(region, step, body, shared)
-    call = cst.parse_statement(f"{strategy}.extended.call_for_each_replica({step})\n")
+    call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
     replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank)]
     if unbound:
         replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
     replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
-    region_changes = {id(loop): cst.FlattenSentinel(replacement), **update.changes}
-    devices = _devices(rule, tower)
-    create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
-    scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
-    prelude = _device_prelude(rule, region, create)
-    region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in prelude)
-    anchor, new_anchor = place_scope(loop, region.parents, imports, region_changes, create, scope_item, prelude)
-    changes = {anchor: new_anchor}
-    # Edits after the loop but outside what the strategy scope replaced apply on their own.
-    inside = {id(node) for node in walk(anchor)}
-    nodes = {id(node): node for node in walk(region.owner)}
-    changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
-    _remove_unused_helpers(changes, anchor, tower, module, update)
-    title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
-    return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
+    return cst.FlattenSentinel(replacement)
 
 
 # --- the shape ------------------------------------------------------------------------------
@@ -528,7 +544,7 @@ def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
 _GRADIENT_COMPUTATIONS = {"tensorflow.gradients", "tensorflow.GradientTape", "tensorflow.contrib.layers.optimize_loss"}
 
 
-def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
+def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _Region | None = None) -> _Update | None:
     """The code after the loop keeps combining the towers' results as it did (a clip, a
     dict of gradients, a custom total loss); only its optimizer call runs once per replica.
 
@@ -537,17 +553,23 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Updat
     ``opt.minimize(total)`` run by each replica differentiates ``total`` by that replica's copy
     (each tower reads its own), and ``opt.apply_gradients(g)`` of gradients already combined
     applies ``g / N`` from each replica.
+
+    ``region`` holds the update (after the loop, or after the call of the function that builds
+    the towers: ``towers``, whose code after its loop must not compute gradients either).
     """
+    towers = towers or region
     lines = [n for s in region.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
     steps = [(line, call) for line in lines for call in find(line, cst.Call) if _optimizer_step(call)]
     if not steps:
         return None
+    if towers is not region:
+        lines += [n for s in towers.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
     for line in lines:
         for call in find(line, cst.Call):
             if method_call(call, "compute_gradients") or rule.imports.resolve(call.func) in _GRADIENT_COMPUTATIONS:
                 raise Refused(f"line {_line(rule, line)}: gradients are computed after the tower loop, outside the "
                               "replicas: under MirroredStrategy they would see one replica's copy of the weights")
-    for statement in _statements(region.loop.body):
+    for statement in _statements(towers.loop.body):
         if any(_optimizer_step(call) for call in find(statement, cst.Call)):
             raise Refused(f"line {_line(rule, statement)}: each tower updates the model itself as well as the "
                           "update after the loop")
@@ -558,6 +580,64 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Updat
         update.changes[id(line)] = _replica_steps(rule, strategy, tf, region, line, calls, taken)
         update.wrapped.append(line)
     return update
+
+
+# --- towers built by a function whose caller updates ---------------------------------------
+
+
+def _caller(rule, region: _Region) -> _Region | None:
+    """Where the towers' results go when the function with the loop returns them to its one
+    caller, which combines them and updates (DeepSpeech's `get_tower_results`): the region
+    around that call, as the loop's region would be. None when the function updates itself."""
+    owner, module = region.owner, rule.context.module
+    if not isinstance(owner, cst.FunctionDef) or not any(s is owner for s in module.body):
+        return None
+    filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
+    returned = set().union(*(names_used(r) for r in find(owner, cst.Return) if r.value is not None))
+    lines = [n for s in region.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
+    if not filled & returned or any(_optimizer_step(c) for line in lines for c in find(line, cst.Call)):
+        return None
+    name = owner.name.value
+    calls = [c for c in find(module, cst.Call) if isinstance(c.func, cst.Name) and c.func.value == name]
+    uses = references(module, name) - 1  # less the definition
+    if len(calls) != 1 or uses != 1:
+        where = "is not called in this module" if not uses else f"is used in {uses} places"
+        raise Refused(f"the towers' results are returned by `{name}`, which {where}: build the update in the "
+                      "function with the tower loop, or call it once from the function that trains")
+    parents = region.parents
+    statement, caller = calls[0], None
+    while not isinstance(statement, cst.SimpleStatementLine):
+        statement = parents[id(statement)]
+    node = statement
+    while caller is None and node is not module:
+        node = parents[id(node)]
+        caller = node if isinstance(node, cst.FunctionDef) else None
+    if caller is None or caller is owner:
+        raise Refused(f"the towers' results are returned by `{name}` to code outside a function: build the "
+                      "update in the function with the tower loop")
+    return _region(rule.context, statement, caller, rule.imports)
+
+
+def _caller_update(rule, region: _Region, caller: _Region, strategy: str, tf: TfNames) -> _Update:
+    update = _wrapped_update(rule, caller, strategy, tf, towers=region)
+    if update is None:
+        raise Refused(f"the towers' results go back to `{caller.owner.name.value}`, which does not update the model "
+                      "through an optimizer: build the update in the function with the tower loop")
+    update.note = f" (the update stays in `{caller.owner.name.value}`; each replica runs its optimizer call)"
+    return update
+
+
+def _check_devices_visible(rule, region: _Region, devices: str) -> None:
+    """The strategy is made by the caller: its device list must not read the tower function's names."""
+    owner = region.owner
+    local = {p.name.value for p in find(owner.params, cst.Param)} | set().union(
+        *(_bound_names(s) for s in owner.body.body))
+    expression = cst.parse_expression(devices)
+    comprehension_targets = set().union(*(names_used(f.target) for f in find(expression, cst.CompFor)))
+    hidden = sorted((names_used(expression) - comprehension_targets) & local)
+    if hidden:
+        raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
+                      f"`{owner.name.value}`, but the strategy must be made by its caller")
 
 
 def _optimizer_step(call: cst.CSTNode) -> bool:
@@ -595,7 +675,7 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.C
             first = cst.Name(pairs)
         scaled = f"{tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g)"
         share = f"share = [({scaled}, v)\n             for g, v in {code(first)} if g is not None]\n    "
-        call = call.with_changes(args=[call.args[0].with_changes(value=cst.Name("share")), *call.args[1:]])
+        call = call.with_changes(args=[cst.Arg(cst.Name("share")), *call.args[1:]])
         why = "MirroredStrategy sums what the replicas apply: each applies 1/N of these gradients."
         name = _fresh_unique(module, taken, "apply_share")
     else:
@@ -603,13 +683,22 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.C
         why = ("Each replica differentiates the loss by its own copy of the weights;\n"
                "MirroredStrategy sums the copies' gradients into the weight's.")
         name = _fresh_unique(module, taken, "minimize_share")
-    function = cst.parse_statement(f"def {name}():\n    {share}return {code(call)}\n")
+    function = cst.parse_statement(f"def {name}():\n    {share}return {_one_line(call)}\n")
     comments = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in why.split("\n")]
     if before:
         before[0] = before[0].with_changes(leading_lines=comments)
+        function = function.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
     else:
         function = function.with_changes(leading_lines=comments)
     return [*before, function], name
+
+
+def _one_line(call: cst.Call) -> str:
+    """The call's code on one line where its arguments are (a call laid out over several lines
+    keeps its own indentation, which is wrong inside the new function)."""
+    args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=cst.SimpleWhitespace("")) for a in call.args]
+    flat = call.with_changes(args=args, whitespace_before_args=cst.SimpleWhitespace(""))
+    return code(flat) if "\n" not in code(flat) else code(call)
 
 
 def _may_be_iterator(region: _Region, value: cst.BaseExpression) -> bool:
@@ -939,15 +1028,32 @@ def _devices(rule, tower) -> str:
     elif isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
         device = cst.parse_expression(f"{code(device)}.to_string()")
     targets = names_used(loop.target)
+    device = _body_value(loop, device)
     body_bound = set().union(*(_bound_names(s) for s in loop.body.body))
     if names_used(device) & (body_bound - targets):
         return devices_argument(loop)  # computed in the body (a device setter): the loop's own count
+    if (isinstance(device, cst.Subscript) and len(device.slice) == 1 and code(device.slice[0].slice) == code(loop.target)
+            and code(loop.iter) == f"range(len({code(device.value)}))"):
+        return code(device.value)  # `for i in range(len(devices)): device = devices[i]`
     if code(device) == code(loop.target):
         return _indexable(loop.iter) if not isinstance(loop.iter, cst.Call) else f"list({code(loop.iter)})"
     if (isinstance(loop.iter, cst.Call) and code(loop.iter.func) == "enumerate" and isinstance(loop.target, cst.Tuple)
             and code(loop.target.elements[1].value) == code(device)):
         return code(loop.iter.args[0].value)
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression:
+    """A device named in the body (`device = DEVICES[i]`, first statements) is its value."""
+    if not isinstance(device, cst.Name):
+        return device
+    for statement in loop.body.body:
+        small = _single(statement)
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == device.value:
+            return small.value
+        if device.value in _bound_names(statement):
+            break
+    return device
 
 
 def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cst.BaseStatement]:
