@@ -260,7 +260,7 @@ REFUSALS = {
                 with tf.device('/gpu:%d' % i):
                     tower_grads.append(opt.compute_gradients(model(i)))
             return tower_grads
-    """, "returned by `towers`, which is not called in this module"),
+    """, "`tower_grads` is returned to the caller"),
     "two_loops": ("""
         import tensorflow as tf
         def train(opt, n):
@@ -458,7 +458,7 @@ def test_towers_returned_to_the_one_caller_run_in_its_strategy_and_its_update_is
 
 
 @pytest.mark.parametrize("change, reason", [
-    # Used twice: which call opens the strategy?
+    # Called twice: which call would open the strategy?
     ("        return apply_op, loss\n", "        get_tower_results(opt, parts)\n        return apply_op, loss\n"),
     # The device list is the tower function's own: the caller cannot make the strategy from it.
     ("            device = DEVICES[i]\n", "            device = local_devices[i]\n"),
@@ -470,5 +470,6 @@ def test_towers_returned_to_a_caller_are_refused_where_the_caller_cannot_hold_th
                                 "        local_devices = list(DEVICES)\n        tower_grads, tower_losses = [], []\n")
         source = source.replace("range(len(DEVICES))", "range(len(local_devices))")
     (finding,) = tower_findings(textwrap.dedent(source))
-    expected = "is used in 2 places" if "local_devices" not in reason else "are computed inside `get_tower_results`"
+    expected = ("`tower_grads` is returned to the caller" if "local_devices" not in reason
+                else "are computed inside `get_tower_results`")
     assert not finding.fixable and expected in finding.refusal, finding.refusal

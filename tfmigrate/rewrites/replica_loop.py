@@ -587,8 +587,9 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
 
 def _caller(rule, region: _Region) -> _Region | None:
     """Where the towers' results go when the function with the loop returns them to its one
-    caller, which combines them and updates (DeepSpeech's `get_tower_results`): the region
-    around that call, as the loop's region would be. None when the function updates itself."""
+    caller, a function of the module, which combines them and updates (DeepSpeech's
+    `get_tower_results`): the region around that call, as the loop's region would be. None
+    when the function updates itself, or has no such caller."""
     owner, module = region.owner, rule.context.module
     if not isinstance(owner, cst.FunctionDef) or not any(s is owner for s in module.body):
         return None
@@ -599,11 +600,8 @@ def _caller(rule, region: _Region) -> _Region | None:
         return None
     name = owner.name.value
     calls = [c for c in find(module, cst.Call) if isinstance(c.func, cst.Name) and c.func.value == name]
-    uses = references(module, name) - 1  # less the definition
-    if len(calls) != 1 or uses != 1:
-        where = "is not called in this module" if not uses else f"is used in {uses} places"
-        raise Refused(f"the towers' results are returned by `{name}`, which {where}: build the update in the "
-                      "function with the tower loop, or call it once from the function that trains")
+    if len(calls) != 1 or references(module, name) != 2:  # the definition and the one call
+        return None  # used elsewhere too, or not here: no one caller to hold the strategy
     parents = region.parents
     statement, caller = calls[0], None
     while not isinstance(statement, cst.SimpleStatementLine):
@@ -613,8 +611,7 @@ def _caller(rule, region: _Region) -> _Region | None:
         node = parents[id(node)]
         caller = node if isinstance(node, cst.FunctionDef) else None
     if caller is None or caller is owner:
-        raise Refused(f"the towers' results are returned by `{name}` to code outside a function: build the "
-                      "update in the function with the tower loop")
+        return None
     return _region(rule.context, statement, caller, rule.imports)
 
 
