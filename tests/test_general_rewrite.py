@@ -473,3 +473,70 @@ def test_towers_returned_to_a_caller_are_refused_where_the_caller_cannot_hold_th
     expected = ("`tower_grads` is returned to the caller" if "local_devices" not in reason
                 else "are computed inside `get_tower_results`")
     assert not finding.fixable and expected in finding.refusal, finding.refusal
+
+
+def test_an_imported_device_function_of_the_gpu_number_gives_gpu_names():
+    out = fixed(GRADIENTS.replace("with tf.device('/gpu:%d' % i):", "with tf.device(assign_to_gpu(i, '/cpu:0')):")
+                .replace("import tensorflow as tf\n", "import tensorflow as tf\n    from gpu_utils import assign_to_gpu\n"))
+    # `assign_to_gpu(i, ...)` takes the GPU's number: the strategy needs device names.
+    assert "MirroredStrategy(devices=['/gpu:%d' % k for k in range(num_gpus)])" in out
+
+
+def test_environment_settings_stay_above_the_strategy():
+    out = fixed("""
+        import os
+        import tensorflow as tf
+        def train(opt, parts):
+            os.environ['CUDA_VISIBLE_DEVICES'] = '0,1'
+            tower_losses = []
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    tower_losses.append(model(parts[i]))
+            return opt.minimize(tf.add_n(tower_losses) / 2)
+    """)
+    # Making the strategy starts the runtime, which reads the visible devices once.
+    assert ("    os.environ['CUDA_VISIBLE_DEVICES'] = '0,1'\n"
+            "    strategy = tf.distribute.MirroredStrategy(") in out
+
+
+MORE_REFUSALS = {
+    "iterator_loop": ("""
+        import tensorflow as tf
+        def train(opt, parts, devices):
+            tower_losses = []
+            walk = enumerate(devices)
+            for i, device in walk:
+                with tf.device(device):
+                    tower_losses.append(model(parts[i]))
+            return opt.minimize(tf.add_n(tower_losses))
+    """, "walks `walk`, an iterator made before it"),
+    "devices_set_in_a_block": ("""
+        import tensorflow as tf
+        def train(opt, parts, flags):
+            if flags.train:
+                n_gpus = flags.n_gpus
+                tower_losses = []
+                for i in range(n_gpus):
+                    with tf.device('/gpu:%d' % i):
+                        tower_losses.append(model(parts[i]))
+                return opt.minimize(tf.add_n(tower_losses))
+    """, "line 4: the towers' devices read `n_gpus`, set inside the code the strategy scope must cover"),
+    "forward_towers_in_a_training_module": ("""
+        import tensorflow as tf
+        def build(settings, parts):
+            losses = []
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(model(parts[i]))
+            settings['tower_losses'] = losses
+        def train_op(settings):
+            return optimize_loss(tf.add_n(settings['tower_losses']))
+    """, "line 9: `optimize_loss` trains in this module, and the towers' results go where the rewrite cannot follow"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE_REFUSALS))
+def test_rewrites_that_would_run_wrong_are_refused(name):
+    code, reason = MORE_REFUSALS[name]
+    (finding,) = tower_findings(textwrap.dedent(code))
+    assert not finding.fixable and reason in finding.refusal, finding.refusal

@@ -648,13 +648,27 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=())
         body = list(node.body.visit(ReplaceById(region)).body)
         before = body[:1] if body and _is_docstring(body[0]) else []
         rest = body[len(before):]
-        # `tf.reset_default_graph()` first: a strategy scope must not be open when it runs.
-        while rest and only_call(rest[0]) is not None and method_call(only_call(rest[0]), "reset_default_graph"):
+        while rest and _runs_before_strategy(rest[0]):
             before, rest = [*before, rest[0]], rest[1:]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
         return node, node.with_changes(body=node.body.with_changes(body=[*before, *creates, scoped]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
+
+
+def _runs_before_strategy(statement: cst.CSTNode) -> bool:
+    """Leading statements that stay above the strategy: `tf.reset_default_graph()` (a strategy
+    scope must not be open when it runs), imports, and settings of the environment such as
+    `os.environ['CUDA_VISIBLE_DEVICES'] = ...` (making the strategy starts the runtime, which
+    reads them once)."""
+    if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom))
+                                                               for s in statement.body):
+        return True
+    call = only_call(statement)
+    if call is not None and method_call(call, "reset_default_graph"):
+        return True
+    text = code(statement)
+    return isinstance(statement, cst.SimpleStatementLine) and ("os.environ" in text or "putenv" in text)
 
 
 def _graph_items(node: cst.With, imports) -> tuple[list[int], list[int]]:

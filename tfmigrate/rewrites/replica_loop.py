@@ -106,6 +106,9 @@ def plan(rule, tower) -> Edit:
     check_tower(context, tower)
     _check_body(loop)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
+    if _may_be_iterator(region, loop.iter) and not isinstance(loop.iter, cst.Call):
+        raise Refused(f"the tower loop walks `{code(loop.iter)}`, an iterator made before it: the replicas need "
+                      "a list they can index (`list(...)`)")
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     caller = _caller(rule, region)
@@ -459,7 +462,8 @@ def _drop_average(region: _Region, update: _Update, average: _Average, item: _Co
         update.helper = average.helper  # its one call moved into the replica, without it
         return
     went_ids = {id(s) for s in (average.statement, average.init) if s is not None}
-    readers = [s for s in _outside(region) if id(s) not in went_ids and id(s) not in update.changes
+    after = region.following[_index(region.following, average.statement) + 1:]  # what can read the average
+    readers = [s for s in after if id(s) not in went_ids and id(s) not in update.changes
                and _mentions(s, average.argument)]
     if readers:
         update.note = " (the averaged gradients stay for the code after the loop that reads them)"
@@ -565,10 +569,9 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
     if towers is not region:
         lines += [n for s in towers.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
     for line in lines:
-        for call in find(line, cst.Call):
-            if method_call(call, "compute_gradients") or rule.imports.resolve(call.func) in _GRADIENT_COMPUTATIONS:
-                raise Refused(f"line {_line(rule, line)}: gradients are computed after the tower loop, outside the "
-                              "replicas: under MirroredStrategy they would see one replica's copy of the weights")
+        if _training_call(rule, line, _computes_gradients) is not None:
+            raise Refused(f"line {_line(rule, line)}: gradients are computed after the tower loop, outside the "
+                          "replicas: under MirroredStrategy they would see one replica's copy of the weights")
     for statement in _statements(towers.loop.body):
         if any(_optimizer_step(call) for call in find(statement, cst.Call)):
             raise Refused(f"line {_line(rule, statement)}: each tower updates the model itself as well as the "
@@ -698,6 +701,9 @@ def _one_line(call: cst.Call) -> str:
     return code(flat) if "\n" not in code(flat) else code(call)
 
 
+_ITERATORS = ("zip", "map", "filter", "iter", "enumerate", "reversed")
+
+
 def _may_be_iterator(region: _Region, value: cst.BaseExpression) -> bool:
     """Whether the pairs handed to `apply_gradients` may be an iterator (`zip(...)` bound to a name)."""
     if isinstance(value, (cst.List, cst.ListComp, cst.Tuple)):
@@ -708,7 +714,7 @@ def _may_be_iterator(region: _Region, value: cst.BaseExpression) -> bool:
     for node in find(region.owner, cst.Assign):
         if any(code(t.target) == name for t in node.targets):
             if isinstance(node.value, cst.GeneratorExp) or (
-                    isinstance(node.value, cst.Call) and code(node.value.func) in ("zip", "map", "filter", "iter")):
+                    isinstance(node.value, cst.Call) and code(node.value.func) in _ITERATORS):
                 return True
     return False
 
@@ -717,16 +723,59 @@ def _forward_only(rule, region: _Region) -> _Update:
     """Towers that only compute (predictions, an evaluation) need no update moved, as long as
     nothing trains on what they make: a training step left outside the replicas would fail."""
     for statement in [*_statements(region.loop.body), *region.following]:
-        for call in find(statement, cst.Call):
-            if _trains(rule, call):
-                raise Refused(f"line {_line(rule, statement)}: the towers' gradients or losses reach "
-                              f"`{code(call.func)}` in a shape the rewrite does not know")
+        call = _training_call(rule, statement)
+        if call is not None:
+            raise Refused(f"line {_line(rule, statement)}: the towers' gradients or losses reach "
+                          f"`{code(call.func)}` in a shape the rewrite does not know")
     filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
     returned = set().union(*(names_used(r) for r in find(region.owner, cst.Return) if r.value is not None))
     if filled & returned:  # the caller may train on them, or open its own strategy: neither can be seen here
         raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to the "
                       "caller: build the update (or use the results) in the function with the tower loop")
+    # Results can also leave through an argument, a dict, an attribute or a collection: where
+    # anything in the module trains, it may train on them outside the replicas.
+    trainer = next((c for c in find(rule.context.module, cst.Call) if _trains(rule, c)), None)
+    if trainer is not None and _results_leave(region):
+        raise Refused(f"line {_line(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
+                      "results go where the rewrite cannot follow them (an update it does not know, or storage other "
+                      "functions read): build the update after the tower loop with an optimizer")
     return _Update([], note=" (the towers only compute: nothing to update)")
+
+
+def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset()) -> cst.Call | None:
+    """The first call under ``node`` that trains (or passes another ``test``), looking into the
+    module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss)."""
+    test = test or _trains
+    functions = {s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)}
+    for call in find(node, cst.Call):
+        if test(rule, call):
+            return call
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        if name in functions and name not in seen and _training_call(rule, functions[name], test, seen | {name}):
+            return call
+    return None
+
+
+def _computes_gradients(rule, call: cst.Call) -> bool:
+    return method_call(call, "compute_gradients") or rule.imports.resolve(call.func) in _GRADIENT_COMPUTATIONS
+
+
+def _results_leave(region: _Region) -> bool:
+    """Whether the loop or the code after it stores anything where other functions can read it:
+    an attribute or an item of something (`self.x = ...`, `settings['x'] = ...`), a collection."""
+    owner = region.owner
+    local = set().union(*(_bound_names(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
+    for statement in [region.loop.body, *region.following]:
+        for node in _own_nodes(statement):
+            if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.target, (cst.Attribute, cst.Subscript)):
+                base = node.target
+                while isinstance(base, (cst.Attribute, cst.Subscript)):
+                    base = base.value
+                if not (isinstance(base, cst.Name) and base.value in local):  # a local dict's item stays here
+                    return True
+            if isinstance(node, cst.Call) and code(node.func).endswith("add_to_collection"):
+                return True
+    return False
 
 
 def _check_training_state(rule, region: _Region, update: _Update) -> None:
@@ -782,8 +831,14 @@ def _fixed_regularization(rule, module: cst.Module) -> cst.CSTNode | None:
     return None
 
 
+# What trains: optimizer steps, gradients, and the names projects give their own training helpers
+# (`optimize_loss`, an `Optimizer` class, `register_gradients` / `apply_updates`).
+_TRAINING_METHODS = ("minimize", "apply_gradients", "compute_gradients", "register_gradients", "apply_updates")
+
+
 def _trains(rule, call: cst.Call) -> bool:
-    return (any(method_call(call, m) for m in ("minimize", "apply_gradients", "compute_gradients"))
+    name = code(call.func).rsplit(".", 1)[-1]
+    return (any(method_call(call, m) for m in _TRAINING_METHODS) or name == "optimize_loss" or name.endswith("Optimizer")
             or rule.imports.resolve(call.func) in {"tensorflow.gradients", "tensorflow.GradientTape"})
 
 
@@ -1021,7 +1076,9 @@ def _devices(rule, tower) -> str:
         raise Refused("cannot tell the towers' devices")
     device = tower.scopes[0].device
     if isinstance(device, cst.Call) and isinstance(device.func, cst.Name) and device.args:
-        device = device.args[0].value  # a device function of the module: `assign_to_device('/gpu:%d' % i, ...)`
+        device = device.args[0].value  # a device function: `assign_to_device('/gpu:%d' % i, ...)`
+        if _is_range_index(loop, device):  # `assign_to_gpu(i, ps_device)`: the GPU's number, not its name
+            return devices_argument(loop)
     elif isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
         device = cst.parse_expression(f"{code(device)}.to_string()")
     targets = names_used(loop.target)
@@ -1038,6 +1095,12 @@ def _devices(rule, tower) -> str:
             and code(loop.target.elements[1].value) == code(device)):
         return code(loop.iter.args[0].value)
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _is_range_index(loop: cst.For, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is the index of `for i in range(...)`."""
+    return (isinstance(node, cst.Name) and isinstance(loop.target, cst.Name) and node.value == loop.target.value
+            and isinstance(loop.iter, cst.Call) and code(loop.iter.func) in ("range", "xrange"))
 
 
 def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression:
@@ -1067,7 +1130,25 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
                               "graph; name the device list before the graph is built")
             prelude.insert(0, statement)
             needed |= names_used(statement)
+    _check_bound_before(rule, owner, create, prelude)
     return prelude
+
+
+def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, prelude: list) -> None:
+    """The strategy is made before what its scope covers: the device list must not read a name
+    that code there binds (`n_gpus = FLAGS.n_gpus` inside an `if` above the loop)."""
+    if not isinstance(owner, (cst.With, cst.FunctionDef)):
+        return
+    expression = create.body[0].value
+    targets = set().union(*(names_used(f.target) for f in find(expression, cst.CompFor)))
+    moved = {id(s) for s in prelude}
+    covered = [s for s in owner.body.body if id(s) not in moved]
+    late = (names_used(expression) - targets) & set().union(*(_bound_names(s) for s in covered))
+    if late:
+        binding = next(s for s in _statements(owner) if _bound_names(s) & late and id(s) not in moved)
+        raise Refused(f"line {_line(rule, binding)}: the towers' devices read "
+                      f"{', '.join(f'`{n}`' for n in sorted(late))}, set inside the code the strategy scope must "
+                      "cover; set it before that code (or at the top of the function)")
 
 
 def _remove_unused_helpers(changes: dict, anchor, tower, module: cst.Module, update: _Update) -> None:
