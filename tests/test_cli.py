@@ -36,12 +36,12 @@ def write(root: Path, name: str, text: str | bytes) -> Path:
     return path
 
 
-def run(args: list[str], cwd: Path):
+def run(args: list[str], cwd: Path, stdin: str | None = None):
     runner = CliRunner()
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        return runner.invoke(app, args, catch_exceptions=False)
+        return runner.invoke(app, args, input=stdin, catch_exceptions=False)
     finally:
         os.chdir(old)
 
@@ -264,3 +264,145 @@ def test_summary_counts_safe_and_unsafe_fixes_in_words():
         "Found 3 findings (2 files checked). [*] 1 fixable with `tfmigrate fix --write`. "
         "1 more fixable with `tfmigrate fix --write --unsafe-fixes`."
     )
+
+
+# --- issue 16: stdin, select, exit-zero, NO_COLOR, error locations -----------------------------
+FIXABLE = "import tensorflow as tf\nit = dataset.make_one_shot_iterator()\n"  # a safe TFM305 fix
+FIXED = "import tensorflow as tf\nit = tf.compat.v1.data.make_one_shot_iterator(dataset)\n"
+UNPARSABLE = FIXABLE + "\n\ndef broken(:\n    pass\n"  # line 5, column 12
+
+
+def _cli(args: list[str], cwd: Path, stdin: str | None = None, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tfmigrate", *args], input=stdin, capture_output=True, text=True, cwd=cwd,
+        env={**os.environ, "TFMIGRATE_CACHE_DIR": str(cwd / ".cache"), **env},
+    )
+
+
+def test_check_reads_stdin_under_the_stdin_filename(tmp_path):
+    write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\nper-file-ignores = { "tests/*" = ["TFM305"] }\n')
+    for args in (["check", "-", "--stdin-filename", "src/model.py"], ["check", "--stdin-filename", "src/model.py"]):
+        result = _cli(args, tmp_path, FIXABLE)  # the fast path
+        assert result.returncode == 1, result.stderr
+        assert result.stdout.startswith("src/model.py:2:6: TFM305"), result.stdout
+        assert "2 | it = dataset.make_one_shot_iterator()" in result.stdout
+    # Configured as the name says: per-file ignores apply; Typer's path answers the same.
+    assert _cli(["check", "-", "--stdin-filename", "tests/t.py"], tmp_path, FIXABLE).returncode == 0
+    outcome = run(["check", "--format", "json", "--stdin-filename", "src/model.py", "--jobs", "1", "-"], tmp_path, FIXABLE)
+    [finding] = json.loads(outcome.stdout)
+    assert finding["filename"] == str(tmp_path / "src" / "model.py") and finding["code"] == "TFM305"
+    assert not (tmp_path / "src").exists()  # nothing written, nothing looked up on disk
+    assert _cli(["check", "-"], tmp_path, FIXABLE).stdout.startswith("-:2:6: TFM305")
+    mixed = _cli(["check", "-", "other.py"], tmp_path, FIXABLE)
+    assert mixed.returncode == 2 and "cannot be mixed" in mixed.stderr
+
+
+def test_fix_reads_stdin_and_writes_the_fixed_code_to_stdout(tmp_path):
+    result = _cli(["fix", "-", "--stdin-filename", "model.py"], tmp_path, FIXABLE)
+    assert result.returncode == 0 and result.stdout == FIXED, result.stderr
+    assert "Fixed 1 finding" in result.stderr and not (tmp_path / "model.py").exists()
+    # Nothing to fix, or a file that cannot be fixed: the input comes back as it was.
+    assert _cli(["fix", "-"], tmp_path, "x = 1\n").stdout == "x = 1\n"
+    broken = _cli(["fix", "-"], tmp_path, UNPARSABLE)
+    assert broken.returncode == 2 and broken.stdout == UNPARSABLE and "-: error: syntax error" in broken.stderr
+    # --format json reports what remains on stderr: stdout is the code.
+    report = _cli(["fix", "-", "--format", "json", "--select", "TFM3"], tmp_path, FIXABLE)
+    assert report.stdout == FIXED and json.JSONDecoder().raw_decode(report.stderr)[0] == []
+
+
+def test_select_on_the_command_line_overrides_ignore_in_the_config(tmp_path):
+    write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\nignore = ["TFM305", "TFM1"]\n')
+    write(tmp_path, "a.py", FIXABLE)
+    assert json_check(["."], tmp_path) == (0, [])
+    code, data = json_check(["--select", "TFM305", "."], tmp_path)
+    assert code == 1 and [d["code"] for d in data] == ["TFM305"]
+    assert _cli(["check", "--select", "TFM3", "."], tmp_path).returncode == 1  # the fast path too
+    assert json_check(["--select", "TFM3", "--ignore", "TFM305", "."], tmp_path) == (0, [])  # --ignore still adds
+
+
+def test_select_and_ignore_accept_rule_names(tmp_path):
+    write(tmp_path, "a.py", FIXABLE + TOWER)
+    code, data = json_check(["--select", "dataset-iterator", "."], tmp_path)
+    assert code == 1 and {d["code"] for d in data} == {"TFM305"}
+    code, data = json_check(["--select", "TFM", "--ignore", "Manual-Tower-Loop,dataset-iterator", "."], tmp_path)
+    assert "TFM101" not in {d["code"] for d in data} and "TFM305" not in {d["code"] for d in data}
+    write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\nselect = ["manual-tower-loop"]\n')
+    assert {d["code"] for d in json_check(["."], tmp_path)[1]} == {"TFM101"}
+    bad = run(["check", "--select", "no-such-rule", "."], tmp_path)
+    assert bad.exit_code == 2 and "unknown rule code" in bad.stderr
+
+
+def test_exit_zero_also_covers_files_that_cannot_be_checked(tmp_path):
+    write(tmp_path, "bad.py", UNPARSABLE)
+    write(tmp_path, "good.py", FIXABLE)
+    assert _cli(["check", "."], tmp_path).returncode == 2
+    result = _cli(["check", "--exit-zero", "."], tmp_path)
+    assert result.returncode == 0 and "bad.py: error: syntax error at line 5" in result.stderr
+    assert run(["check", "--exit-zero", "--no-cache", "."], tmp_path).exit_code == 0
+    assert run(["check", "--exit-zero", "--select", "XYZ9", "."], tmp_path).exit_code == 2  # usage errors stay
+
+
+def test_fix_accepts_no_cache_format_statistics_and_exit_zero(tmp_path):
+    write(tmp_path, "a.py", FIXABLE + TOWER)
+    write(tmp_path, "bad.py", UNPARSABLE)
+    result = run(["fix", "--no-cache", "--format", "json", "."], tmp_path)
+    data = json.loads(result.stdout)  # the findings that remain after the fix, and the errors: no diff
+    assert result.exit_code == 2 and "TFM101" in {d["code"] for d in data}
+    [error] = [d for d in data if d["code"] is None]
+    assert error["location"] == {"column": 12, "row": 5} and error["filename"].endswith("bad.py")
+    result = run(["fix", "--statistics", "a.py"], tmp_path)
+    assert result.exit_code == 1 and "TFM101" in result.stdout and "---" not in result.stdout
+    assert run(["fix", "--exit-zero", "."], tmp_path).exit_code == 0
+    assert run(["fix", "--format", "xml", "."], tmp_path).exit_code == 2
+    assert (tmp_path / "a.py").read_text() == FIXABLE + TOWER  # no --write: nothing written
+
+
+def test_json_github_and_sarif_give_the_line_of_a_parse_error(tmp_path):
+    write(tmp_path, "bad.py", UNPARSABLE)
+    code, data = json_check(["bad.py"], tmp_path)
+    assert code == 2 and data[0]["location"] == {"column": 12, "row": 5} == data[0]["end_location"]
+    github = run(["check", "--format", "github", "bad.py"], tmp_path).stdout
+    assert "file=bad.py,line=5,col=12::syntax error" in github
+    sarif = json.loads(run(["check", "--format", "sarif", "bad.py"], tmp_path).stdout)
+    [note] = sarif["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert note["locations"][0]["physicalLocation"]["region"] == {"startLine": 5, "startColumn": 12}
+
+
+def _on_a_terminal(args: list[str], cwd: Path, **env) -> bytes:
+    """Everything the command writes to a pseudo-terminal (stdout and stderr both)."""
+    import pty
+
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfmigrate", *args], stdin=follower, stdout=follower, stderr=follower, cwd=cwd,
+        env={**os.environ, "TFMIGRATE_CACHE_DIR": str(cwd / ".cache"), "COLUMNS": "120", **env},
+    )
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the other side closed
+            break
+        if not chunk:
+            break
+        output += chunk
+    process.wait()
+    os.close(leader)
+    return output
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal")
+def test_no_color_writes_no_escape_code_on_a_terminal(tmp_path):
+    for n in range(45):  # enough files for worker processes and a progress bar
+        write(tmp_path, f"m{n:02}.py", FIXABLE)
+    write(tmp_path, "bad.py", UNPARSABLE)
+    commands = [
+        ["check", "--no-cache", "."], ["check", "--statistics", "."], ["fix", "."], ["fix", "--write", "m00.py"],
+        ["explain", "TFM101"], ["rules"], ["check", "--bogus"],
+    ]
+    colored = _on_a_terminal(["check", "--no-cache", "."], tmp_path, NO_COLOR="")
+    assert b"\x1b[" in colored  # the test's terminal does get colour without NO_COLOR
+    for args in commands:
+        output = _on_a_terminal(args, tmp_path, NO_COLOR="1")
+        assert output and b"\x1b" not in output, (args, output[:300])

@@ -107,3 +107,54 @@ def test_killed_fix_leaves_old_or_new_files(tmp_path):
     print("kills: (old, new, temp files) =", outcomes)
     # The kills did land while files were being written.
     assert sum(0 < new < FILES for _, new, _ in outcomes) >= 2, outcomes
+
+
+# --- Ctrl-C ------------------------------------------------------------------------------------
+BIG_FILES = 300
+PADDING = "".join(f"def helper_{k}(x):\n    return x * {k} + (x - {k}) / 2\n\n\n" for k in range(60))
+
+
+@pytest.mark.parametrize("whom", ["group", "parent"])
+def test_ctrl_c_stops_within_a_second_and_says_how_many_were_written(tmp_path, whom):
+    """SIGINT to the whole process group (Ctrl-C in a terminal) or to the parent only (`kill
+    -INT`) during `fix --write` over a large tree: the run ends within a second (two allowed
+    here, on shared CI cores), each file is its old or its new version, no temporary file is
+    left, and the count printed is the number of files rewritten."""
+    folder = tmp_path / "tree"
+    folder.mkdir()
+    for n in range(BIG_FILES):
+        (folder / f"m{n:03}.py").write_text(ORIGINAL.format(n=n) + PADDING)
+    env = {**os.environ, "TFMIGRATE_CACHE_DIR": str(tmp_path / "cache")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfmigrate", "fix", "--write", "--jobs", "2", str(folder)], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        # A shell running the tests in the background leaves SIGINT ignored: a terminal would not.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 60
+    while process.poll() is None and time.monotonic() < deadline:
+        if (folder / "m000.py").read_text() != ORIGINAL.format(n=0) + PADDING:
+            break
+        time.sleep(0.005)
+    time.sleep(0.2)
+    assert process.poll() is None, "the run ended before it could be interrupted"
+    sent = time.monotonic()
+    if whom == "group":
+        os.killpg(process.pid, signal.SIGINT)
+    else:
+        os.kill(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    took = time.monotonic() - sent
+    _wait_for_group_gone(process.pid)
+    print(f"stopped {took:.2f} s after SIGINT ({whom})")
+    assert took < 2.0, (took, stderr)
+    assert process.returncode == 130, stderr
+    new = 0
+    for n in range(BIG_FILES):
+        text = (folder / f"m{n:03}.py").read_text()
+        assert text in (ORIGINAL.format(n=n) + PADDING, FIXED.format(n=n) + PADDING), f"m{n:03}.py is half-fixed"
+        new += text.startswith(FIXED.format(n=n))
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".py")) == []
+    assert 0 < new < BIG_FILES
+    assert f"Interrupted: {new} file(s) written" in stderr, stderr
+    assert "Traceback" not in stderr, stderr

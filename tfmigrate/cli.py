@@ -13,7 +13,7 @@ from tfmigrate.discovery import discover
 from tfmigrate.findings import FileResult
 from tfmigrate.registry import all_rules, catalog, rule_by_code
 from tfmigrate.reporters import (
-    FORMATS, PlainConsole, plain_stream, render_text, statistics_table, summary_line, write_machine,
+    FORMATS, PlainConsole, no_color, plain_stream, render_text, statistics_table, summary_line, write_machine,
 )
 from tfmigrate.runner import check_file
 
@@ -32,14 +32,15 @@ EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 def _stdout() -> Console:
     from rich.console import Console
 
-    return Console(soft_wrap=True)
+    # NO_COLOR: rich would still write bold and other styles; no colour system writes none.
+    return Console(soft_wrap=True, **({"color_system": None} if no_color() else {}))
 
 
 def stderr_console() -> Console:
     """A rich console on stderr (messages, progress), shared by every command."""
     from rich.console import Console
 
-    return Console(stderr=True, soft_wrap=True)
+    return Console(stderr=True, soft_wrap=True, **({"color_system": None} if no_color() else {}))
 
 
 def _text_out(stderr: bool = False) -> Console | PlainConsole:
@@ -54,8 +55,15 @@ def _text_out(stderr: bool = False) -> Console | PlainConsole:
 def _split_codes(values: Optional[List[str]]) -> list[str]:
     codes: list[str] = []
     for value in values or []:
-        codes += [c.strip().upper() for c in value.split(",") if c.strip()]
+        codes += [_code_of(c.strip()) for c in value.split(",") if c.strip()]
     return codes
+
+
+def _code_of(code_or_name: str) -> str:
+    """A rule code or prefix as given, or the code of the rule named so (`manual-tower-loop`),
+    as `explain` accepts."""
+    name = code_or_name.lower()
+    return next((info.code for info in catalog() if info.name == name), code_or_name.upper())
 
 
 def _known_prefix(code: str) -> bool:
@@ -80,18 +88,21 @@ def build_config(
     paths: list[str], select: Optional[List[str]], ignore: Optional[List[str]], config_file: Optional[str],
     target: Optional[str] = None, *, use_cache: bool = False,
 ) -> Config:
-    """Config from pyproject.toml, with the command line on top (``--select`` replaces,
-    ``--ignore`` adds, as in ruff). Raises ConfigError on nonsense. ``use_cache``: take the
+    """Config from pyproject.toml, with the command line on top, as in ruff: ``--select``
+    replaces the file's ``select`` and ``ignore`` (per-file ignores stay), ``--ignore`` adds.
+    Rule names stand for their codes. Raises ConfigError on nonsense. ``use_cache``: take the
     rule catalog from the cache folder (see ``install_catalog``)."""
     config = load_config(paths, config_file)
     if use_cache:
         install_catalog(config)
     selected, ignored = _split_codes(select), _split_codes(ignore)
-    for code in selected + ignored + config.select + config.ignore:
+    config.select, config.ignore = _split_codes(config.select), _split_codes(config.ignore)
+    config.per_file_ignores = {pattern: _split_codes(codes) for pattern, codes in config.per_file_ignores.items()}
+    for code in selected + ignored + config.select + config.ignore + sum(config.per_file_ignores.values(), []):
         if not _known_prefix(code):
             raise ConfigError(f"unknown rule code or prefix: {code} (see `tfmigrate rules`)")
     if selected:
-        config.select = selected
+        config.select, config.ignore = selected, []
     config.ignore = config.ignore + ignored
     if target is not None:
         if target not in TARGETS:
@@ -100,89 +111,67 @@ def build_config(
     return config
 
 
-# Below this many files a worker pool costs more to start than it saves.
-PARALLEL_MIN_FILES = 40
+def _progress_bar(label: str, total: int, quiet: bool):
+    """A rich progress bar on a terminal, when colour is allowed (it moves the cursor with
+    escape codes); None elsewhere."""
+    if quiet or total <= 1 or no_color() or not sys.stderr.isatty():
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-
-def default_jobs() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # the cores this process may use (containers, taskset)
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def _run_chunk(work, paths: list[str], config: Config) -> list:
-    return [work(path, config) for path in paths]
-
-
-def _fork_context():
-    """Workers forked from this process start at once, with the rules already imported;
-    spawned ones would import everything again (about a second each). macOS and Windows get
-    their platform default."""
-    import multiprocessing
-
-    if sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    return None
+    return Progress(
+        TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=stderr_console(), transient=True,
+    )
 
 
 def run_files(
     files: list[str], config: Config, work, *, quiet: bool, label: str = "Checking", jobs: int | None = None,
+    on_crash=None,
 ) -> list:
     """Run ``work(path, config)`` over the files, in worker processes when there are enough of
-    them, with a progress bar on a terminal only. Results come back in the order of ``files``.
+    them (see :mod:`tfmigrate.workers`: a crashed worker costs only its own file, Ctrl-C raises
+    ``Interrupted`` with what was finished), with a progress bar on a terminal only. Results
+    come back in the order of ``files``.
 
     ``work`` must be picklable (a module-level function or a ``functools.partial`` of one) and
-    return plain data: workers send back results, never syntax trees.
+    return plain data: workers send back results, never syntax trees. ``on_crash(path, why)``:
+    the result for a file whose worker process died (default: a ``FileResult`` error).
     """
-    jobs = max(1, jobs or default_jobs())
-    show_progress = not quiet and sys.stderr.isatty() and len(files) > 1
-    pool = None
-    futures: dict = {}
-    if jobs > 1 and len(files) > PARALLEL_MIN_FILES:
-        from concurrent.futures import ProcessPoolExecutor
+    from tfmigrate import workers
 
-        from tfmigrate import runner
+    jobs = max(1, jobs or workers.default_jobs())
+    progress = _progress_bar(label, len(files), quiet)
+    task = progress.add_task(label, total=len(files)) if progress is not None else None
 
-        runner.enabled_rules(config)  # import the rules here, once, before the workers fork
-        # Small chunks balance the load; not too small, each is a round trip to a worker.
-        size = max(1, min(50, len(files) // (jobs * 8)))
-        chunks = [files[i:i + size] for i in range(0, len(files), size)]
-        pool = ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_fork_context())
-        # Submitting starts the workers, before the progress bar starts its thread: forking a
-        # process that runs threads can deadlock the child.
-        futures = {pool.submit(_run_chunk, work, chunk, config): index for index, chunk in enumerate(chunks)}
+    def advance(count: int) -> None:
+        if task is not None:
+            progress.advance(task, count)
 
-    progress = contextlib.nullcontext()
-    if show_progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    @contextlib.contextmanager
+    def pause():  # no progress thread while forking (a lock held by it would stay held in the child)
+        if progress is not None:
+            progress.stop()
+        try:
+            yield
+        finally:
+            if progress is not None:
+                progress.start()
 
-        progress = Progress(
-            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=stderr_console(), transient=True,
-        )
-    with progress:
-        task = progress.add_task(label, total=len(files)) if show_progress else None
+    crashed = on_crash or (lambda path, why: FileResult(path=path, error=f"the process checking it died ({why}); not checked"))
+    with progress if progress is not None else contextlib.nullcontext():
+        if jobs > 1 and len(files) > workers.PARALLEL_MIN_FILES:
+            from tfmigrate import runner
 
-        def advance(count: int) -> None:
-            if task is not None:
-                progress.advance(task, count)
-
-        if pool is None:
-            results = []
-            for path in files:
-                results.append(work(path, config))
+            runner.enabled_rules(config)  # import the rules here, once, before the workers fork
+            return workers.run_pool(files, config, work, jobs, advance, crashed, pause)
+        results: list = [None] * len(files)
+        try:
+            for index, path in enumerate(files):
+                results[index] = work(path, config)
                 advance(1)
-            return results
-        from concurrent.futures import as_completed
-
-        with pool:
-            done: dict[int, list] = {}
-            for future in as_completed(futures):
-                chunk_results = future.result()
-                done[futures[future]] = chunk_results
-                advance(len(chunk_results))
-        return [result for index in range(len(done)) for result in done[index]]
+        except KeyboardInterrupt:
+            raise workers.Interrupted(results, sum(1 for r in results if getattr(r, "written", False))) from None
+        return results
 
 
 def check_files(
@@ -218,57 +207,113 @@ def print_notes(results, err: Console) -> None:
             err.print(f"{result.path}: note: {note}", highlight=False, markup=False)
 
 
+def print_skipped(skipped: list[tuple[str, str]], err) -> None:
+    """What the walk of a folder left alone (a symlink loop...): one line each."""
+    for path, why in skipped:
+        err.print(f"{path}: warning: {why}", highlight=False, markup=False)
+
+
+def print_errors(errors: list[tuple[str, str]], err) -> None:
+    for path, message in errors:
+        err.print(f"{path}: error: {message}", highlight=False, markup=False)
+
+
+def report(
+    findings: list, errors: list[tuple[str, str]], *, output_format: str, statistics: bool, quiet: bool,
+    show_source: bool = True, summary: str | None = None, lines_of: dict | None = None, to_stderr: bool = False,
+) -> None:
+    """Findings and per-file errors in the chosen format on stdout (``to_stderr``: on stderr,
+    when stdout carries `fix -`'s code), errors one line each on stderr as well (CI logs show
+    them); the summary line under the text report."""
+    err = _text_out(stderr=True)
+    if output_format != "text":
+        write_machine(output_format, findings, errors, sys.stderr if to_stderr else sys.stdout)
+    elif statistics:
+        if findings:
+            (stderr_console() if to_stderr else _stdout()).print(statistics_table(findings))
+    else:
+        out = _text_out(stderr=to_stderr)
+        render_text(findings, [], out, show_source=show_source and not quiet, lines_of=lines_of)
+        print_errors(errors, err)
+        if summary is not None and not quiet:
+            out.print(summary, highlight=False, markup=False)
+        return
+    print_errors(errors, err)
+
+
+def stdin_path(paths: Optional[List[str]], stdin_filename: Optional[str]) -> str | None:
+    """The name stdin's content is reported under (``-`` as a path, or ``--stdin-filename``
+    alone, as in ruff), or None when the paths name files. ValueError: ``-`` among others."""
+    if paths and "-" in paths and len(paths) > 1:
+        raise ValueError("`-` (standard input) cannot be mixed with other paths")
+    if paths == ["-"] or (not paths and stdin_filename):
+        return stdin_filename or "-"
+    return None
+
+
+def read_stdin(name: str, config: Config, force_exclude: bool) -> tuple[bytes, bool]:
+    """Standard input's bytes, and whether ``--force-exclude`` excludes the name they stand for."""
+    raw = sys.stdin.buffer.read()
+    return raw, force_exclude and not discover([name], config, force_exclude=True, virtual=True).files
+
+
+def _check_stdin(name: str, config: Config, force_exclude: bool) -> tuple[list[FileResult], dict]:
+    from tfmigrate.runner import check_bytes
+    from tfmigrate.source import split_lines
+
+    raw, excluded = read_stdin(name, config, force_exclude)
+    if excluded:
+        return [], {}
+    lines = {name: split_lines(raw.decode("utf-8", errors="replace"))}
+    return [check_bytes(name, raw, config)], ({} if name.endswith(".ipynb") else lines)
+
+
 def run_check(
     paths: Optional[List[str]] = None, output_format: str = "text", select: Optional[List[str]] = None,
     ignore: Optional[List[str]] = None, statistics: bool = False, quiet: bool = False, show_source: bool = True,
     exit_zero: bool = False, target: Optional[str] = None, config_file: Optional[str] = None,
     force_exclude: bool = False, jobs: Optional[int] = None, no_cache: bool = False,
+    stdin_filename: Optional[str] = None,
 ) -> int:
     """`tfmigrate check`; returns the exit status (the Typer command and the fast path in
-    `main()` both call this)."""
-    paths = paths or ["."]
+    `main()` both call this). ``exit_zero``: 0 even with findings or files that could not be
+    checked (usage errors stay 2)."""
     err = _text_out(stderr=True)
     if output_format not in FORMATS:
         err.print(f"error: --format must be one of {', '.join(FORMATS)}")
         return EXIT_ERROR
     try:
-        config = build_config(paths, select, ignore, config_file, target, use_cache=not no_cache)
-    except ConfigError as exc:
+        stdin = stdin_path(paths, stdin_filename)
+        paths = [stdin] if stdin is not None else paths or ["."]
+        config = build_config(paths, select, ignore, config_file, target, use_cache=not no_cache and stdin is None)
+    except (ConfigError, ValueError) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         return EXIT_ERROR
-    found = discover(paths, config, force_exclude=force_exclude)
-    results = check_files(
-        found.files, config, quiet=quiet or output_format != "text", jobs=jobs, use_cache=not no_cache
-    )
+    missing: list[str] = []
+    lines_of: dict = {}
+    if stdin is not None:
+        results, lines_of = _check_stdin(stdin, config, force_exclude)
+    else:
+        found = discover(paths, config, force_exclude=force_exclude)
+        missing = found.missing
+        print_skipped(found.skipped, err)
+        results = check_files(
+            found.files, config, quiet=quiet or output_format != "text", jobs=jobs, use_cache=not no_cache
+        )
     if not quiet:
         print_notes(results, err)
     findings = sorted((f for r in results for f in r.findings), key=lambda f: f.sort_key())
-    errors = [(path, "no such file or directory") for path in found.missing]
+    errors = [(path, "no such file or directory") for path in missing]
     errors += [(r.path, r.error) for r in results if r.error]
-
-    if output_format != "text":
-        write_machine(output_format, findings, errors, sys.stdout)
-        for path, message in errors:  # one line each on stderr as well: CI logs show them
-            err.print(f"{path}: error: {message}", highlight=False, markup=False)
-    elif statistics:
-        out = _stdout()
-        if findings:
-            out.print(statistics_table(findings))
-        for path, message in errors:
-            err.print(f"{path}: error: {message}", highlight=False, markup=False)
-    else:
-        out = _text_out()
-        render_text(findings, [], out, show_source=show_source and not quiet)
-        for path, message in errors:
-            err.print(f"{path}: error: {message}", highlight=False, markup=False)
-        if not quiet:
-            out.print(summary_line(findings, errors, len(found.files)), highlight=False, markup=False)
-
+    report(
+        findings, errors, output_format=output_format, statistics=statistics, quiet=quiet,
+        show_source=show_source, summary=summary_line(findings, errors, len(results)), lines_of=lines_of,
+    )
+    if exit_zero:
+        return EXIT_CLEAN
     if errors:
         return EXIT_ERROR
-    if any(not f.informational for f in findings) and not exit_zero:
-        return EXIT_FINDINGS
-    return EXIT_CLEAN
+    return EXIT_FINDINGS if any(not f.informational for f in findings) else EXIT_CLEAN
 
 
 # --- main() and its fast path ---------------------------------------------------------------
@@ -278,6 +323,7 @@ def run_check(
 # to Typer, which then answers exactly as it always has (usage errors, --help...).
 _CHECK_VALUES = {
     "--format": "output_format", "--target": "target", "--config": "config_file", "--jobs": "jobs", "-j": "jobs",
+    "--stdin-filename": "stdin_filename",
 }
 _CHECK_LISTS = {"--select": "select", "--ignore": "ignore"}
 _CHECK_FLAGS = {
@@ -341,14 +387,44 @@ def main() -> None:
 
 
 # --- the Typer app (built on first use) -----------------------------------------------------
-_TYPER_NAMES = ("app", "PathsArg", "SelectOpt", "IgnoreOpt", "ConfigOpt", "ForceExcludeOpt", "JobsOpt")
+_TYPER_NAMES = (
+    "app", "PathsArg", "SelectOpt", "IgnoreOpt", "ConfigOpt", "ForceExcludeOpt", "JobsOpt", "FormatOpt",
+    "StatisticsOpt", "ExitZeroOpt", "NoCacheOpt", "StdinFilenameOpt",
+)
+
+
+def _define_options(typer) -> None:
+    """The Typer parameters `check` and `fix` share."""
+    global PathsArg, SelectOpt, IgnoreOpt, ConfigOpt, ForceExcludeOpt, JobsOpt
+    global FormatOpt, StatisticsOpt, ExitZeroOpt, NoCacheOpt, StdinFilenameOpt
+
+    PathsArg = typer.Argument(None, help="Files or folders to check (default: the current folder).")
+    SelectOpt = typer.Option(
+        None, "--select", help="Only these codes, prefixes or rule names (e.g. TFM1,multi-gpu-model)."
+    )
+    IgnoreOpt = typer.Option(None, "--ignore", help="Skip these codes or prefixes.")
+    ConfigOpt = typer.Option(None, "--config", help="Read this pyproject.toml instead of the nearest one.")
+    ForceExcludeOpt = typer.Option(
+        False, "--force-exclude", help="Apply `exclude` to files named on the command line too (pre-commit)."
+    )
+    JobsOpt = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: one per core).")
+    FormatOpt = typer.Option("text", "--format", help=f"One of: {', '.join(FORMATS)}.")
+    StatisticsOpt = typer.Option(False, "--statistics", help="Count findings per code instead of listing them.")
+    ExitZeroOpt = typer.Option(
+        False, "--exit-zero", help="Exit 0 even with findings or files that could not be checked."
+    )
+    NoCacheOpt = typer.Option(False, "--no-cache", help="Neither read nor write the cache (.tfmigrate_cache/).")
+    StdinFilenameOpt = typer.Option(
+        None, "--stdin-filename", help="The file name standard input (`-`) stands for: reported, configured as."
+    )
 
 
 def _build_app() -> None:
     import typer
 
-    global app, PathsArg, SelectOpt, IgnoreOpt, ConfigOpt, ForceExcludeOpt, JobsOpt
+    global app
 
+    _define_options(typer)
     app = typer.Typer(
         name="tfmigrate",
         help="Find hand-rolled TensorFlow multi-GPU code and migrate it to tf.distribute and tf.data.",
@@ -357,36 +433,50 @@ def _build_app() -> None:
         rich_markup_mode=None,
         pretty_exceptions_enable=False,
     )
-    PathsArg = typer.Argument(None, help="Files or folders to check (default: the current folder).")
-    SelectOpt = typer.Option(None, "--select", help="Only these codes or prefixes (e.g. TFM1,TFM201).")
-    IgnoreOpt = typer.Option(None, "--ignore", help="Skip these codes or prefixes.")
-    ConfigOpt = typer.Option(None, "--config", help="Read this pyproject.toml instead of the nearest one.")
-    ForceExcludeOpt = typer.Option(
-        False, "--force-exclude", help="Apply `exclude` to files named on the command line too (pre-commit)."
-    )
-    JobsOpt = typer.Option(None, "--jobs", "-j", min=1, help="Worker processes (default: one per core).")
 
     @app.command()
     def check(
         paths: Optional[List[str]] = PathsArg,
-        output_format: str = typer.Option("text", "--format", help=f"One of: {', '.join(FORMATS)}."),
+        output_format: str = FormatOpt,
         select: Optional[List[str]] = SelectOpt,
         ignore: Optional[List[str]] = IgnoreOpt,
-        statistics: bool = typer.Option(False, "--statistics", help="Count findings per code instead of listing them."),
+        statistics: bool = StatisticsOpt,
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print findings only, no source lines or summary."),
         show_source: bool = typer.Option(True, "--show-source/--no-show-source", help="Show the offending line."),
-        exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when there are findings."),
+        exit_zero: bool = ExitZeroOpt,
         target: Optional[str] = typer.Option(None, "--target", help="Migration target: compat or tf2."),
         config_file: Optional[str] = ConfigOpt,
         force_exclude: bool = ForceExcludeOpt,
         jobs: Optional[int] = JobsOpt,
-        no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the cache (.tfmigrate_cache/)."),
+        no_cache: bool = NoCacheOpt,
+        stdin_filename: Optional[str] = StdinFilenameOpt,
     ) -> None:
-        """Report legacy multi-GPU and queue-input patterns."""
+        """Report legacy multi-GPU and queue-input patterns (`-` reads standard input)."""
         raise typer.Exit(run_check(
             paths, output_format, select, ignore, statistics, quiet, show_source, exit_zero, target, config_file,
-            force_exclude, jobs, no_cache,
+            force_exclude, jobs, no_cache, stdin_filename,
         ))
+
+    def _version_callback(value: bool) -> None:
+        if value:
+            print(f"tfmigrate {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+        ),
+    ) -> None:
+        pass
+
+    _register_rule_commands(app)
+    _register_optional_commands(app)
+
+
+def _register_rule_commands(app) -> None:
+    """`rules` and `explain`."""
+    import typer
 
     @app.command("rules")
     def list_rules(
@@ -428,21 +518,6 @@ def _build_app() -> None:
             out.print(Markdown(rule.documentation()))
         else:
             sys.stdout.write(rule.documentation())
-
-    def _version_callback(value: bool) -> None:
-        if value:
-            print(f"tfmigrate {__version__}")
-            raise typer.Exit()
-
-    @app.callback()
-    def _root(
-        version: bool = typer.Option(
-            False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
-        ),
-    ) -> None:
-        pass
-
-    _register_optional_commands(app)
 
 
 def _register_optional_commands(app) -> None:

@@ -32,6 +32,8 @@ def _default_excluded(folder_name: str) -> bool:
 class Discovery:
     files: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    # (path, why) of what a folder's walk met and left alone: a symlink loop, a folder it may not read
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _spec(patterns: list[str]) -> pathspec.PathSpec:
@@ -47,9 +49,10 @@ def _folders_only(patterns: list[str]) -> bool:
     return all(line.endswith("/") for line in lines)
 
 
-def discover(paths: list[str], config: Config, force_exclude: bool = False) -> Discovery:
+def discover(paths: list[str], config: Config, force_exclude: bool = False, virtual: bool = False) -> Discovery:
     """Files in a stable order. A file named explicitly is checked even if excluded, unless
-    ``force_exclude`` (what pre-commit passes) is set, as ruff does."""
+    ``force_exclude`` (what pre-commit passes) is set, as ruff does. ``virtual``: the paths
+    are names standard input stands for, not looked up on disk (only excluded or not)."""
     result = Discovery()
     # The default folders by name, and the configured patterns with pathspec; a configured
     # negation (`!build/`) may bring a default folder back: then all go to pathspec together.
@@ -102,17 +105,20 @@ def discover(paths: list[str], config: Config, force_exclude: bool = False) -> D
 
     for given in paths:
         path = Path(given)
-        if not os.path.lexists(given):
+        if virtual:
+            if not (force_exclude and is_excluded_file(path)):
+                result.files.append(given)
+        elif not os.path.lexists(given):
             result.missing.append(given)
         elif path.is_dir():
-            for file in _walk(path, is_excluded):
+            for file in _walk(path, is_excluded, result.skipped):
                 add(str(file))
         elif not (force_exclude and is_excluded_file(path)):
             add(given)
     return result
 
 
-def _walk(top: Path, is_excluded) -> list[Path]:
+def _walk(top: Path, is_excluded, skipped: list[tuple[str, str]]) -> list[Path]:
     found: list[Path] = []
     # Stack of (folder, gitignore specs in force with the folder each is relative to).
     stack: list[tuple[Path, list[tuple[Path, pathspec.PathSpec]]]] = [(top, [])]
@@ -127,12 +133,18 @@ def _walk(top: Path, is_excluded) -> list[Path]:
                 pass
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
+        except OSError as exc:
+            if folder != top:
+                skipped.append((str(folder), f"cannot read this folder ({exc.strerror or exc}); skipped"))
             continue
         subfolders = []
         for entry in entries:
             path = Path(entry.path)
-            is_dir = entry.is_dir()
+            try:
+                is_dir = entry.is_dir()
+            except OSError as exc:  # a link to itself, or links in a loop (ELOOP)
+                skipped.append((str(path), f"{exc.strerror or exc} (a symlink loop); skipped"))
+                continue
             if _git_ignored(path, is_dir, ignores) or is_excluded(path, is_dir):
                 continue
             if is_dir:

@@ -19,9 +19,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tfmigrate.config import Config
 from tfmigrate.rule import Edit, Finding, FixSafety, Rule
-from tfmigrate.runner import analyze_source, in_cells, internal_error, is_notebook
+from tfmigrate.runner import TOO_DEEP, analyze_source, in_cells, internal_error, is_notebook
 from tfmigrate.source import (
-    SourceError, SourceFile, compile_error, compile_failure, decode_source, read_bytes, write_atomic,
+    SourceError, SourceFile, compile_error, compile_failure, decode_source, libcst_parse, read_bytes, write_atomic,
 )
 
 MAX_PASSES = 8
@@ -46,6 +46,12 @@ class FixResult:
     @property
     def changed(self) -> bool:
         return self.new_text is not None
+
+    def fixed_bytes(self) -> bytes:
+        """The bytes to write for the fixed file; SourceError when they would not read back."""
+        if self.notebook_bytes is not None:
+            return self.notebook_bytes
+        return _encoded(self.source, self.new_text)
 
     def diff(self) -> str:
         if self.source is None or self.new_text is None:
@@ -172,7 +178,7 @@ def fix_source(source: SourceFile, config: Config, *, unsafe: bool = False) -> F
         new_text = new_module.code
         codes = sorted({candidates[i][0].code for i in applied})
         try:  # both parsers: LibCST accepts a few things Python does not
-            cst.parse_module(new_text)
+            libcst_parse(new_text)
             broken = compile_error(new_text, source.path) is not None
         except cst.ParserSyntaxError:
             broken = True
@@ -233,6 +239,20 @@ def _encoded(source: SourceFile, text: str) -> bytes:
     )
 
 
+def fix_bytes(path: str, raw: bytes, config: Config, *, unsafe: bool = False) -> FixResult:
+    """Fix a file's bytes in memory (read from disk, or standard input); errors in the result."""
+    try:
+        if is_notebook(path):
+            return _fix_notebook(path, raw, config, unsafe)
+        return fix_source(decode_source(path, raw), config, unsafe=unsafe)
+    except SourceError as exc:
+        return FixResult(path=path, error=str(exc))
+    except RecursionError:
+        return FixResult(path=path, error=TOO_DEEP.replace("not checked", "file left untouched"))
+    except Exception as exc:  # a bug in a rule must not stop the run over the other files
+        return FixResult(path=path, error=internal_error(exc) + "; file left untouched")
+
+
 def fix_file(
     path: str, config: Config, *, unsafe: bool = False, write: bool = False, within: tuple[str, ...] = (),
 ) -> FixResult:
@@ -246,20 +266,14 @@ def fix_file(
                 path=path, skipped=f"symlink to {os.path.realpath(path)}, outside the paths given; not fixed",
                 remaining=[] if analysis is None else [finding for _, finding, _ in analysis.reports],
             )
-        if is_notebook(path):
-            result = _fix_notebook(path, raw, config, unsafe)
-        else:
-            result = fix_source(decode_source(path, raw), config, unsafe=unsafe)
     except SourceError as exc:
         return FixResult(path=path, error=str(exc))
-    except Exception as exc:  # a bug in a rule must not stop the run over the other files
+    except Exception as exc:  # RecursionError included: not fixed, the run goes on
         return FixResult(path=path, error=internal_error(exc) + "; file left untouched")
-    if write and result.changed:
+    result = fix_bytes(path, raw, config, unsafe=unsafe)
+    if write and result.changed and not result.error:
         try:
-            if result.notebook_bytes is not None:
-                data = result.notebook_bytes
-            else:
-                data = _encoded(result.source, result.new_text)
+            data = result.fixed_bytes()
             if not os.access(path, os.W_OK) and os.path.exists(path):  # a deleted file: write_atomic says so
                 raise SourceError("file is read-only; not fixed")
             write_atomic(path, data, expected_original=raw)

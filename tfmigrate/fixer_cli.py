@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from tfmigrate.config import ConfigError
+from tfmigrate.source import SourceError
 from tfmigrate.discovery import discover
 from tfmigrate.findings import FixSafety
 
@@ -31,6 +32,8 @@ _REASONS = [
     ("LibCST cannot parse", "not parsable by LibCST"),
     ("not a regular file", "not a regular file"),
     ("permission denied", "cannot read"),
+    ("too deeply nested", "too deeply nested"),
+    ("process fixing it died", "worker process crashed"),
     ("internal error", "internal error"),
     ("no such file", "not found"),
 ]
@@ -40,7 +43,9 @@ def skip_reason(message: str) -> str:
     return next((reason for needle, reason in _REASONS if needle in message), "other error")
 
 
-def _summary(results: list[FixResult], missing: list[str], write: bool, unsafe: bool) -> list[str]:
+def _summary(
+    results: list[FixResult], missing: list[str], write: bool, unsafe: bool, walk_skipped: list = (),
+) -> list[str]:
     ok = [r for r in results if not r.error]
     fixed = sum(len(r.fixed) for r in ok)
     changed = [r for r in ok if r.changed]
@@ -58,6 +63,7 @@ def _summary(results: list[FixResult], missing: list[str], write: bool, unsafe: 
     skipped = Counter(skip_reason(r.error) for r in results if r.error)
     skipped.update("not found" for _ in missing)
     skipped.update("symlink outside the paths given" for r in ok if r.skipped)
+    skipped.update("symlink loop" if "symlink loop" in why else "cannot read folder" for _, why in walk_skipped)
     if skipped:
         total = sum(skipped.values())
         reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items()))
@@ -76,10 +82,152 @@ def refusal_lines(results: list[FixResult]) -> list[str]:
     return lines
 
 
+def _unique(files: list[str]) -> list[str]:
+    """A file reached through two paths (or a link and its target) is fixed once."""
+    unique, seen = [], set()
+    for path in files:
+        key = os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    return unique
+
+
+def _fix_stdin(name: str, config, unsafe: bool, force_exclude: bool) -> list[FixResult]:
+    """`fix -`: the fixed code (the input itself when there is nothing to fix, or it cannot be
+    fixed) goes to stdout, as ruff does; messages to stderr."""
+    from tfmigrate.cli import read_stdin
+    from tfmigrate.fixer import fix_bytes
+
+    raw, excluded = read_stdin(name, config, force_exclude)
+    results = [] if excluded else [fix_bytes(name, raw, config, unsafe=unsafe)]
+    data = raw
+    if results and results[0].changed and not results[0].error:
+        try:
+            data = results[0].fixed_bytes()
+        except SourceError as exc:
+            results[0].error = str(exc)
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return results
+
+
+def _fix_files(paths: list[str], config, options: dict, err) -> tuple[list[FixResult], list[str], list]:
+    """`fix` over files and folders: (results, missing paths, what the walk skipped)."""
+    from tfmigrate.cli import print_skipped, run_files
+    from tfmigrate.workers import Interrupted
+
+    found = discover(paths, config, force_exclude=options["force_exclude"])
+    print_skipped(found.skipped, err)
+    files = _unique(found.files)
+    write = options["write"]
+    if write:  # temporary files a killed earlier run left behind (see RELIABILITY.md)
+        from tfmigrate.source import remove_stale_temp_files
+
+        for folder in sorted({os.path.dirname(os.path.realpath(path)) for path in files}):
+            remove_stale_temp_files(folder)
+    within = tuple(os.path.realpath(path) for path in paths)  # a link out of these is not fixed
+    from tfmigrate.fixer import FixResult, fix_file  # LibCST and the rules: only when there is something to fix
+
+    # picklable, for the workers
+    work = functools.partial(fix_file, unsafe=options["unsafe"], write=write, within=within)
+    crashed = lambda path, why: FixResult(path=path, error=f"the process fixing it died ({why}); file left untouched")  # noqa: E731
+    try:
+        results = run_files(
+            files, config, work, quiet=options["quiet"], label="Fixing", jobs=options["jobs"], on_crash=crashed,
+        )
+    except Interrupted as stop:
+        what = "written" if write else "fixed in memory (nothing written)"
+        err.print(
+            f"Interrupted: {stop.written if write else sum(1 for r in stop.results if r is not None)} "
+            f"file(s) {what}; every other file is as it was.", highlight=False, markup=False,
+        )
+        raise typer.Exit(130)
+    return results, found.missing, found.skipped
+
+
+def _print_results(results: list[FixResult], missing: list[str], options: dict, err) -> None:
+    from tfmigrate.cli import print_notes, report
+
+    quiet, write = options["quiet"], options["write"]
+    if not quiet:
+        print_notes(results, err)
+    errors = [(path, "no such file or directory") for path in missing]
+    errors += [(r.path, r.error) for r in results if r.error]
+    for result in results:
+        if result.skipped:
+            err.print(f"{result.path}: note: {result.skipped}", highlight=False, markup=False)
+    if options["output_format"] != "text" or options["statistics"]:
+        remaining = sorted((f for r in results if not r.error for f in r.remaining), key=lambda f: f.sort_key())
+        report(
+            remaining, errors, output_format=options["output_format"], statistics=options["statistics"], quiet=quiet,
+            to_stderr=options["stdin"],
+        )
+    else:
+        from tfmigrate.cli import print_errors
+
+        print_errors(errors, err)
+        for result in results:
+            if not write and not options["stdin"] and not result.error and result.changed and not quiet:
+                sys.stdout.write(result.diff())
+    if not quiet and (options["show_refusals"] if options["show_refusals"] is not None else options["unsafe"]):
+        for line in refusal_lines(results):
+            err.print(line, highlight=False, markup=False)
+
+
+def _exit_status(results: list[FixResult], missing: list[str], options: dict) -> int:
+    from tfmigrate.cli import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
+
+    if options["exit_zero"]:
+        return EXIT_CLEAN
+    if missing or any(r.error for r in results):
+        return EXIT_ERROR
+    remaining = any(not f.informational for r in results for f in r.remaining)
+    if not options["write"] and not options["stdin"]:
+        return EXIT_FINDINGS if any(r.changed for r in results) or remaining else EXIT_CLEAN
+    if remaining or (options["exit_non_zero_on_fix"] and any(r.written or (options["stdin"] and r.changed) for r in results)):
+        return EXIT_FINDINGS
+    return EXIT_CLEAN
+
+
+def run_fix(paths: Optional[List[str]], options: dict) -> int:
+    """`tfmigrate fix`; returns the exit status."""
+    from tfmigrate.cli import EXIT_ERROR, build_config, stderr_console, stdin_path
+    from tfmigrate.reporters import FORMATS
+
+    err = stderr_console()
+    if options["write"] and options["diff"]:
+        err.print("error: --write and --diff exclude each other", highlight=False, markup=False)
+        return EXIT_ERROR
+    if options["output_format"] not in FORMATS:
+        err.print(f"error: --format must be one of {', '.join(FORMATS)}", highlight=False, markup=False)
+        return EXIT_ERROR
+    try:
+        stdin = stdin_path(paths, options["stdin_filename"])
+        paths = [stdin] if stdin is not None else paths or ["."]
+        config = build_config(paths, options["select"], options["ignore"], options["config_file"], options["target"])
+    except (ConfigError, ValueError) as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        return EXIT_ERROR
+    options["stdin"] = stdin is not None
+    missing: list[str] = []
+    skipped: list = []
+    if stdin is not None:
+        results = _fix_stdin(stdin, config, options["unsafe"], options["force_exclude"])
+    else:
+        results, missing, skipped = _fix_files(paths, config, options, err)
+    _print_results(results, missing, options, err)
+    if not options["quiet"]:
+        for line in _summary(results, missing, options["write"] or options["stdin"], options["unsafe"], skipped):
+            err.print(line, highlight=False, markup=False)
+    return _exit_status(results, missing, options)
+
+
 def register(app: typer.Typer) -> None:
     from tfmigrate.cli import (
-        EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, ConfigOpt, ForceExcludeOpt, IgnoreOpt, JobsOpt, PathsArg,
-        SelectOpt, stderr_console, build_config, print_notes, run_files,
+        ConfigOpt, ExitZeroOpt, ForceExcludeOpt, FormatOpt, IgnoreOpt, JobsOpt, NoCacheOpt, PathsArg, SelectOpt,
+        StatisticsOpt, StdinFilenameOpt,
     )
 
     @app.command()
@@ -102,60 +250,21 @@ def register(app: typer.Typer) -> None:
         config_file: Optional[str] = ConfigOpt,
         force_exclude: bool = ForceExcludeOpt,
         jobs: Optional[int] = JobsOpt,
+        output_format: str = FormatOpt,
+        statistics: bool = StatisticsOpt,
+        exit_zero: bool = ExitZeroOpt,
+        no_cache: bool = NoCacheOpt,
+        stdin_filename: Optional[str] = StdinFilenameOpt,
     ) -> None:
-        """Rewrite legacy patterns to tf.distribute / tf.data (a diff unless --write)."""
-        paths = paths or ["."]
-        err = stderr_console()
-        if write and diff:
-            err.print("error: --write and --diff exclude each other", highlight=False, markup=False)
-            raise typer.Exit(EXIT_ERROR)
-        try:
-            config = build_config(paths, select, ignore, config_file, target)
-        except ConfigError as exc:
-            err.print(f"error: {exc}", highlight=False, markup=False)
-            raise typer.Exit(EXIT_ERROR)
-        found = discover(paths, config, force_exclude=force_exclude)
-        # A file reached through two paths (or a link and its target) is fixed once.
-        files, seen = [], set()
-        for path in found.files:
-            key = os.path.realpath(path)
-            if key not in seen:
-                seen.add(key)
-                files.append(path)
-
-        if write:  # temporary files a killed earlier run left behind (see RELIABILITY.md)
-            from tfmigrate.source import remove_stale_temp_files
-
-            for folder in sorted({os.path.dirname(os.path.realpath(path)) for path in files}):
-                remove_stale_temp_files(folder)
-        within = tuple(os.path.realpath(path) for path in paths)  # a link out of these is not fixed
-        from tfmigrate.fixer import fix_file  # LibCST and the rules: only when there is something to fix
-
-        # picklable, for the workers
-        work = functools.partial(fix_file, unsafe=unsafe_fixes, write=write, within=within)
-        results: list[FixResult] = run_files(files, config, work, quiet=quiet, label="Fixing", jobs=jobs)
-        if not quiet:
-            print_notes(results, err)
-        for path in found.missing:
-            err.print(f"{path}: error: no such file or directory", highlight=False, markup=False)
-        for result in results:
-            if result.error:
-                err.print(f"{result.path}: error: {result.error}", highlight=False, markup=False)
-            elif result.skipped:
-                err.print(f"{result.path}: note: {result.skipped}", highlight=False, markup=False)
-            elif not write and result.changed and not quiet:
-                sys.stdout.write(result.diff())
-        if not quiet and (show_refusals if show_refusals is not None else unsafe_fixes):
-            for line in refusal_lines(results):
-                err.print(line, highlight=False, markup=False)
-        if not quiet:
-            for line in _summary(results, found.missing, write, unsafe_fixes):
-                err.print(line, highlight=False, markup=False)
-        if found.missing or any(r.error for r in results):
-            raise typer.Exit(EXIT_ERROR)
-        remaining = any(not f.informational for r in results for f in r.remaining)
-        if not write:
-            raise typer.Exit(EXIT_FINDINGS if any(r.changed for r in results) or remaining else EXIT_CLEAN)
-        if remaining or (exit_non_zero_on_fix and any(r.written for r in results)):
-            raise typer.Exit(EXIT_FINDINGS)
-        raise typer.Exit(EXIT_CLEAN)
+        """Rewrite legacy patterns to tf.distribute / tf.data (a diff unless --write; `-`: standard
+        input to standard output). --format and --statistics report the findings that remain."""
+        # `fix` reads every file afresh and writes no cache: --no-cache is accepted for
+        # symmetry with `check` (scripts pass both the same options).
+        del no_cache
+        raise typer.Exit(run_fix(paths, {
+            "write": write, "diff": diff, "unsafe": unsafe_fixes, "select": select, "ignore": ignore,
+            "target": target, "exit_non_zero_on_fix": exit_non_zero_on_fix, "quiet": quiet,
+            "show_refusals": show_refusals, "config_file": config_file, "force_exclude": force_exclude,
+            "jobs": jobs, "output_format": output_format, "statistics": statistics, "exit_zero": exit_zero,
+            "stdin_filename": stdin_filename,
+        }))

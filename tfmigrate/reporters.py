@@ -74,11 +74,19 @@ _RICH_STRIPS = dict.fromkeys([7, 8, 11, 12, 13])  # bell, backspace, vertical ta
 _STYLING_VARIABLES = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
 
 
+def no_color() -> bool:
+    """``NO_COLOR`` set (to anything but nothing, https://no-color.org): no escape code is
+    written anywhere, on a terminal or not (no colour, no bold, no progress bar)."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
 def plain_stream(stream) -> bool:
     """Whether rich would print to ``stream`` without any styling: not a terminal, no
-    variable forcing colour, not in Jupyter."""
+    variable forcing colour, not in Jupyter; or ``NO_COLOR`` (see :func:`no_color`)."""
     import builtins
 
+    if no_color():
+        return True
     if any(name in os.environ for name in _STYLING_VARIABLES) or hasattr(builtins, "get_ipython"):
         return False
     try:
@@ -180,6 +188,19 @@ def summary_line(findings: list[Finding], errors: list[tuple[str, str]], files: 
     return " ".join(parts)
 
 
+# Where a per-file error's message says the problem is: "syntax error at line 3, column 7",
+# "print statement at line 3", "cannot decode as utf-8 (line 3, byte 0xff)".
+_ERROR_AT = re.compile(r"\bline (?P<row>\d+)(?:, column (?P<column>\d+))?")
+
+
+def error_location(message: str) -> tuple[int, int]:
+    """(row, column) of a per-file error, from its message; (1, 1) when it names no line."""
+    match = _ERROR_AT.search(message)
+    if match is None:
+        return 1, 1
+    return int(match.group("row")), int(match.group("column") or 1)
+
+
 def _location(row: int, column: int) -> dict:
     return {"column": column, "row": row}
 
@@ -205,9 +226,10 @@ def json_findings(findings: list[Finding], errors: list[tuple[str, str]]) -> lis
             "severity": "info" if f.informational else "error",
         })
     for path, message in errors:
+        where = _location(*error_location(message))
         out.append({
             "cell": None, "code": None, "name": "error", "message": message,
-            "filename": os.path.abspath(path), "location": _location(1, 1), "end_location": _location(1, 1),
+            "filename": os.path.abspath(path), "location": where, "end_location": where,
             "fix": None, "noqa_row": None, "url": None, "severity": "error",
         })
     return out
@@ -229,7 +251,8 @@ def github_lines(findings: list[Finding], errors: list[tuple[str, str]]) -> Iter
         )
         yield f"::{level} {props}::{_github_escape(f.code + ' ' + f.message)}"
     for path, message in errors:
-        yield f"::error title=tfmigrate,file={_github_escape(path, True)}::{_github_escape(message)}"
+        row, column = error_location(message)
+        yield f"::error title=tfmigrate,file={_github_escape(path, True)},line={row},col={column}::{_github_escape(message)}"
 
 
 def sarif_document(findings: list[Finding], errors: list[tuple[str, str]]) -> dict:
@@ -272,7 +295,10 @@ def sarif_document(findings: list[Finding], errors: list[tuple[str, str]]) -> di
                 "toolExecutionNotifications": [{
                     "level": "error",
                     "message": {"text": message},
-                    "locations": [{"physicalLocation": {"artifactLocation": {"uri": path.replace(os.sep, "/")}}}],
+                    "locations": [{"physicalLocation": {
+                        "artifactLocation": {"uri": path.replace(os.sep, "/")},
+                        "region": dict(zip(("startLine", "startColumn"), error_location(message))),
+                    }}],
                 } for path, message in errors],
             }],
         }],

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from tfmigrate.rule import Edit, Rule, RuleContext
 
 __all__ = [
-    "Analysis", "FileResult", "analyze_module", "analyze_source", "check_file", "check_text", "enabled_rules",
+    "Analysis", "FileResult", "TOO_DEEP", "analyze_module", "analyze_source", "check_bytes", "check_file", "check_text", "enabled_rules",
     "in_cells", "internal_error", "is_notebook", "is_suppressed", "suppressions",
 ]
 
@@ -40,6 +40,9 @@ class Analysis:
     module: cst.Module
     reports: list[tuple[Rule, Finding, Edit | None]]
 
+
+# A file whose syntax tree is deeper than Python's recursion limit lets the rules walk.
+TOO_DEEP = "too deeply nested to check (more levels than Python's recursion limit allows); not checked"
 
 SUPPRESSION = re.compile(r"#\s*tfmigrate:\s*ignore(?:\[(?P<codes>[A-Za-z0-9_,\s-]+)\])?", re.I)
 
@@ -245,13 +248,20 @@ def in_cells(finding: Finding, notebook) -> Finding:
 
 
 def check_file(path: str, config: Config) -> FileResult:
-    from tfmigrate.cache import content_digest
-
-    result = FileResult(path=path)
-    notebook = None
     try:
         raw = read_bytes(path)
-        result.digest = content_digest(raw)
+    except SourceError as exc:
+        return FileResult(path=path, error=str(exc))
+    return check_bytes(path, raw, config)
+
+
+def check_bytes(path: str, raw: bytes, config: Config) -> FileResult:
+    """`check` of a file's bytes (read from disk, or from stdin under ``--stdin-filename``)."""
+    from tfmigrate.cache import content_digest
+
+    result = FileResult(path=path, digest=content_digest(raw))
+    notebook = None
+    try:
         if is_notebook(path):
             from tfmigrate import notebook as nb
 
@@ -263,6 +273,9 @@ def check_file(path: str, config: Config) -> FileResult:
         analysis = analyze_source(source, config)
     except SourceError as exc:
         result.error = str(exc)
+        return result
+    except RecursionError:
+        result.error = TOO_DEEP
         return result
     except Exception as exc:  # a bug in a rule must not stop the run over the other files
         result.error = internal_error(exc)

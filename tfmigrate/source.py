@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import ast
 import codecs
+import contextlib
 import io
 import os
 import re
+import signal
 import stat
 import tempfile
+import threading
 import time
 import tokenize
 import warnings
@@ -137,13 +140,58 @@ def python2_reason(text: str, line: int) -> str | None:
 
 
 def _python_syntax_error(source: SourceFile) -> SyntaxError | None:
+    """Python's parser on the file (in C, guarded against deep nesting: more than 200 nested
+    brackets are a SyntaxError, a deeper expression a RecursionError or MemoryError)."""
     try:
         compile(source.text, source.path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as exc:
         return exc
-    except (ValueError, RecursionError, MemoryError):
+    except (RecursionError, MemoryError) as exc:
+        raise SourceError(f"too deeply nested: Python's own parser gives up ({type(exc).__name__})") from None
+    except ValueError:
         pass
     return None
+
+
+# LibCST's parser (Rust) recurses once per nesting level on the C stack, a few hundred bytes
+# to a few kilobytes each: on the main thread's 8 MB it crashes the process (SIGSEGV) past
+# ~1,500 nested brackets or ~10,000 chained `and`s. It runs on a thread with this much stack
+# (address space only; the pages are touched as the recursion goes).
+PARSER_STACK_BYTES = 512 << 20
+
+
+def libcst_parse(text: str) -> cst.Module:
+    """``libcst.parse_module`` on a thread with a deep stack (see PARSER_STACK_BYTES); on the
+    calling thread where such a thread cannot be had."""
+    import libcst as cst
+
+    outcome: list = []
+
+    def parse() -> None:
+        try:
+            outcome.append(cst.parse_module(text))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    with _STACK_LOCK:
+        previous = threading.stack_size()
+        try:
+            threading.stack_size(PARSER_STACK_BYTES)
+            thread = threading.Thread(target=parse, name="tfmigrate-parse", daemon=True)
+            thread.start()
+        except (ValueError, RuntimeError, MemoryError):  # no such stack here: parse in place
+            thread = None
+        finally:
+            threading.stack_size(previous)
+    if thread is None:
+        return cst.parse_module(text)
+    thread.join()  # interruptible: Ctrl-C is not held up by a long parse
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+_STACK_LOCK = threading.Lock()  # threading.stack_size is process-wide
 
 
 def compile_error(text: str, path: str) -> SyntaxError | None:
@@ -185,12 +233,14 @@ def parse_source(source: SourceFile) -> cst.Module:
     """
     import libcst as cst  # here, not at the top: a run whose files the prefilter skips never needs it
 
+    # Python's parser first: it words errors better, and it turns away (as a SyntaxError) the
+    # deep nesting that would crash LibCST's.
+    error = _python_syntax_error(source)
+    if error is not None:
+        raise _syntax_failure(source, error.lineno or 1, error.offset or 1, error.msg) from None
     try:
-        module = cst.parse_module(source.text)
+        module = libcst_parse(source.text)
     except cst.ParserSyntaxError as exc:
-        error = _python_syntax_error(source)
-        if error is not None:
-            raise _syntax_failure(source, error.lineno or exc.raw_line, error.offset or 1, error.msg) from None
         # Python compiles it: a limit of LibCST's parser (some mixes of tabs and spaces CPython
         # accepts), not an error in the file. Its position is often meaningless (1:1).
         reason = (exc.message or "invalid syntax").splitlines()[0]
@@ -199,9 +249,6 @@ def parse_source(source: SourceFile) -> cst.Module:
         ) from None
     except RecursionError:
         raise SourceError("too deeply nested to parse") from None
-    error = _python_syntax_error(source)
-    if error is not None:
-        raise _syntax_failure(source, error.lineno or 1, error.offset or 1, error.msg) from None
     return module
 
 
@@ -211,14 +258,41 @@ TEMP_PREFIX, TEMP_SUFFIX = ".tfmigrate-", ".tmp"
 STALE_TEMP_SECONDS = 600
 
 
+@contextlib.contextmanager
+def interrupts_held():
+    """Ctrl-C (SIGINT) during the block takes effect when it ends: a file being written is
+    finished, never abandoned between its temporary file and the rename. Only on the main
+    thread (where Python runs signal handlers); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+
 def write_atomic(path: str, data: bytes, expected_original: bytes | None = None) -> None:
     """Replace ``path`` with ``data`` in one step, keeping its permissions and owner.
 
     The new content goes to a temporary file in the same folder, is flushed to disk, and then
     renamed over the original: a reader (or a crash) sees the old file or the new one, never a
     mix. When ``expected_original`` is given, the file is re-read first and left alone if it
-    changed since it was read. A symlink is followed, so the link stays a link.
+    changed since it was read. A symlink is followed, so the link stays a link. Ctrl-C waits
+    for the write to end (see :func:`interrupts_held`).
     """
+    with interrupts_held():
+        _write_atomic(path, data, expected_original)
+
+
+def _write_atomic(path: str, data: bytes, expected_original: bytes | None) -> None:
     target = os.path.realpath(path)
     if expected_original is not None:
         try:
