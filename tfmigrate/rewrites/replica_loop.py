@@ -657,7 +657,8 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, call
     blank = [cst.EmptyLine(indent=False)]
     block = region.parents[id(line)]
     first = isinstance(block, (cst.IndentedBlock, cst.Module)) and block.body[0] is line
-    before[0] = before[0].with_changes(leading_lines=[*line.leading_lines, *([] if first else blank),
+    spaced = bool(line.leading_lines) and line.leading_lines[-1].comment is None
+    before[0] = before[0].with_changes(leading_lines=[*line.leading_lines, *([] if first or spaced else blank),
                                                       *before[0].leading_lines])
     replaced = line.visit(ReplaceById(runs)).with_changes(leading_lines=blank)
     return cst.FlattenSentinel([*before, replaced])
@@ -1125,13 +1126,25 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
     prelude = []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
         if _bound_names(statement) & needed:
-            if any((rule.imports.resolve(n) or "").startswith("tensorflow") for n in find(statement, cst.Name, cst.Attribute)):
+            if any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute)):
                 raise Refused(f"line {_line(rule, statement)}: the towers' devices come from TensorFlow code in the "
                               "graph; name the device list before the graph is built")
             prelude.insert(0, statement)
             needed |= names_used(statement)
     _check_bound_before(rule, owner, create, prelude)
     return prelude
+
+
+# TensorFlow calls that ask the runtime what it has, or log, without building the graph: a
+# device list made with them can be worked out above the strategy.
+_DEVICE_QUERIES = ("tensorflow.python.client.device_lib", "tensorflow.config", "tensorflow.test.is_gpu_available",
+                   "tensorflow.test.gpu_device_name", "tensorflow.test.is_built_with_cuda", "tensorflow.logging",
+                   "tensorflow.compat.v1.logging", "tensorflow.get_logger")
+
+
+def _builds_graph(rule, node: cst.CSTNode) -> bool:
+    name = rule.imports.resolve(node) or ""
+    return name.startswith("tensorflow") and not name.startswith(_DEVICE_QUERIES)
 
 
 def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, prelude: list) -> None:
