@@ -55,6 +55,28 @@ def _blank_lines_unindented(statement: cst.BaseStatement) -> cst.BaseStatement:
     return statement.with_changes(leading_lines=lines)
 
 
+def _calls(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, call: cst.Call) -> None:
+            found.append(call)
+
+    node.visit(Calls())
+    return found
+
+
+def _strings(node: cst.CSTNode) -> list[cst.SimpleString]:
+    found: list[cst.SimpleString] = []
+
+    class Strings(cst.CSTVisitor):
+        def visit_SimpleString(self, string: cst.SimpleString) -> None:
+            found.append(string)
+
+    node.visit(Strings())
+    return found
+
+
 class _Blocks(cst.CSTVisitor):
     """For every call: the statement it is in, as (the statements of its block, index)."""
 
@@ -272,6 +294,8 @@ class MultiGpuModel(Rule):
             return None, "the call is not in a statement block"
         body, index = blocks.of_call[id(call)]
         built = self._construction(body, index, model)
+        if built is not None:
+            built = self._first_layer_call(body, built)
         if built is None:
             return None, (
                 f"`{model}` is not built in this block (a parameter, or made elsewhere): create "
@@ -314,6 +338,7 @@ class MultiGpuModel(Rule):
         changes: dict = {first: cst.FlattenSentinel([create, scope])}
         for statement in body[built + 1:last + 1]:
             changes[statement] = cst.RemovalSentinel.REMOVE
+        changes.update(self._keras3_weight_files({model, target}))
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
 
@@ -329,6 +354,36 @@ class MultiGpuModel(Rule):
                 if inner and all((_single_assign(s) or ("",))[0] == model for s in inner[:1]):
                     return position
         return None
+
+    def _keras3_weight_files(self, models: set) -> dict:
+        """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which
+        the migrated program runs on, refuses any other name for an HDF5 weights file."""
+        changes = {}
+        for call in _calls(self.context.module):
+            func = call.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value in ("save_weights", "load_weights")
+                    and isinstance(func.value, cst.Name) and func.value.value in models and call.args):
+                continue
+            for string in _strings(call.args[0].value):
+                value = string.value
+                quote = value[-3:] if value[-3:] in ('"""', "'''") else value[-1]
+                body = value[:-len(quote)]
+                if body.endswith(".h5") and not body.endswith(".weights.h5"):
+                    changes[string] = string.with_changes(value=body[:-3] + ".weights.h5" + quote)
+        return changes
+
+    def _first_layer_call(self, body, built: int) -> int:
+        """The first statement of the block that the model's construction reads from, through
+        names assigned one by one (`inputs = Input(...)`, `hidden = Dense(16)(inputs)`): calling a
+        layer makes its weights, which must happen under the strategy's scope too."""
+        needed = self._names_in(body[built])
+        first = built
+        for position in range(built - 1, -1, -1):
+            assigned = _single_assign(body[position])
+            if assigned is not None and assigned[0] in needed:
+                needed |= self._names_in(assigned[1])
+                first = position
+        return first
 
     def _is_cpu_device_scope(self, statement: cst.With) -> bool:
         if len(statement.items) != 1 or statement.items[0].asname is not None:

@@ -74,6 +74,23 @@ def test_fixed_keras_program_trains_without_multi_gpu_model(tmp_path):
     assert len(losses) == 5 and losses[-1] < losses[0] * 0.5, losses
 
 
+def test_fixed_functional_keras_program_runs_to_the_end_on_keras_3_and_trains_the_same(tmp_path):
+    """Layers called above `Model(...)` make their weights there: they go under the scope too;
+    and Keras 3 only takes `.weights.h5` for an HDF5 weights file, so the program still ends."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_functional_h5.py", tmp_path)
+    text = fixed.read_text()
+    assert "with strategy.scope():\n    inputs = Input(shape=(12,))\n" in text
+    assert text.count("'mnist_mlp.weights.h5'") == 2 and "'mnist_mlp.h5'" not in text
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    losses = _last_json(new.stdout)
+    assert len(losses) == 4 and losses[2] < losses[0], losses
+    status, report = run_verify(legacy, fixed, tmp_path)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
 @pytest.mark.parametrize("name", ["fix_queue_tfrecord.py", "fix_queue_slices.py"])
 def test_fixed_pipeline_yields_the_same_batches(name, tmp_path):
     legacy, fixed = _fixed_copy(name, tmp_path)
