@@ -226,7 +226,7 @@ class MultiGpuModel(Rule):
         self._assigned: dict[int, str] = {}  # id(call) -> target name
         self._fit_batch: dict[str, str] = {}  # model name -> batch_size text in its fit
         self._names: set[str] = set()  # every Name in the module (to pick a free `strategy`)
-        self._imports: list[tuple[str, ImportItem]] = []  # (bound name, the import binding it)
+        self._imports: dict[str, list[ImportItem]] = {}  # bound name -> the imports binding it
 
     def visit_Name(self, node: cst.Name) -> None:
         self._names.add(node.value)
@@ -235,9 +235,10 @@ class MultiGpuModel(Rule):
         for alias in node.names:
             module = self.context.module.code_for_node(alias.name)
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                self._imports.append((alias.asname.name.value, ImportItem(module, alias=alias.asname.name.value)))
+                self._imports.setdefault(alias.asname.name.value, []).append(
+                    ImportItem(module, alias=alias.asname.name.value))
             else:
-                self._imports.append((module.split(".")[0], ImportItem(module)))
+                self._imports.setdefault(module.split(".")[0], []).append(ImportItem(module))
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
@@ -248,7 +249,7 @@ class MultiGpuModel(Rule):
             bound = name
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 bound = alias.asname.name.value
-            self._imports.append((bound, ImportItem(module, name, None if bound == name else bound)))
+            self._imports.setdefault(bound, []).append(ImportItem(module, name, None if bound == name else bound))
 
     def _code(self, node: cst.CSTNode) -> str:
         return self.context.module.code_for_node(node).strip()
@@ -433,7 +434,7 @@ class MultiGpuModel(Rule):
             head = head.value
         if not isinstance(head, cst.Name):
             return []
-        return [item for bound, item in self._imports if bound == head.value]
+        return list(self._imports.get(head.value, []))
 
     def _message(self, call: cst.Call, target: str | None) -> str:
         gpus = argument(call, PARAMS, "gpus")
