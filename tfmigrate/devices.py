@@ -485,9 +485,15 @@ def tower_loops(module: cst.Module, imports: ImportTable, text: str | None = Non
 
     A loop that lists GPUs without placing anything on them, that places everything on
     one fixed device, that places only on CPUs, or that iterates over TF2's
-    ``tf.config.list_logical_devices()``, is not a tower loop. ``text``, the module's source
-    when known, spares looking for those listings where it does not name them.
+    ``tf.config.list_logical_devices()``, is not a tower loop; nor is one that only moves
+    data or updates per device (:func:`is_plumbing`). ``text``, the module's source when
+    known, spares looking for those listings where it does not name them.
     """
+    return classified_loops(module, imports, text)[0]
+
+
+def classified_loops(module: cst.Module, imports: ImportTable, text: str | None = None):
+    """(tower loops, per-device plumbing loops) of the module: see :func:`tower_loops`."""
     walked = _device_withs(module, imports, may_list_devices=text is None or _names_a_listing(text))
     listing_names = walked.listing_names
     candidates: dict[int, tuple[cst.For, list[DeviceScope]]] = {}
@@ -495,6 +501,7 @@ def tower_loops(module: cst.Module, imports: ImportTable, text: str | None = Non
         for loop in loops:
             candidates.setdefault(id(loop), (loop, []))[1].append(scope)
     towers: dict[int, TowerLoop] = {}
+    plumbing: list[TowerLoop] = []
     derived_of: dict[int, set[str]] = {}
 
     def derived(loop: cst.For) -> set[str]:
@@ -513,7 +520,9 @@ def tower_loops(module: cst.Module, imports: ImportTable, text: str | None = Non
             and not mentions_only_cpu(scope.device, imports)
             and _builds_something(scope.with_node)
         ]
-        if kept:
+        if kept and is_plumbing(loop, imports):
+            plumbing.append(TowerLoop(loop=loop, loop_names=derived(loop), scopes=kept))
+        elif kept:
             towers[id(loop)] = TowerLoop(loop=loop, loop_names=derived(loop), scopes=kept)
     _add_tower_function_loops(walked, imports, towers, derived)
     order = {key: index for index, key in enumerate(walked.owner)}  # pre-order of the loops
@@ -522,7 +531,41 @@ def tower_loops(module: cst.Module, imports: ImportTable, text: str | None = Non
         tower.owner = walked.owner.get(id(tower.loop))
     # A tower loop nested in another tower loop (rare) is reported once, at the outer loop.
     nested = {id(loop) for tower in ordered for loop in find(tower.loop.body, cst.For)}
-    return [tower for tower in ordered if id(tower.loop) not in nested]
+    for loop in plumbing:
+        loop.owner = walked.owner.get(id(loop.loop))
+    return [tower for tower in ordered if id(tower.loop) not in nested], plumbing
+
+
+# What a per-device loop may call and still only move data or updates between devices: apply
+# gradients, assign, create or feed queues and staging areas, pack, copy and group tensors.
+_PLUMBING_METHODS = {
+    "apply_gradients", "assign", "assign_add", "assign_sub", "put", "get", "enqueue", "enqueue_many",
+    "dequeue", "dequeue_many", "dequeue_up_to", "close", "size", "append", "extend", "get_shape", "as_list",
+}
+_PLUMBING_FUNCTIONS = {
+    "identity", "concat", "split", "reshape", "group", "stack", "unstack", "tuple", "no_op", "add_n",
+    "control_dependencies", "Variable", "get_variable", "zeros", "ones", "zeros_like", "cast", "shape", "size",
+    "FIFOQueue", "RandomShuffleQueue", "PaddingFIFOQueue", "PriorityQueue", "StagingArea", "colocate_with",
+    "name_scope", "device", "len", "range", "enumerate", "zip", "list", "int", "str",
+}
+
+
+def is_plumbing(loop: cst.For, imports: ImportTable) -> bool:
+    """Whether a per-device loop only moves data or updates between devices (a harness's
+    per-device `apply_gradients`, queues or staging areas made per GPU, gradient packing)
+    instead of building a model replica: every call in it is such a step, and there is one."""
+    calls = [n for n in walk(loop.body) if isinstance(n, cst.Call)]
+    if not calls or any(isinstance(n, (cst.FunctionDef, cst.Lambda)) for n in walk(loop.body)):
+        return False
+    for call in calls:
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _PLUMBING_METHODS:
+            continue
+        resolved = imports.resolve(func) or ""
+        name = resolved.rsplit(".", 1)[-1] if resolved else (func.value if isinstance(func, cst.Name) else "")
+        if name not in _PLUMBING_FUNCTIONS:
+            return False
+    return True
 
 
 def _add_tower_function_loops(walked: _Walk, imports: ImportTable, towers: dict[int, TowerLoop], derived) -> None:
@@ -575,7 +618,16 @@ def looks_per_device(iterable: cst.CSTNode) -> bool:
 
 def module_tower_loops(context) -> list[TowerLoop]:
     """The tower loops of the module a rule is checking, computed once per run."""
-    return context.memo("tower_loops", lambda: tower_loops(context.module, context.imports, text=context.text))
+    return _module_loops(context)[0]
+
+
+def module_plumbing_loops(context) -> list[TowerLoop]:
+    """The per-device loops of the module that are not tower loops (:func:`is_plumbing`)."""
+    return _module_loops(context)[1]
+
+
+def _module_loops(context):
+    return context.memo("tower_loops", lambda: classified_loops(context.module, context.imports, text=context.text))
 
 
 def _tower_membership(context) -> dict[int, TowerLoop]:
