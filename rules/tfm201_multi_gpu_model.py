@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.callargs import argument, has_star_args
+from tfmigrate.devices import blank_lines_unindented
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.walker import visit_read_only
 
@@ -44,15 +45,6 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
             return func.value.value, func.attr.value
     return None
-
-
-def _blank_lines_unindented(statement: cst.BaseStatement) -> cst.BaseStatement:
-    """A blank line moved one level deeper must not gain trailing whitespace."""
-    lines = [
-        line.with_changes(indent=False) if line.comment is None else line
-        for line in statement.leading_lines
-    ]
-    return statement.with_changes(leading_lines=lines)
 
 
 def _calls(node: cst.CSTNode) -> list[cst.Call]:
@@ -334,7 +326,7 @@ class MultiGpuModel(Rule):
         ).with_changes(leading_lines=first.leading_lines)
         scope = cst.With(
             items=[cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))],
-            body=cst.IndentedBlock(body=[_blank_lines_unindented(s) for s in moved]),
+            body=cst.IndentedBlock(body=[blank_lines_unindented(s) for s in moved]),
         )
         changes: dict = {first: cst.FlattenSentinel([create, scope])}
         for statement in body[built + 1:last + 1]:

@@ -149,16 +149,43 @@ REFUSALS = {
         def average_gradients(tower_grads):
             return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
         tower_grads = []
+        if TRAIN:
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    loss = model(i)
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = average_gradients(tower_grads)
+            train_op = opt.apply_gradients(grads)
+        """,
+        "the tower loop is inside a block at module level",
+    ),
+}
+
+
+def test_a_module_level_script_goes_under_the_strategy_scope_from_its_first_statement():
+    from tests.conftest import unsafe_fix
+
+    out = unsafe_fix(textwrap.dedent("""\
+        import tensorflow as tf
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+
+        opt = tf.train.AdamOptimizer()
+        tower_grads = []
         for i in range(2):
             with tf.device('/gpu:%d' % i):
                 loss = model(i)
                 tower_grads.append(opt.compute_gradients(loss))
         grads = average_gradients(tower_grads)
         train_op = opt.apply_gradients(grads)
-        """,
-        "at module level",
-    ),
-}
+
+        sess = tf.Session()
+        """))
+    # The run of module statements around the loop, up to the definitions above it.
+    assert ("\nstrategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % i for i in range(2)])\n"
+            "with strategy.scope():\n    opt = tf.train.AdamOptimizer()\n") in out
+    assert "    def tower_fn():\n        global train_op\n" in out  # `loss` is the replica's own
+    assert "\n\n    sess = tf.Session()\n" in out  # the blank line above it has no trailing spaces
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))

@@ -60,6 +60,13 @@ _TRIVIA_FIELDS = frozenset({
 })
 
 
+def blank_lines_unindented(statement: cst.BaseStatement) -> cst.BaseStatement:
+    """``statement`` with its blank leading lines unindented: a statement moved one level
+    deeper must not gain trailing whitespace on them."""
+    lines = [line.with_changes(indent=False) if line.comment is None else line for line in statement.leading_lines]
+    return statement.with_changes(leading_lines=lines)
+
+
 def children(node: cst.CSTNode) -> list[cst.CSTNode]:
     """The child nodes of ``node`` that can hold code, in source order."""
     cls = type(node)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Sequence
 import libcst as cst
 
 from tfmigrate.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
+from tfmigrate.devices import blank_lines_unindented
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.walker import visit_read_only
 
@@ -529,7 +530,7 @@ class _Planner:
             result = f"({returned[0]},)"
         else:
             result = ", ".join(returned)
-        body = [s.with_changes(leading_lines=[ln.with_changes(indent=False) if ln.comment is None else ln for ln in s.leading_lines]) for s in parse]
+        body = [blank_lines_unindented(s) for s in parse]
         if body:
             body[0] = body[0].with_changes(leading_lines=[ln for ln in body[0].leading_lines if ln.comment is not None])
         body.append(cst.parse_statement(f"return {result}\n"))

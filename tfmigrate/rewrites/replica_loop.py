@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.devices import DEVICE_SPECS, children, device_scope_arg, find, names_used, walk
+from tfmigrate.devices import DEVICE_SPECS, blank_lines_unindented, children, device_scope_arg, find, names_used, walk
 from tfmigrate.mirrored import (
     REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, code, device_helpers, devices_argument, is_reuse_statement,
     method_call, module_parents, place_scope, references, ReplaceById, strategy_scope_owner, tf_root,
@@ -128,15 +128,18 @@ def plan(rule, tower) -> Edit:
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
     prelude = _device_prelude(rule, scope_region, create)
     region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in prelude)
-    anchor, new_anchor = place_scope(scope_region.loop, scope_region.parents, imports, region_changes, create,
-                                     scope_item, prelude)
-    changes = {anchor: new_anchor}
+    if _module_run(rule, scope_region):
+        changes = _module_scope(rule, scope_region, region_changes, [*prelude, create], scope_item)
+    else:
+        anchor, new_anchor = place_scope(scope_region.loop, scope_region.parents, imports, region_changes, create,
+                                         scope_item, prelude)
+        changes = {anchor: new_anchor}
     # Edits outside what the strategy scope replaced apply on their own.
-    inside = {id(node) for node in walk(anchor)}
+    inside = {id(node) for replaced in changes for node in walk(replaced)}
     nodes = {id(node): node for owner in {id(region.owner): region.owner, id(scope_region.owner): scope_region.owner}.values()
              for node in walk(owner)}
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
-    _remove_unused_helpers(changes, anchor, tower, module, update)
+    _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
     return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
 
@@ -1117,11 +1120,62 @@ def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression
     return device
 
 
+def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
+    """At module level with no `with` that opens the graph: the run of module statements around
+    the loop that the strategy scope covers (up to the nearest import, definition, docstring or
+    `if __name__ == '__main__':`). Empty elsewhere."""
+    module = rule.context.module
+    if strategy_scope_owner(region.loop, region.parents, rule.imports) is not module:
+        return []
+    body = list(module.body)
+    at = next((k for k, s in enumerate(body) if any(n is region.loop for n in walk(s))), None)
+    if at is None or body[at] is not region.loop:
+        raise Refused("the tower loop is inside a block at module level: move it into a function so the graph "
+                      "can be built under strategy.scope()")
+    start, end = at, at
+    while start > 0 and _plain_module_statement(body[start - 1]):
+        start -= 1
+    while end + 1 < len(body) and _plain_module_statement(body[end + 1]):
+        end += 1
+    return body[start:end + 1]
+
+
+def _plain_module_statement(statement: cst.BaseStatement) -> bool:
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return False
+    if isinstance(statement, cst.If) and "__name__" in code(statement.test):
+        return False
+    small = _single(statement)
+    return not (isinstance(small, (cst.Import, cst.ImportFrom))
+                or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))))
+
+
+def _module_scope(rule, region: _Region, region_changes: dict, creates: list, scope_item: cst.WithItem) -> dict:
+    """The module run around the loop under `with strategy.scope():`, the strategy made before it."""
+    run = _module_run(rule, region)
+    statements: list[cst.BaseStatement] = []
+    for statement in run:
+        change = region_changes.get(id(statement))
+        if change is cst.RemovalSentinel.REMOVE:
+            continue
+        if isinstance(change, cst.FlattenSentinel):
+            statements += list(change.nodes)
+        else:
+            statements.append(change or statement.visit(ReplaceById(region_changes)))
+    statements = [blank_lines_unindented(s) for s in statements]
+    statements[0] = statements[0].with_changes(leading_lines=[])
+    creates[0] = creates[0].with_changes(leading_lines=run[0].leading_lines)
+    scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=statements))
+    changes: dict = {run[0]: cst.FlattenSentinel([*creates, scoped])}
+    changes.update((statement, cst.RemovalSentinel.REMOVE) for statement in run[1:])
+    return changes
+
+
 def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cst.BaseStatement]:
     """The statements before the loop that the strategy's device list reads (`devices = [...]`):
     they move up with the strategy, above the scope, which is only safe for plain Python."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
-    block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else []
+    block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else _module_run(rule, region)
     needed = names_used(create) - {"tf"}
     prelude = []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
@@ -1131,7 +1185,7 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
                               "graph; name the device list before the graph is built")
             prelude.insert(0, statement)
             needed |= names_used(statement)
-    _check_bound_before(rule, owner, create, prelude)
+    _check_bound_before(rule, owner, create, prelude, block)
     return prelude
 
 
@@ -1147,15 +1201,14 @@ def _builds_graph(rule, node: cst.CSTNode) -> bool:
     return name.startswith("tensorflow") and not name.startswith(_DEVICE_QUERIES)
 
 
-def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, prelude: list) -> None:
+def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, prelude: list, block: list) -> None:
     """The strategy is made before what its scope covers: the device list must not read a name
     that code there binds (`n_gpus = FLAGS.n_gpus` inside an `if` above the loop)."""
-    if not isinstance(owner, (cst.With, cst.FunctionDef)):
-        return
+    block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else block
     expression = create.body[0].value
     targets = set().union(*(names_used(f.target) for f in find(expression, cst.CompFor)))
     moved = {id(s) for s in prelude}
-    covered = [s for s in owner.body.body if id(s) not in moved]
+    covered = [s for s in block if id(s) not in moved]
     late = (names_used(expression) - targets) & set().union(*(_bound_names(s) for s in covered))
     if late:
         binding = next(s for s in _statements(owner) if _bound_names(s) & late and id(s) not in moved)
@@ -1164,7 +1217,7 @@ def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, pre
                       "cover; set it before that code (or at the top of the function)")
 
 
-def _remove_unused_helpers(changes: dict, anchor, tower, module: cst.Module, update: _Update) -> None:
+def _remove_unused_helpers(changes: dict, tower, module: cst.Module, update: _Update) -> None:
     """The averaging helper and device functions only the loop used go with it."""
     removed = [scope.device for scope in tower.scopes]
     names = [name for name, _ in device_helpers(tower, module)]
@@ -1173,7 +1226,7 @@ def _remove_unused_helpers(changes: dict, anchor, tower, module: cst.Module, upd
     definitions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
     for name in names:
         definition = definitions.get(name)
-        if definition is None or definition is anchor:
+        if definition is None or definition in changes:  # rebuilt with the strategy scope
             continue
         inside = sum(references(node, name) for node in removed)
         if name == update.helper:
