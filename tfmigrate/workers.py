@@ -81,16 +81,32 @@ def _run_chunk(work, items: list[tuple[int, str]], config) -> None:
         for index, path in items:
             if stop.value:
                 break
-            status[index] = pid
-            result = work(path, config)
-            status[index] = WRITTEN if getattr(result, "written", False) else DONE
-            _worker["busy"] = False  # a result is never cut in half on the queue
-            queue.put((index, result))
-            _worker["busy"] = True
+            with _termination_held():
+                status[index] = pid
+                result = work(path, config)
+                status[index] = WRITTEN if getattr(result, "written", False) else DONE
+                _worker["busy"] = False  # a result is never cut in half on the queue
+                queue.put((index, result))
+                _worker["busy"] = True
     except KeyboardInterrupt:
         pass  # the file in progress was left as it was (a write in progress was finished)
     finally:
         _worker["busy"] = False
+
+
+@contextlib.contextmanager
+def _termination_held():
+    """SIGTERM waits while a worker works on a file and reports it. When another worker crashes,
+    the pool terminates the rest: one killed between writing its file and reporting it would
+    leave a fixed file that no one counts (rerun, it has nothing left to fix)."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _run_alone(work, path: str, config, connection) -> None:
