@@ -74,8 +74,17 @@ class _Blocks(cst.CSTVisitor):
 
     def __init__(self) -> None:
         self.of_call: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
+        self.guarded: dict[int, cst.Try] = {}  # id(the one statement of a `try:` body) -> the try
         self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
         self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
+
+    def where(self, statement: cst.BaseStatement) -> tuple[tuple[cst.BaseStatement, ...], int] | None:
+        """The statements of the block ``statement`` is in, and its index there."""
+        return self._where.get(id(statement))
+
+    def visit_Try(self, node: cst.Try) -> None:
+        if len(node.body.body) == 1:
+            self.guarded[id(node.body.body[0])] = node
 
     def _record(self, body) -> None:
         for index, statement in enumerate(body):
@@ -210,6 +219,35 @@ class MultiGpuModel(Rule):
             """,
             line=5,
         ),
+        # Built by a function, guarded by `except ValueError` (fewer GPUs than asked): the
+        # strategy replicates onto what there is, so the fallback is the whole of the fix.
+        Invalid(
+            """
+            import tensorflow as tf
+            from tensorflow.keras.utils import multi_gpu_model
+            def train(x, y):
+                model = build_model()
+                try:
+                    parallel = multi_gpu_model(model, gpus=2)
+                except ValueError:
+                    parallel = model
+                    print('Training on one device')
+                parallel.compile(loss='mse', optimizer='adam')
+                parallel.fit(x, y)
+            """,
+            line=6,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            def train(x, y):
+                strategy = tf.distribute.MirroredStrategy()
+                with strategy.scope():
+                    model = build_model()
+                    parallel = model
+                    parallel.compile(loss='mse', optimizer='adam')
+                parallel.fit(x, y)
+            """,
+        ),
     ]
 
     def __init__(self, context) -> None:
@@ -286,6 +324,9 @@ class MultiGpuModel(Rule):
         if id(call) not in blocks.of_call:
             return None, "the call is not in a statement block"
         body, index = blocks.of_call[id(call)]
+        guard = blocks.guarded.get(id(body[index]))
+        if guard is not None and self._falls_back_to_template(guard, target, model) and blocks.where(guard):
+            body, index = blocks.where(guard)  # `try: p = multi_gpu_model(m) except ValueError: p = m`
         built = self._construction(body, index, model)
         if built is not None:
             built = self._first_layer_call(body, built)
@@ -295,7 +336,7 @@ class MultiGpuModel(Rule):
                 f"`strategy = tf.distribute.MirroredStrategy()` where `{model}` is built, build and "
                 f"compile it under `with strategy.scope():`, and use `{model}` in place of the parallel model"
             )
-        assigned = _single_assign(body[index])
+        assigned = _single_assign(body[index]) if body[index] is not guard else (target, call)
         if assigned is None or assigned[1] is not call:
             return None, (
                 f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
@@ -317,7 +358,9 @@ class MultiGpuModel(Rule):
             moved.append(first.with_changes(leading_lines=()))
         moved += list(body[built + 1:index])
         line = body[index]
-        if target != model:
+        if line is guard:  # the fallback the `except` took is what the strategy does: the template itself
+            moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
+        elif target != model:
             moved.append(line.deep_replace(call, cst.Name(model)))
         moved += list(body[index + 1:last + 1])
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
@@ -347,6 +390,28 @@ class MultiGpuModel(Rule):
                 if inner and all((_single_assign(s) or ("",))[0] == model for s in inner[:1]):
                     return position
         return None
+
+    def _falls_back_to_template(self, guard: cst.Try, target: str | None, model: str) -> bool:
+        """`try: target = multi_gpu_model(model, ...)` whose every `except` (ValueError, Exception
+        or bare: fewer GPUs than asked) sets `target = model` and otherwise only logs."""
+        if target is None or guard.orelse is not None or guard.finalbody is not None or not guard.handlers:
+            return False
+        for handler in guard.handlers:
+            caught = self._code(handler.type) if handler.type is not None else "Exception"
+            if not any(name in caught for name in ("ValueError", "Exception")):
+                return False
+            statements = handler.body.body
+            assigns = [_single_assign(s) for s in statements]
+            if not any(a is not None and a[0] == target and self._code(a[1]) == model for a in assigns):
+                return False
+            if not all(a is not None or self._is_call_line(s) for a, s in zip(assigns, statements)):
+                return False
+        return True
+
+    @staticmethod
+    def _is_call_line(statement: cst.BaseStatement) -> bool:
+        return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+                and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.Call))
 
     def _keras3_weight_files(self, models: set) -> dict:
         """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which
