@@ -65,6 +65,11 @@ class ColocateGradients(Rule):
                 colocate_gradients_with_ops=True)
             """,
             line=4,
+            fixed="""\
+            import tensorflow as tf
+            train_op = opt.minimize(
+                loss)
+            """,
         ),
         Invalid(
             """\
@@ -72,6 +77,10 @@ class ColocateGradients(Rule):
             grads = tf.gradients(loss, params, colocate_gradients_with_ops=FLAGS.colocate)
             """,
             line=2,
+            fixed="""\
+            import tensorflow.compat.v1 as tf
+            grads = tf.gradients(loss, params)
+            """,
         ),
     ]
 

@@ -81,6 +81,10 @@ class DatasetIterator(Rule):
             iterator = dataset.make_one_shot_iterator()
             """,
             line=2,
+            fixed="""
+            import tensorflow as tf
+            iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+            """,
         ),
         Invalid(
             """
@@ -93,6 +97,16 @@ class DatasetIterator(Rule):
             )
             """,
             line=3,
+            fixed="""
+            import tensorflow as tf
+            iterator = (
+                tf.compat.v1.data.make_initializable_iterator(
+                    tf.data.TFRecordDataset(files)
+                    .map(parse)
+                    .batch(32),
+                )
+            )
+            """,
         ),
     ]
 

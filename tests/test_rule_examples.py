@@ -35,6 +35,31 @@ def test_invalid_example_is_reported(rule, example):
         assert example.line in {f.start.row for f in findings}
 
 
+def _fixed_cases() -> list:
+    return [
+        pytest.param(rule, example, id=f"{rule.code}-fixed-{index}")
+        for rule in RULES
+        for index, example in enumerate(rule.invalid)
+        if example.fixed is not None
+    ]
+
+
+@pytest.mark.parametrize("rule, example", _fixed_cases())
+def test_invalid_example_is_fixed_as_the_rule_says(rule, example):
+    """Fixit's `Invalid(expected_replacement=...)`: the rule's own fix of its example, and nothing else."""
+    from tfmigrate.config import Config
+    from tfmigrate.fixer import fix_text
+    from tests.conftest import ROOT
+
+    source = textwrap.dedent(example.code).strip("\n") + "\n"
+    config = Config(root=ROOT, select=[rule.code])
+    fixed = fix_text(source, config, unsafe=example.unsafe)
+    assert fixed == textwrap.dedent(example.fixed).strip("\n") + "\n"
+    if not example.unsafe:
+        return
+    assert fix_text(source, config, unsafe=False) == source  # an unsafe fix waits for --unsafe-fixes
+
+
 @pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
 def test_rule_is_documented(rule):
     assert rule.code.startswith("TFM") and len(rule.code) == 6
