@@ -31,6 +31,9 @@ AUTO = [
     "general_tower_loss_expression", "general_per_tower_optimizer", "general_tf_gradients_zip",
     "general_enumerate_split_devices", "general_module_level_script", "general_summed_gradients",
     "general_keras_model_towers", "general_inline_average", "general_accumulated_loss",
+    "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
+    "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
+    "general_flat_script",
 ]
 TF2 = ["towers_keras", "towers_variables"]
 

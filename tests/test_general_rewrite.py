@@ -541,3 +541,14 @@ def test_rewrites_that_would_run_wrong_are_refused(name):
     code, reason = MORE_REFUSALS[name]
     (finding,) = tower_findings(textwrap.dedent(code))
     assert not finding.fixable and reason in finding.refusal, finding.refusal
+
+
+def test_the_tf2_target_keeps_the_replica_rewrite_and_says_why():
+    from tfmigrate.config import Config
+    from tfmigrate.fixer import fix_text
+    from tfmigrate.runner import check_text
+
+    source = (FIXTURES / "programs" / "general_clip_before_apply.py").read_text()
+    (finding,) = [f for f in check_text(source, Config(root=ROOT, target="tf2")) if f.code == "TFM101"]
+    assert "compat target: the Session program stays" in finding.fix_title
+    assert fix_text(source, Config(root=ROOT, target="tf2"), unsafe=True) == unsafe_fix(source)

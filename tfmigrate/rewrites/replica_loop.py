@@ -141,6 +141,9 @@ def plan(rule, tower) -> Edit:
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
+    if context.target == "tf2":  # the TF2 step is written only for the textbook shape (mirrored.py)
+        title += (" (compat target: the Session program stays; a tf.function step with tf.GradientTape is "
+                  "written only for a loop that averages and applies its gradients right after it)")
     return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
 
 
