@@ -552,3 +552,46 @@ def test_the_tf2_target_keeps_the_replica_rewrite_and_says_why():
     (finding,) = [f for f in check_text(source, Config(root=ROOT, target="tf2")) if f.code == "TFM101"]
     assert "compat target: the Session program stays" in finding.fix_title
     assert fix_text(source, Config(root=ROOT, target="tf2"), unsafe=True) == unsafe_fix(source)
+
+
+def test_one_towers_summaries_and_batch_norm_updates_are_read_from_every_replica():
+    out = fixed("""
+        import tensorflow as tf
+        def train(opt, parts, n):
+            with tf.Graph().as_default():
+                tower_grads = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+                        loss = model(parts[i])
+                        summaries = tf.get_collection(tf.GraphKeys.SUMMARIES, scope)
+                        bn_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope)
+                        other = tf.get_collection('my_collection', scope)
+                        tower_grads.append(opt.compute_gradients(loss))
+                with tf.control_dependencies(bn_updates):
+                    train_op = opt.apply_gradients(average_gradients(tower_grads))
+                return train_op, tf.summary.merge(summaries), other
+    """)
+    # Replica 1's own scope holds neither (TF1 summaries are recorded on replica 0 only, a
+    # merged moving-average update is named under replica 0's scope): the last tower's become all.
+    assert "summaries = tf.get_collection(tf.GraphKeys.SUMMARIES)\n" in out
+    assert "bn_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS)\n" in out
+    assert "other = tf.get_collection('my_collection', scope)" in out  # a collection of its own stays scoped
+
+
+def test_a_model_class_made_twice_into_one_graph_is_refused():
+    (finding,) = tower_findings(textwrap.dedent("""
+        import tensorflow as tf
+        class Model:
+            def __init__(self, opt, parts, n):
+                tower_grads = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(opt.compute_gradients(model(parts[i])))
+                self.train_op = opt.apply_gradients(average_gradients(tower_grads))
+        def run(opt, parts):
+            init_model = Model(opt, parts, 1)
+            tf.get_variable_scope().reuse_variables()
+            train_model = Model(opt, parts, 2)
+    """))
+    assert not finding.fixable
+    assert "`Model` runs 2 times (lines 10, 12) into one graph" in finding.refusal, finding.refusal

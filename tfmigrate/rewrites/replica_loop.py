@@ -126,6 +126,7 @@ def plan(rule, tower) -> Edit:
         _check_devices_visible(rule, region, devices)
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
+    _check_one_strategy(rule, scope_region)
     prelude = _device_prelude(rule, scope_region, create)
     region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in prelude)
     if _module_run(rule, scope_region):
@@ -897,9 +898,23 @@ class _ReplicaBody(cst.CSTTransformer):
     """The loop body without the tower's device scopes and `reuse_variables()` calls (the
     strategy places each replica and reuses replica 0's variables), with the update's edits."""
 
-    def __init__(self, scopes: set[int], changes: dict, imports):
+    def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str]):
         super().__init__()
         self.scopes, self.changes, self.imports = scopes, changes, imports
+        self.tower_scopes = tower_scopes  # the names of the towers' `name_scope(...) as scope`
+        self.widened = False
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        """`tf.get_collection(UPDATE_OPS or SUMMARIES, scope)` of one tower's scope reads every
+        replica's: MirroredStrategy records TF1 summaries on replica 0 only, and a batch norm's
+        merged moving-average update is named under replica 0's scope, so the last replica's own
+        scope would hold none of them (the program kept the last tower's)."""
+        if (self.imports.resolve(original.func) != "tensorflow.get_collection" or len(original.args) != 2
+                or not code(original.args[0].value).endswith(("UPDATE_OPS", "SUMMARIES", "UPDATE_OPS_COLLECTION"))
+                or code(original.args[1].value) not in self.tower_scopes):
+            return updated
+        self.widened = True
+        return updated.with_changes(args=[updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
 
     def leave_With(self, original: cst.With, updated: cst.With):
         if id(original) not in self.scopes:
@@ -913,6 +928,11 @@ class _ReplicaBody(cst.CSTTransformer):
     def leave_SimpleStatementLine(self, original, updated):
         if is_reuse_statement(original):
             return cst.RemovalSentinel.REMOVE
+        if self.widened:
+            self.widened = False
+            note = cst.EmptyLine(comment=cst.Comment(
+                "# Every replica's: under MirroredStrategy these live in replica 0's scope."))
+            updated = updated.with_changes(leading_lines=[*updated.leading_lines, note])
         return self.changes.get(id(original), updated)
 
     def leave_IndentedBlock(self, original, updated):
@@ -927,7 +947,10 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) ->
     for key in in_body:
         del update.changes[key]
     scopes = {id(scope.with_node) for scope in tower.scopes}
-    body = loop.body.visit(_ReplicaBody(scopes, in_body, rule.imports))
+    tower_scopes = {code(item.asname.name) for with_node in find(loop.body, cst.With) for item in with_node.items
+                    if item.asname is not None and isinstance(item.item, cst.Call)
+                    and (rule.imports.resolve(item.item.func) or "").endswith("name_scope")}
+    body = loop.body.visit(_ReplicaBody(scopes, in_body, rule.imports, tower_scopes))
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf)
     return [*prelude, *statements]
@@ -1121,6 +1144,30 @@ def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression
         if device.value in _bound_names(statement):
             break
     return device
+
+
+def _check_one_strategy(rule, region: _Region) -> None:
+    """The strategy is made where the graph is built. A function that builds into its caller's
+    graph and runs more than once (a model class made for training and for evaluation, sharing
+    variables) would make one strategy per call, and the second would find the first's
+    variables mirrored onto other devices."""
+    owner, module = strategy_scope_owner(region.loop, region.parents, rule.imports), rule.context.module
+    if not isinstance(owner, cst.FunctionDef):
+        return  # a `with` that opens a graph of its own, or the module
+    name, parent = owner.name.value, region.parents.get(id(owner))
+    holder = region.parents.get(id(parent)) if isinstance(parent, cst.IndentedBlock) else None
+    if isinstance(holder, cst.ClassDef):
+        wanted = holder.name.value if name == "__init__" else name
+        uses = [c for c in find(module, cst.Call)
+                if (isinstance(c.func, cst.Name) and c.func.value == wanted and name == "__init__")
+                or (isinstance(c.func, cst.Attribute) and c.func.attr.value == wanted and name != "__init__")]
+    else:
+        wanted = name
+        uses = [c for c in find(module, cst.Call) if isinstance(c.func, cst.Name) and c.func.value == name]
+    if len(uses) > 1:
+        lines = ", ".join(str(_line(rule, c)) for c in uses)
+        raise Refused(f"`{wanted}` runs {len(uses)} times (lines {lines}) into one graph: each run would make its "
+                      "own MirroredStrategy over the same variables; make one strategy where the graph is built")
 
 
 def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
