@@ -61,7 +61,8 @@ import libcst as cst
 
 from tfmigrate.devices import DEVICE_SPECS, blank_lines_unindented, children, device_scope_arg, find, names_used, walk
 from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, code, device_helpers, devices_argument, is_reuse_statement,
+    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, code, comment_lines, device_helpers,
+    devices_argument, is_reuse_statement,
     method_call, module_parents, place_scope, references, ReplaceById, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
@@ -278,8 +279,20 @@ def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
     return [n for n in _own_nodes(node) if isinstance(n, cst.SimpleStatementLine)]
 
 
-def _mentions(node: cst.CSTNode, target: str) -> bool:
-    """Whether ``node`` reads the name or attribute chain ``target`` (`x`, `self.x`)."""
+def _mentions(node: cst.CSTNode, target: str, skipped: frozenset = frozenset()) -> bool:
+    """Whether ``node`` reads the name or attribute chain ``target`` (`x`, `self.x`), outside
+    the nodes whose ids are ``skipped`` (those the rewrite replaces)."""
+    if skipped:
+        stack, parts = [node], []
+        while stack:
+            current = stack.pop()
+            if id(current) in skipped:
+                continue
+            parts.append(current)
+            stack.extend(children(current))
+        names = {n.value for n in parts if isinstance(n, cst.Name)}
+        return target in names if "." not in target else any(
+            isinstance(n, cst.Attribute) and code(n) == target for n in parts)
     if "." not in target:
         return target in names_used(node)
     return any(code(n) == target for n in find(node, cst.Attribute))
@@ -327,10 +340,26 @@ def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Upda
     changes.update(after_changes)
     why = ("Replicas' gradients are summed: each replica applies its share of the mean."
            if average.averages else "Replicas' gradients are summed, as the towers' were.")
-    statements[0] = statements[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}"))])
+    statements[0] = statements[0].with_changes(
+        leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}")), *statements[0].leading_lines])
     update = _Update(statements, changes, binds)
     _drop_average(region, update, average, item)
+    _keep_comments(region, update)
     return update
+
+
+def _keep_comments(region: _Region, update: _Update) -> None:
+    """The comments above the statements the update removes (the averaging, the list it fills)
+    go with the update into the replica function rather than away."""
+    removed = {key for key, change in update.changes.items() if change is cst.RemovalSentinel.REMOVE}
+    if not update.statements:
+        return
+    first = update.statements[0]
+    there = {line.comment.value for line in first.leading_lines if line.comment is not None}
+    kept = [line for statement in [*region.preceding, *_statements(region.loop.body), *region.following]
+            if id(statement) in removed for line in comment_lines(statement) if line.comment.value not in there]
+    if kept:
+        update.statements[0] = first.with_changes(leading_lines=[*first.leading_lines[:1], *kept, *first.leading_lines[1:]])
 
 
 @dataclass
@@ -451,11 +480,11 @@ def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument,
     new_call = call.with_changes(args=[call.args[0].with_changes(value=first_argument), *call.args[1:]])
     small = _single(statement)
     if isinstance(small, cst.Assign) and small.value is call:
-        moved = statement.with_changes(body=[small.with_changes(value=new_call)], leading_lines=[])
+        moved = statement.with_changes(body=[small.with_changes(value=new_call)], leading_lines=comment_lines(statement))
         binds = set().union(*(_target_names(t.target) for t in small.targets))
         return [moved], binds, {id(statement): cst.RemovalSentinel.REMOVE}
     if isinstance(small, cst.Expr) and small.value is call:
-        return [statement.with_changes(leading_lines=[])], set(), {id(statement): cst.RemovalSentinel.REMOVE}
+        return [statement.with_changes(leading_lines=comment_lines(statement))], set(), {id(statement): cst.RemovalSentinel.REMOVE}
     # Inside a larger expression (`train_op = tf.group(opt.apply_gradients(...), ema_op)`).
     name = _fresh(rule.context.module, default_name, default_name + "_")
     moved = cst.parse_statement(f"{name} = {code(new_call)}\n")
@@ -471,7 +500,7 @@ def _drop_average(region: _Region, update: _Update, average: _Average, item: _Co
     went_ids = {id(s) for s in (average.statement, average.init) if s is not None}
     after = region.following[_index(region.following, average.statement) + 1:]  # what can read the average
     readers = [s for s in after if id(s) not in went_ids and id(s) not in update.changes
-               and _mentions(s, average.argument)]
+               and _mentions(s, average.argument, skipped=frozenset(update.changes))]
     if readers:
         update.note = " (the averaged gradients stay for the code after the loop that reads them)"
         return
@@ -530,7 +559,8 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
         moved, binds, changes = _move_call(rule, region, minimize_statement, minimize_call, share_code, "train_op")
         why = ("MirroredStrategy sums the replicas' gradients: each replica minimises its share of the mean loss."
                if share_code != item.value.value else "MirroredStrategy sums the replicas' gradients, as the summed loss did.")
-        moved[0] = moved[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}"))])
+        moved[0] = moved[0].with_changes(
+            leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}")), *moved[0].leading_lines])
         return _Update(moved, changes, binds)
     return None
 
