@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from tfmigrate.registry import all_rules
+from tfmigrate.engine.registry import all_rules
 from tests.conftest import run_check
 
 RULES = all_rules()

@@ -59,10 +59,13 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.devices import DEVICE_SPECS, blank_lines_unindented, children, device_scope_arg, find, names_used, walk
-from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, code, device_helpers, devices_argument, is_reuse_statement,
-    method_call, module_parents, place_scope, references, ReplaceById, strategy_scope_owner, tf_root,
+from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import blank_lines_unindented, children, find, module_parents, names_used, walk
+from tfmigrate.rewrites.mirrored import (
+    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, device_helpers,
+    devices_argument, is_reuse_statement, method_call, place_scope, references, ReplaceById,
+    strategy_scope_owner, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -100,7 +103,7 @@ class _Update:
 
 
 def plan(rule, tower) -> Edit:
-    """The replica rewrite of ``tower`` (a :class:`tfmigrate.devices.TowerLoop`)."""
+    """The replica rewrite of ``tower`` (a :class:`tfmigrate.analysis.devices.TowerLoop`)."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
     check_tower(context, tower)
