@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tfmigrate.config import Config  # noqa: E402
-from tfmigrate.fixer import fix_text  # noqa: E402
-from tfmigrate.runner import check_text  # noqa: E402
+from tfmigrate.engine.config import Config  # noqa: E402
+from tfmigrate.engine.fixer import fix_text  # noqa: E402
+from tfmigrate.engine.runner import check_text  # noqa: E402
 
 CODE = "TFM101"
 

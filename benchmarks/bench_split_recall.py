@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tfmigrate.config import Config  # noqa: E402
-from tfmigrate.runner import check_text  # noqa: E402
+from tfmigrate.engine.config import Config  # noqa: E402
+from tfmigrate.engine.runner import check_text  # noqa: E402
 
 CODES = ("TFM105", "TFM111")
 MARK = re.compile(r"#.*\bbatch-split\b")

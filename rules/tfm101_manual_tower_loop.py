@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import describe_device, tower_group, tower_loop_at
-from tfmigrate import mirrored
+from tfmigrate.analysis.devices import describe_device, tower_group, tower_loop_at
+from tfmigrate.rewrites import mirrored
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 

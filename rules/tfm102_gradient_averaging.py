@@ -4,8 +4,9 @@ import builtins
 
 import libcst as cst
 
-from tfmigrate.devices import derived_names, device_scope_arg, enclosing_tower, find, names_used, tower_collections
-from tfmigrate.names import dotted_name
+from tfmigrate.analysis.devices import derived_names, device_scope_arg, enclosing_tower, tower_collections
+from tfmigrate.cst.traversal import find, names_used
+from tfmigrate.cst.names import dotted_name
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 # How a reduction combines the towers' gradients.

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import enclosing_tower, names_used, per_device_names
-from tfmigrate.names import dotted_name
+from tfmigrate.analysis.devices import enclosing_tower, per_device_names
+from tfmigrate.cst.traversal import names_used
+from tfmigrate.cst.names import dotted_name
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import device_scopes, mentions_gpu, module_tower_loops
+from tfmigrate.analysis.devices import device_scopes, mentions_gpu, module_tower_loops
 from tfmigrate.rule import Edit, FixSafety, Invalid, Rule
 
 

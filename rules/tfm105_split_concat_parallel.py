@@ -4,10 +4,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate import parallel_call
-from tfmigrate.batch_splits import JOINS, SPLIT, UNSTACKS, along_batch_axis, join_after
-from tfmigrate.callargs import is_legacy_split
-from tfmigrate.devices import TowerLoop, enclosing_tower, find, names_used, tower_loop_at
+from tfmigrate.rewrites import parallel_call
+from tfmigrate.analysis.batch_splits import JOINS, SPLIT, UNSTACKS, along_batch_axis, join_after
+from tfmigrate.cst.callargs import is_legacy_split
+from tfmigrate.analysis.devices import TowerLoop, enclosing_tower, tower_loop_at
+from tfmigrate.cst.traversal import find, names_used
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 SPLITS = {SPLIT} | UNSTACKS

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate import mirrored
-from tfmigrate.devices import enclosing_tower
+from tfmigrate.rewrites import mirrored
+from tfmigrate.analysis.devices import enclosing_tower
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 PLACEHOLDERS = {

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import tower_loop_at
+from tfmigrate.analysis.devices import tower_loop_at
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 ESTIMATORS = {

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.callargs import argument
+from tfmigrate.cst.callargs import argument
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 SYNC_REPLICAS = {

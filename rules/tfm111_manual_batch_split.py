@@ -2,15 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.batch_splits import PY_FUNCS, BatchSplit, batch_split, is_splitter, join_after
-from tfmigrate.devices import (
-    contains,
-    enclosing_tower,
-    find,
-    loop_derived_names,
-    looks_per_device,
-    module_tower_loops,
-    names_used,
+from tfmigrate.analysis.batch_splits import PY_FUNCS, BatchSplit, batch_split, is_splitter, join_after
+from tfmigrate.cst.traversal import contains, find, names_used
+from tfmigrate.analysis.devices import (
+    enclosing_tower, loop_derived_names, looks_per_device, module_tower_loops,
 )
 from tfmigrate.rule import FixSafety, Invalid, Rule
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import module_plumbing_loops
+from tfmigrate.analysis.devices import module_plumbing_loops
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 

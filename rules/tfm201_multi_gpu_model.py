@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.callargs import argument, has_star_args
-from tfmigrate.devices import blank_lines_unindented
+from tfmigrate.cst.callargs import argument, has_star_args
+from tfmigrate.cst.traversal import blank_lines_unindented
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
-from tfmigrate.walker import visit_read_only
+from tfmigrate.cst.walker import visit_read_only
 
 #: Canonical names (tfmigrate/names.py folds keras.utils.training_utils,
 #: keras.utils.multi_gpu_utils, tf.keras, tensorflow.python.keras, tf.compat.v1.keras and

@@ -2,48 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.pipelines import COORDINATOR, START_QUEUE_RUNNERS, module_plan
+from tfmigrate.rewrites.pipelines import COORDINATOR, START_QUEUE_RUNNERS, module_plan
 from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT, QUEUE_RUNNERS
 
-from .tfm302_input_producer import PRODUCERS
-from .tfm303_queue_batching import BATCHERS
-from .tfm304_explicit_queue import PREFETCH_QUEUES, QUEUES, STAGING_AREAS
-
-#: Always reported: they exist only to run queue-runner threads.
-QUEUE_RUNNERS = {
-    "tensorflow.train.start_queue_runners": (
-        "`start_queue_runners` starts the threads of a queue-based input pipeline; once the input "
-        "is a tf.data pipeline (TFRecordDataset → map → shuffle → batch → prefetch) nothing needs "
-        "starting: drop the call and its threads"
-    ),
-    "tensorflow.train.QueueRunner": (
-        "`QueueRunner` runs enqueue ops on background threads; produce the data with a tf.data "
-        "pipeline instead (`tf.data.Dataset.from_generator` for a Python producer), which needs "
-        "no threads"
-    ),
-    "tensorflow.train.add_queue_runner": (
-        "`add_queue_runner` registers enqueue threads for `start_queue_runners`; produce the data "
-        "with a tf.data pipeline instead, which needs no threads"
-    ),
-    "slim.queues.QueueRunners": (
-        "slim `queues.QueueRunners` starts and stops the queue-runner threads of a queue-based "
-        "input pipeline; with tf.data input nothing needs starting: drop the context manager"
-    ),
-}
-#: Reported only in a module that also uses queue input (see `what_it_finds`).
-COORDINATORS = {
-    "tensorflow.train.Coordinator": (
-        "`tf.train.Coordinator` here stops the input queue-runner threads; with tf.data input "
-        "it goes, and the end of the data is the iterator's `OutOfRangeError` (or the end of a "
-        "`for` loop over the dataset)"
-    ),
-    "tensorflow.train.Supervisor": (
-        "`tf.train.Supervisor` starts this module's input queue runners implicitly (and is "
-        "deprecated); with tf.data input use `tf.compat.v1.train.MonitoredTrainingSession` or a "
-        "Session with a `tf.train.CheckpointManager`"
-    ),
-}
-QUEUE_INPUT = set(QUEUE_RUNNERS) | set(PRODUCERS) | set(BATCHERS) | set(QUEUES) | PREFETCH_QUEUES | STAGING_AREAS
 
 
 class QueueRunners(Rule):

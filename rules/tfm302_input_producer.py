@@ -2,17 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.callargs import argument, is_false
-from tfmigrate.pipelines import module_plan
+from tfmigrate.cst.callargs import argument, is_false
+from tfmigrate.rewrites.pipelines import module_plan
 from tfmigrate.rule import FixSafety, Invalid, Rule
-
-#: Canonical name -> the parameters in their positional order (TF 1.15 signatures).
-PRODUCERS: dict[str, tuple[str, ...]] = {
-    "tensorflow.train.string_input_producer": ("string_tensor", "num_epochs", "shuffle"),
-    "tensorflow.train.slice_input_producer": ("tensor_list", "num_epochs", "shuffle"),
-    "tensorflow.train.input_producer": ("input_tensor", "element_shape", "num_epochs", "shuffle"),
-    "tensorflow.train.range_input_producer": ("limit", "num_epochs", "shuffle"),
-}
+from tfmigrate.tf_api import PRODUCERS
 
 #: TF1 readers that consume a file-name queue -> how tf.data reads the same files.
 READERS: dict[str, str] = {

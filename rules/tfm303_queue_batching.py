@@ -2,21 +2,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.callargs import argument, is_true
-from tfmigrate.pipelines import module_plan
+from tfmigrate.cst.callargs import argument, is_true
+from tfmigrate.rewrites.pipelines import module_plan
 from tfmigrate.rule import FixSafety, Invalid, Rule
-
-#: Canonical name -> the parameters in their positional order (TF 1.15 signatures).
-BATCHERS: dict[str, tuple[str, ...]] = {
-    "tensorflow.train.batch": ("tensors", "batch_size", "num_threads", "capacity", "enqueue_many", "shapes", "dynamic_pad", "allow_smaller_final_batch"),
-    "tensorflow.train.shuffle_batch": ("tensors", "batch_size", "capacity", "min_after_dequeue", "num_threads", "seed", "enqueue_many", "shapes", "allow_smaller_final_batch"),
-    "tensorflow.train.batch_join": ("tensors_list", "batch_size", "capacity", "enqueue_many", "shapes", "dynamic_pad", "allow_smaller_final_batch"),
-    "tensorflow.train.shuffle_batch_join": ("tensors_list", "batch_size", "capacity", "min_after_dequeue", "seed", "enqueue_many", "shapes", "allow_smaller_final_batch"),
-    "tensorflow.train.maybe_batch": ("tensors", "keep_input", "batch_size", "num_threads", "capacity", "enqueue_many", "shapes", "dynamic_pad", "allow_smaller_final_batch"),
-    "tensorflow.train.maybe_shuffle_batch": ("tensors", "batch_size", "capacity", "min_after_dequeue", "keep_input", "num_threads", "seed", "enqueue_many", "shapes", "allow_smaller_final_batch"),
-    "tensorflow.train.maybe_batch_join": ("tensors_list", "keep_input", "batch_size", "capacity", "enqueue_many", "shapes", "dynamic_pad", "allow_smaller_final_batch"),
-    "tensorflow.train.maybe_shuffle_batch_join": ("tensors_list", "batch_size", "capacity", "min_after_dequeue", "keep_input", "seed", "enqueue_many", "shapes", "allow_smaller_final_batch"),
-}
+from tfmigrate.tf_api import BATCHERS
 
 
 class QueueBatching(Rule):

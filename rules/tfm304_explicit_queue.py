@@ -3,23 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.rule import FixSafety, Invalid, Rule
-
-_QUEUE_CLASSES = ("FIFOQueue", "RandomShuffleQueue", "PaddingFIFOQueue", "PriorityQueue")
-_QUEUE_HOMES = ("tensorflow.", "tensorflow.queue.", "tensorflow.python.ops.data_flow_ops.")
-
-#: Canonical name -> what the object is, for the message. The TF1 API exports each class as
-#: `tf.X` and `tf.queue.X`, and all but FIFOQueue also as `tf.io.X` (deprecated endpoints).
-QUEUES: dict[str, str] = {f"{home}{cls}": cls for home in _QUEUE_HOMES for cls in _QUEUE_CLASSES}
-QUEUES.update({f"tensorflow.io.{cls}": cls for cls in _QUEUE_CLASSES if cls != "FIFOQueue"})
-PREFETCH_QUEUES = {
-    "slim.prefetch_queue.prefetch_queue",  # tf.contrib.slim / tf_slim (0.x)
-    "slim.data.prefetch_queue.prefetch_queue",  # tf_slim
-    "slim.python.slim.data.prefetch_queue.prefetch_queue",  # tensorflow.contrib.slim.python...
-}
-STAGING_AREAS = {
-    "tensorflow.contrib.staging.StagingArea",
-    "tensorflow.python.ops.data_flow_ops.StagingArea",
-}
+from tfmigrate.tf_api import PREFETCH_QUEUES, QUEUES, STAGING_AREAS
 
 _INSTEAD = {
     "FIFOQueue": "a `tf.data.Dataset` (`from_generator` for a Python producer) with `.prefetch(tf.data.AUTOTUNE)` for the buffering",

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import enclosing_tower, names_used, per_device_names
+from tfmigrate.analysis.devices import enclosing_tower, per_device_names
+from tfmigrate.cst.traversal import names_used
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 

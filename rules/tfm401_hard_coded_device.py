@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.devices import device_scope_arg, enclosing_tower, fixed_gpu
+from tfmigrate.analysis.devices import device_scope_arg, enclosing_tower, fixed_gpu
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tfmigrate.config import Config
-from tfmigrate.runner import check_text
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.runner import check_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -62,7 +62,7 @@ def unsafe_fix(text: str) -> str:
     """`fix --unsafe-fixes` of ``text``; the result must parse, compile and be a fixed point."""
     import libcst as cst
 
-    from tfmigrate.fixer import fix_text
+    from tfmigrate.engine.fixer import fix_text
 
     result = fix_text(text, Config(root=ROOT), unsafe=True)
     cst.parse_module(result)

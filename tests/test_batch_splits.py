@@ -14,7 +14,7 @@ import libcst as cst
 import pytest
 
 from tests.conftest import ROOT, run_check
-from tfmigrate.callargs import is_legacy_split, split_arguments
+from tfmigrate.cst.callargs import is_legacy_split, split_arguments
 
 
 def _call(code: str) -> cst.Call:

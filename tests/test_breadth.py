@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import FIXTURES, run_check
-from tfmigrate.cli import app
-from tfmigrate.registry import all_rules
+from tfmigrate.cli.main import app
+from tfmigrate.engine.registry import all_rules
 
 NEW_CODES = ("TFM107", "TFM108", "TFM109", "TFM110", "TFM111")
 

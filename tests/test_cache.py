@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import tfmigrate.cli
-from tfmigrate.cache import ENV_VAR
+import tfmigrate.cli.main
+from tfmigrate.engine.cache import ENV_VAR
 
 from .test_cli import TOWER, run, write
 
@@ -53,13 +53,13 @@ def no_env_override(monkeypatch):
 def count_checks(monkeypatch):
     """How many files `check` really analysed (cache misses)."""
     calls = []
-    real = tfmigrate.cli.check_file
+    real = tfmigrate.cli.main.check_file
 
     def counting(path, config):
         calls.append(path)
         return real(path, config)
 
-    monkeypatch.setattr(tfmigrate.cli, "check_file", counting)
+    monkeypatch.setattr(tfmigrate.cli.main, "check_file", counting)
     return calls
 
 
@@ -142,11 +142,11 @@ def _age(root: Path, seconds: int) -> None:
 @pytest.fixture
 def hashed(monkeypatch):
     """The files whose content the cache hashed."""
-    import tfmigrate.cache
+    import tfmigrate.engine.cache
 
     calls = []
-    real = tfmigrate.cache.content_digest
-    monkeypatch.setattr(tfmigrate.cache, "content_digest", lambda raw: calls.append(raw) or real(raw))
+    real = tfmigrate.engine.cache.content_digest
+    monkeypatch.setattr(tfmigrate.engine.cache, "content_digest", lambda raw: calls.append(raw) or real(raw))
     return calls
 
 
@@ -154,7 +154,7 @@ def test_unchanged_old_files_are_not_even_read(tmp_path, count_checks, hashed, m
     tree(tmp_path)
     _age(tmp_path, 3600)
     time.sleep(0.01)  # the change times of the files must be older than the racy window too
-    monkeypatch.setattr("tfmigrate.cache._RACY_NS", 1)
+    monkeypatch.setattr("tfmigrate.engine.cache._RACY_NS", 1)
     cold = check_json(tmp_path)
     hashed.clear()
     count_checks.clear()
@@ -165,7 +165,7 @@ def test_a_file_rewritten_with_its_old_size_and_time_is_checked_again(tmp_path, 
     tree(tmp_path)
     _age(tmp_path, 3600)
     time.sleep(0.01)
-    monkeypatch.setattr("tfmigrate.cache._RACY_NS", 1)
+    monkeypatch.setattr("tfmigrate.engine.cache._RACY_NS", 1)
     check_json(tmp_path)
     target = tmp_path / "pkg" / "m0.py"
     info = target.stat()
@@ -225,7 +225,7 @@ def test_two_concurrent_runs_share_the_cache(tmp_path):
 PROBE = (
     "import sys\n"
     "sys.argv = ['tfmigrate', 'check', '--quiet', '.']\n"
-    "from tfmigrate.cli import main\n"
+    "from tfmigrate.cli.main import main\n"
     "try:\n"
     "    main()\n"
     "except SystemExit as exc:\n"
@@ -255,7 +255,7 @@ def test_a_changed_file_imports_only_the_rules_it_could_trigger(tmp_path):
     tree(tmp_path, files=1)
     env = {**os.environ, ENV_VAR: str(tmp_path / "cache")}
     subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True)
-    from tfmigrate.registry import all_rules, could_fire
+    from tfmigrate.engine.registry import all_rules, could_fire
 
     text = "from keras.utils import multi_gpu_model\nparallel = multi_gpu_model(m, gpus=2)\n"
     write(tmp_path, "pkg/keras_model.py", text)
@@ -290,7 +290,7 @@ def test_fast_walk_calls_the_rules_like_libcst(tmp_path):
     import libcst as cst
 
     from tfmigrate.rule import RuleContext
-    from tfmigrate.runner import _batched, _walk_rules
+    from tfmigrate.engine.runner import _batched, _walk_rules
 
     node_types = [n for n in dir(cst) if isinstance(getattr(cst, n), type) and issubclass(getattr(cst, n), cst.CSTNode)]
 
@@ -327,7 +327,7 @@ def test_read_only_visit_matches_libcst_and_honours_false():
     returning False keeps it out of that node's children, as in LibCST."""
     import libcst as cst
 
-    from tfmigrate.walker import visit_read_only
+    from tfmigrate.cst.walker import visit_read_only
 
     class Log(cst.CSTVisitor):
         def __init__(self) -> None:
@@ -368,10 +368,10 @@ def test_visitor_method_names_are_those_dir_finds():
     the whole hierarchy (LibCST's hundreds of no-op stubs included) finds."""
     import libcst as cst
 
-    import tfmigrate.names
-    import tfmigrate.pipelines
-    from tfmigrate.registry import all_rules
-    from tfmigrate.walker import visitor_method_names
+    import tfmigrate.cst.names
+    import tfmigrate.rewrites.pipelines
+    from tfmigrate.engine.registry import all_rules
+    from tfmigrate.cst.walker import visitor_method_names
 
     def by_dir(cls):
         return tuple(
@@ -387,7 +387,7 @@ def test_visitor_method_names_are_those_dir_finds():
         def leave_Call_func(self, node):
             pass
 
-    classes = [*all_rules(), tfmigrate.names.ImportTable, tfmigrate.pipelines._Survey, Hooked, cst.CSTVisitor]
+    classes = [*all_rules(), tfmigrate.cst.names.ImportTable, tfmigrate.rewrites.pipelines._Survey, Hooked, cst.CSTVisitor]
     for cls in classes:
         assert visitor_method_names(cls) == by_dir(cls), cls
     assert visitor_method_names(Hooked) == ("leave_Call_func", "visit_Call")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tfmigrate.cli import app
+from tfmigrate.cli.main import app
 
 TOWER = textwrap.dedent(
     """\
@@ -205,7 +205,7 @@ def test_check_never_imports_tensorflow(tmp_path):
     write(tmp_path, "a.py", TOWER)
     probe = (
         "import sys\n"
-        "from tfmigrate.cli import app\n"
+        "from tfmigrate.cli.main import app\n"
         "from typer.testing import CliRunner\n"
         f"CliRunner().invoke(app, ['check', {str(tmp_path)!r}])\n"
         f"CliRunner().invoke(app, ['fix', {str(tmp_path)!r}])\n"
@@ -252,7 +252,7 @@ def test_worker_processes_give_the_same_output_in_the_same_order(tmp_path):
 
 def test_summary_counts_safe_and_unsafe_fixes_in_words():
     from tfmigrate.findings import Finding, FixSafety, Location
-    from tfmigrate.reporters import summary_line
+    from tfmigrate.engine.reporters import summary_line
 
     def finding(safety, title="fix it"):
         return Finding("TFM101", "n", "m", "a.py", Location(1, 1), Location(1, 2), safety, fix_title=title)

@@ -1,4 +1,4 @@
-"""Unit tests for the shared device analysis (tfmigrate/devices.py)."""
+"""Unit tests for the shared device analysis (tfmigrate/analysis/devices.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,11 @@ import textwrap
 import libcst as cst
 import pytest
 
-from tfmigrate.devices import (
-    enclosing_tower,
-    fixed_gpu,
-    looks_per_device,
-    mentions_only_cpu,
-    module_tower_loops,
-    per_device_names,
-    tower_group,
-    tower_loop_at,
+from tfmigrate.analysis.devices import (
+    enclosing_tower, fixed_gpu, looks_per_device, mentions_only_cpu, module_tower_loops, per_device_names,
+    tower_group, tower_loop_at,
 )
-from tfmigrate.names import ImportTable
+from tfmigrate.cst.names import ImportTable
 from tfmigrate.rule import RuleContext
 
 
@@ -205,7 +199,7 @@ def test_loops_over_the_same_devices_that_feed_each_other_are_one_group():
 def test_per_device_names_from_the_walks_parents_equal_the_whole_module_pass():
     """The rules' walk records each node's parent; the names found going up from a node are
     those the one-pass computation over the module gives."""
-    from tfmigrate.devices import _per_device_names
+    from tfmigrate.analysis.devices import _per_device_names
 
     compared = 0
     for path, module, walked in _walked_fixtures():
@@ -219,7 +213,7 @@ def test_per_device_names_from_the_walks_parents_equal_the_whole_module_pass():
 def _walked_fixtures():
     """(path, module, context after the rules' walk with no rule) for every parsable fixture."""
     from tests.conftest import FIXTURES
-    from tfmigrate.runner import _walk_rules
+    from tfmigrate.engine.runner import _walk_rules
 
     for path in sorted(FIXTURES.rglob("*.py")):
         try:
@@ -232,7 +226,7 @@ def _walked_fixtures():
 
 
 def _all_nodes(module: cst.Module) -> list[cst.CSTNode]:
-    from tfmigrate.devices import walk
+    from tfmigrate.cst.traversal import walk
 
     return list(walk(module))
 
@@ -256,8 +250,8 @@ def test_a_device_listing_is_seen_in_every_spelling_when_the_source_is_known(bin
 def test_the_walks_parents_are_those_of_the_analyses():
     """Once the rules' walk is complete, the rewrites use its parents instead of computing
     them: for every node the analyses walk, the same parent."""
-    from tfmigrate.devices import parents_of, walk
-    from tfmigrate.walker import trivia_types
+    from tfmigrate.cst.traversal import parents_of, walk
+    from tfmigrate.cst.walker import trivia_types
 
     compared = 0
     for _, module, context in _walked_fixtures():

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from tfmigrate.config import Config
-from tfmigrate.discovery import discover
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.discovery import discover
 
 FILES = [
     "a.py", "build/x.py", "src/build/y.py", "src/build.py", "src/pkg.egg-info/z.py", "src/m/__pycache__/c.py",

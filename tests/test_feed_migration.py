@@ -1,5 +1,5 @@
 """Per-tower placeholder feeds become one generator-backed distributed tf.data pipeline
-(TFM101/TFM106 unsafe fix, tfmigrate/tower_feeds.py).
+(TFM101/TFM106 unsafe fix, tfmigrate/rewrites/tower_feeds.py).
 
 fixtures/programs/towers_feed_dict.py makes two placeholders per tower, collects them in lists
 and feeds each tower its contiguous slice of every numpy batch. The fix reads the program's own
@@ -25,8 +25,8 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT, replaced, run_verify
 from tests.conftest import unsafe_fix as fixed
-from tfmigrate.config import Config
-from tfmigrate.runner import check_text
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.runner import check_text
 
 PROGRAM = FIXTURES / "programs" / "towers_feed_dict.py"
 SOURCE = PROGRAM.read_text()

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import tfmigrate.fixer
-import tfmigrate.source
-from tfmigrate.cli import app
-from tfmigrate.config import Config
-from tfmigrate.fixer import fix_source
-from tfmigrate.source import SourceError, SourceFile, decode_source
+import tfmigrate.engine.fixer
+import tfmigrate.engine.source
+from tfmigrate.cli.main import app
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.fixer import fix_source
+from tfmigrate.engine.source import SourceError, SourceFile, decode_source
 
 FIXABLE = "import tensorflow as tf\nit = dataset.make_one_shot_iterator()\n"  # a safe TFM305 fix
 FIXED = "import tensorflow as tf\nit = tf.compat.v1.data.make_one_shot_iterator(dataset)\n"
@@ -46,7 +46,7 @@ def fixable(tmp_path: Path) -> Path:
 
 
 def test_read_only_file(fixable, monkeypatch):
-    monkeypatch.setattr("tfmigrate.fixer.os.access", lambda path, mode: False)
+    monkeypatch.setattr("tfmigrate.engine.fixer.os.access", lambda path, mode: False)
     result = fix(str(fixable))
     assert result.exit_code == 2
     assert f"{fixable}: error: file is read-only; not fixed" in result.stderr
@@ -59,7 +59,7 @@ def test_read_only_folder(fixable, monkeypatch):
     def no_temp_files(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr("tfmigrate.source.tempfile.mkstemp", no_temp_files)
+    monkeypatch.setattr("tfmigrate.engine.source.tempfile.mkstemp", no_temp_files)
     result = fix(str(fixable))
     assert result.exit_code == 2
     assert "could not write (Permission denied); file left untouched" in result.stderr
@@ -71,7 +71,7 @@ def test_rename_refused(fixable, monkeypatch):
     def refuse(src, dst):
         raise PermissionError(errno.EPERM, "Operation not permitted")
 
-    monkeypatch.setattr("tfmigrate.source.os.replace", refuse)
+    monkeypatch.setattr("tfmigrate.engine.source.os.replace", refuse)
     result = fix(str(fixable))
     assert result.exit_code == 2 and "could not write (Operation not permitted)" in result.stderr
     assert fixable.read_text() == FIXABLE and listing(fixable.parent) == ["train.py"]  # temp file removed
@@ -101,12 +101,12 @@ class _FullDisk:
 def test_disk_full(fixable, monkeypatch, where):
     if where == "write":
         real_fdopen = os.fdopen
-        monkeypatch.setattr("tfmigrate.source.os.fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode)))
+        monkeypatch.setattr("tfmigrate.engine.source.os.fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode)))
     else:  # some file systems only say so when the data is flushed
         def full(fd):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr("tfmigrate.source.os.fsync", full)
+        monkeypatch.setattr("tfmigrate.engine.source.os.fsync", full)
     result = fix(str(fixable))
     assert result.exit_code == 2 and "could not write (No space left on device)" in result.stderr
     assert fixable.read_text() == FIXABLE
@@ -118,14 +118,14 @@ def test_disk_full(fixable, monkeypatch, where):
 
 def _while_fixing(monkeypatch, action):
     """Run ``action(path)`` after the file was read and fixed in memory, before the write."""
-    real = tfmigrate.fixer.fix_source
+    real = tfmigrate.engine.fixer.fix_source
 
     def fix_then_act(source, config, **kwargs):
         result = real(source, config, **kwargs)
         action(Path(source.path))
         return result
 
-    monkeypatch.setattr("tfmigrate.fixer.fix_source", fix_then_act)
+    monkeypatch.setattr("tfmigrate.engine.fixer.fix_source", fix_then_act)
 
 
 def test_file_changed_between_read_and_write(fixable, monkeypatch):
@@ -150,7 +150,7 @@ def test_file_deleted_between_read_and_write(fixable, monkeypatch):
 def test_other_files_are_fixed_when_one_fails(tmp_path, monkeypatch):
     for name in ("a.py", "b.py", "c.py"):
         (tmp_path / name).write_text(FIXABLE)
-    monkeypatch.setattr("tfmigrate.fixer.os.access", lambda path, mode: not str(path).endswith("b.py"))
+    monkeypatch.setattr("tfmigrate.engine.fixer.os.access", lambda path, mode: not str(path).endswith("b.py"))
     result = fix(str(tmp_path))
     assert result.exit_code == 2
     assert "Fixed 2 findings in 2 files." in result.stderr and "1 file skipped (1 read-only)" in result.stderr
@@ -240,7 +240,7 @@ def test_stale_temp_files_are_removed_by_the_next_write(fixable):
     stale, fresh = folder / ".tfmigrate-abc123.tmp", folder / ".tfmigrate-def456.tmp"
     stale.write_bytes(b"half a file")
     fresh.write_bytes(b"another run, writing now")
-    old = time.time() - tfmigrate.source.STALE_TEMP_SECONDS - 60
+    old = time.time() - tfmigrate.engine.source.STALE_TEMP_SECONDS - 60
     os.utime(stale, (old, old))
     assert CliRunner().invoke(app, ["fix", str(fixable)]).exit_code == 1  # a preview removes nothing
     assert stale.exists()
@@ -302,10 +302,10 @@ def test_form_feed_starting_a_statement_is_not_rewritten(tmp_path):
 def test_text_that_cannot_be_saved_in_the_files_encoding_is_refused():
     source = decode_source("a.py", "# -*- coding: latin-1 -*-\nx = 1\n".encode("latin-1"))
     with pytest.raises(SourceError, match="would not read back as iso-8859-1"):
-        tfmigrate.fixer._encoded(source, "# -*- coding: latin-1 -*-\nx = '\u20ac'\n")
+        tfmigrate.engine.fixer._encoded(source, "# -*- coding: latin-1 -*-\nx = '\u20ac'\n")
     moved = SourceFile(path="a.py", raw=b"", text="", encoding="iso-8859-1", bom=False)
     with pytest.raises(SourceError):  # a cookie pushed below line 2 would no longer be read
-        tfmigrate.fixer._encoded(moved, "import tensorflow as tf\n\n# -*- coding: latin-1 -*-\nx = '\u00e9'\n")
+        tfmigrate.engine.fixer._encoded(moved, "import tensorflow as tf\n\n# -*- coding: latin-1 -*-\nx = '\u00e9'\n")
 
 
 def test_a_file_python_refuses_to_compile_is_not_fixed(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tfmigrate.cli import app
+from tfmigrate.cli.main import app
 
 FIXABLE = "import tensorflow as tf\nit = dataset.make_one_shot_iterator()\n"  # a safe TFM305 fix
 
@@ -37,7 +37,7 @@ def test_read_only_file_is_left_unchanged(tmp_path: Path, monkeypatch):
     path = tmp_path / "read_only.py"
     path.write_bytes(FIXABLE.encode())
     # Tests run as root, which can write anything: simulate what os.access says for 0o444.
-    monkeypatch.setattr("tfmigrate.fixer.os.access", lambda p, mode: False)
+    monkeypatch.setattr("tfmigrate.engine.fixer.os.access", lambda p, mode: False)
     result = _invoke(["fix", "--write", str(path)])
     assert result.exit_code == 2 and "read-only" in result.stderr
     assert path.read_bytes() == FIXABLE.encode()
@@ -131,7 +131,7 @@ def test_deeply_nested_files_among_many_others_in_worker_processes(tmp_path: Pat
 def _crash_on_marker(monkeypatch) -> None:
     """Make a file holding CRASH_ME kill the process that analyses it (a segfault, as LibCST's
     parser did on deep nesting); worker processes are forked, so they inherit this."""
-    from tfmigrate import fixer, runner
+    from tfmigrate.engine import fixer, runner
 
     original = runner.analyze_source
 

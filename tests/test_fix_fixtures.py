@@ -11,9 +11,9 @@ import libcst as cst
 import pytest
 
 from tests.conftest import FIXTURES, ROOT
-from tfmigrate.config import Config
-from tfmigrate.fixer import fix_text
-from tfmigrate.runner import check_text
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.fixer import fix_text
+from tfmigrate.engine.runner import check_text
 
 PAIRS = sorted(FIXTURES.glob("TFM*/*.before.py"))
 

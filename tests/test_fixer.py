@@ -12,12 +12,12 @@ import pytest
 from libcst.codemod.visitors import ImportItem
 from typer.testing import CliRunner
 
-import tfmigrate.runner
-from tfmigrate.cli import app
-from tfmigrate.config import Config
-from tfmigrate.fixer import fix_text
+import tfmigrate.engine.runner
+from tfmigrate.cli.main import app
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.fixer import fix_text
 from tfmigrate.rule import Edit, FixSafety, Rule
-from tfmigrate.source import SourceError, write_atomic
+from tfmigrate.engine.source import SourceError, write_atomic
 
 
 class RenameOldApi(Rule):
@@ -61,8 +61,8 @@ class Broken(Rule):
 
 @pytest.fixture(autouse=True)
 def toy_rules(monkeypatch):
-    monkeypatch.setattr(tfmigrate.runner, "all_rules", lambda: (RenameOldApi, UnsafeDrop, Broken))
-    monkeypatch.setattr("tfmigrate.cli._known_prefix", lambda code: True)
+    monkeypatch.setattr(tfmigrate.engine.runner, "all_rules", lambda: (RenameOldApi, UnsafeDrop, Broken))
+    monkeypatch.setattr("tfmigrate.cli.main._known_prefix", lambda code: True)
 
 
 def config() -> Config:
@@ -165,7 +165,7 @@ def test_read_only_file_is_left_alone_even_as_root(tmp_path, monkeypatch):
     # Root can write anything, so simulate what os.access reports for a read-only file.
     path = tmp_path / "a.py"
     path.write_text("x = old_api(1)\n")
-    monkeypatch.setattr("tfmigrate.fixer.os.access", lambda p, mode: False)
+    monkeypatch.setattr("tfmigrate.engine.fixer.os.access", lambda p, mode: False)
     result = _invoke(["fix", "--write", str(path)])
     assert result.exit_code == 2 and "read-only" in result.stderr
     assert path.read_text() == "x = old_api(1)\n"

@@ -35,7 +35,7 @@ def test_negative_fixture_has_no_migration_finding(path):
 
 
 def test_every_rule_has_a_fixture_folder():
-    from tfmigrate.registry import all_rules
+    from tfmigrate.engine.registry import all_rules
 
     missing = [r.code for r in all_rules() if not (FIXTURES / r.code).is_dir()]
     assert missing == []

@@ -544,9 +544,9 @@ def test_rewrites_that_would_run_wrong_are_refused(name):
 
 
 def test_the_tf2_target_keeps_the_replica_rewrite_and_says_why():
-    from tfmigrate.config import Config
-    from tfmigrate.fixer import fix_text
-    from tfmigrate.runner import check_text
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.fixer import fix_text
+    from tfmigrate.engine.runner import check_text
 
     source = (FIXTURES / "programs" / "general_clip_before_apply.py").read_text()
     (finding,) = [f for f in check_text(source, Config(root=ROOT, target="tf2")) if f.code == "TFM101"]

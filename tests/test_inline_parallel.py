@@ -1,5 +1,5 @@
 """TFM105's inline form: a split, a tower loop and a concat written in the training code itself
-get the same MirroredStrategy rewrite as the `make_parallel` helper (tfmigrate.parallel_call).
+get the same MirroredStrategy rewrite as the `make_parallel` helper (tfmigrate.rewrites.parallel_call).
 
 The runnable program fixtures/programs/parallel_inline_split.py is fixed with
 `fix --write --unsafe-fixes` in a temporary copy: the result must parse, be a fixed point of a
@@ -106,8 +106,8 @@ def _finding(code: str):
 
 
 def _fixed(code: str) -> str:
-    from tfmigrate.config import Config
-    from tfmigrate.fixer import fix_text
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.fixer import fix_text
 
     return fix_text(textwrap.dedent(code), Config(root=ROOT, select=["TFM105"]), unsafe=True)
 
@@ -314,7 +314,7 @@ def test_inline_shapes_that_are_not_rewritten_say_why(name):
 
 
 def test_keras_lambda_form_says_why_and_what_to_do_by_hand():
-    from tfmigrate.registry import all_rules
+    from tfmigrate.engine.registry import all_rules
 
     code = (FIXTURES / "TFM105" / "breadth_keras_make_parallel.py").read_text()
     findings = [f for f in run_check(code) if f.code == "TFM105"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import tfmigrate.source
+import tfmigrate.engine.source
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 
@@ -99,7 +99,7 @@ def test_killed_fix_leaves_old_or_new_files(tmp_path):
         outcomes.append((old, new, len(temps)))
         # Stale leftovers are removed by the next run, which finishes the job.
         for name in temps:
-            past = time.time() - tfmigrate.source.STALE_TEMP_SECONDS - 1
+            past = time.time() - tfmigrate.engine.source.STALE_TEMP_SECONDS - 1
             os.utime(folder / name, (past, past))
         finish = subprocess.run(_command(folder), env=env, capture_output=True, text=True)
         assert finish.returncode == 0, finish.stderr

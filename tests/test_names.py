@@ -1,4 +1,4 @@
-"""Name resolution from the module's import table (tfmigrate/names.py)."""
+"""Name resolution from the module's import table (tfmigrate/cst/names.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import textwrap
 import libcst as cst
 import pytest
 
-from tfmigrate.names import ImportTable, canonical, dotted_name
+from tfmigrate.cst.names import ImportTable, canonical, dotted_name
 
 
 def _last_expression(source: str) -> tuple[ImportTable, cst.BaseExpression]:
@@ -282,7 +282,7 @@ STATEMENT_SHAPES = textwrap.dedent("""\
 
 
 def _full_walk_table(module: cst.Module) -> ImportTable:
-    from tfmigrate.walker import visit_read_only
+    from tfmigrate.cst.walker import visit_read_only
 
     table = ImportTable()
     visit_read_only(module, table)
@@ -321,7 +321,7 @@ def test_statement_walk_builds_the_full_walks_table_but_for_lambda_parameters():
 
 
 def _lambdas(module: cst.Module) -> list[cst.Lambda]:
-    from tfmigrate.devices import find
+    from tfmigrate.cst.traversal import find
 
     return find(module, cst.Lambda)
 

@@ -11,8 +11,8 @@ import nbformat
 import pytest
 from libcst.codemod.visitors import ImportItem
 
-import tfmigrate.runner
-from tfmigrate import notebook as nb
+import tfmigrate.engine.runner
+from tfmigrate.engine import notebook as nb
 from tfmigrate.rule import Edit, FixSafety, Rule
 
 from .test_cli import run
@@ -105,8 +105,8 @@ class QualifyOptimizer(Rule):
 
 @pytest.fixture
 def toy_rule(monkeypatch):
-    monkeypatch.setattr(tfmigrate.runner, "all_rules", lambda: (QualifyOptimizer,))
-    monkeypatch.setattr("tfmigrate.cli._known_prefix", lambda code: True)
+    monkeypatch.setattr(tfmigrate.engine.runner, "all_rules", lambda: (QualifyOptimizer,))
+    monkeypatch.setattr("tfmigrate.cli.main._known_prefix", lambda code: True)
 
 
 def test_fix_preview_is_a_diff_per_cell(copy, toy_rule):
@@ -150,8 +150,8 @@ def test_a_fix_that_touches_a_magic_is_refused(tmp_path, monkeypatch):
         def visit_Module(self, node: cst.Module) -> None:
             self.report(node, "drop", edit=Edit({node: node.with_changes(body=[], header=[])}, "drop"))
 
-    monkeypatch.setattr(tfmigrate.runner, "all_rules", lambda: (DropEverything,))
-    monkeypatch.setattr("tfmigrate.cli._known_prefix", lambda code: True)
+    monkeypatch.setattr(tfmigrate.engine.runner, "all_rules", lambda: (DropEverything,))
+    monkeypatch.setattr("tfmigrate.cli.main._known_prefix", lambda code: True)
     path = write_notebook(tmp_path / "n.ipynb", ["%matplotlib inline\nimport tensorflow as tf\ntf.device('/gpu:0')"])
     before = path.read_bytes()
     result = run(["fix", "--write", "n.ipynb"], tmp_path)

@@ -27,7 +27,7 @@ def test_wheel_contains_the_rule_catalog(tmp_path):
     for module in rule_modules:
         assert f"tfmigrate/rules/{module}" in names
     assert "tfmigrate/rules/__init__.py" in names
-    assert "tfmigrate/cli.py" in names and "tfmigrate/verify/__init__.py" in names
+    assert "tfmigrate/cli/main.py" in names and "tfmigrate/verify/__init__.py" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "tfmigrate = tfmigrate.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "tfmigrate = tfmigrate.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     assert not any(n.startswith(("tests/", "fixtures/", "rules/")) for n in names)

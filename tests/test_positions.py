@@ -9,8 +9,8 @@ import pytest
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tests.conftest import FIXTURES, ROOT
-from tfmigrate.positions import LazyPositions
-from tfmigrate.walker import skipped_types, walk
+from tfmigrate.engine.positions import LazyPositions
+from tfmigrate.cst.walker import skipped_types, walk
 
 TRICKY = {
     "header_comments": "#!/usr/bin/env python\n# header\n\n\nimport tensorflow as tf\n",

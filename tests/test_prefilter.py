@@ -7,10 +7,10 @@ import textwrap
 import pytest
 
 from tests.conftest import ROOT
-from tfmigrate import registry, source
-from tfmigrate.config import Config
-from tfmigrate.registry import all_rules, could_fire
-from tfmigrate.runner import check_text
+from tfmigrate.engine import registry, source
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.registry import all_rules, could_fire
+from tfmigrate.engine.runner import check_text
 
 MODERN_INPUT = textwrap.dedent("""\
     import tensorflow as tf

@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tfmigrate.config import Config
-from tfmigrate.fixer import fix_source, fix_text
-from tfmigrate.runner import check_text
-from tfmigrate.source import decode_source
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.fixer import fix_source, fix_text
+from tfmigrate.engine.runner import check_text
+from tfmigrate.engine.source import decode_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = Config(root=ROOT)

@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from tfmigrate.findings import Finding, FixSafety, Location
-from tfmigrate.reporters import PlainConsole, plain_stream, render_text
+from tfmigrate.engine.reporters import PlainConsole, plain_stream, render_text
 
 # Source lines rich's markup escaping did not give back as they were (a trailing backslash was
 # doubled, `\[` lost its backslash), brackets, emoji-like codes, a message with markup-like text.

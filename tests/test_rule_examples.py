@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from tfmigrate.registry import all_rules
+from tfmigrate.engine.registry import all_rules
 from tests.conftest import run_check
 
 RULES = all_rules()
@@ -47,8 +47,8 @@ def _fixed_cases() -> list:
 @pytest.mark.parametrize("rule, example", _fixed_cases())
 def test_invalid_example_is_fixed_as_the_rule_says(rule, example):
     """Fixit's `Invalid(expected_replacement=...)`: the rule's own fix of its example, and nothing else."""
-    from tfmigrate.config import Config
-    from tfmigrate.fixer import fix_text
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.fixer import fix_text
     from tests.conftest import ROOT
 
     source = textwrap.dedent(example.code).strip("\n") + "\n"

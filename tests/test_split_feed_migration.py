@@ -1,6 +1,6 @@
 """Placeholders made before the tower loop and cut with `tf.split`, fed a numpy batch each step,
 become one generator-backed distributed tf.data pipeline (TFM101 unsafe fix,
-tfmigrate/tower_feeds.py `_plan_split`).
+tfmigrate/rewrites/tower_feeds.py `_plan_split`).
 
 fixtures/programs/legacy_towers.py is the textbook shape: `images`/`targets` placeholders,
 `x_parts = tf.split(images, NUM_GPUS)`, tower i reading `x_parts[i]`, and a session loop
@@ -29,8 +29,8 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT, replaced, run_verify
 from tests.conftest import unsafe_fix as fixed
-from tfmigrate.config import Config
-from tfmigrate.runner import check_text
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.runner import check_text
 
 PROGRAM = FIXTURES / "programs" / "legacy_towers.py"
 SOURCE = PROGRAM.read_text()

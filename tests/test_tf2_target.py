@@ -20,9 +20,9 @@ import sys
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, replaced, run_verify
-from tfmigrate.config import Config
-from tfmigrate.fixer import fix_text
-from tfmigrate.runner import check_text
+from tfmigrate.engine.config import Config
+from tfmigrate.engine.fixer import fix_text
+from tfmigrate.engine.runner import check_text
 
 GOLDEN = FIXTURES / "TFM101" / "keras_towers_tf2.before.py"
 # The program fixtures the tf2 target takes, and what their rewrite must say: a Keras model,
@@ -158,8 +158,8 @@ def test_tf2_check_does_not_import_tensorflow(tmp_path):
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from tfmigrate.config import Config\n"
-        "from tfmigrate.fixer import fix_text\n"
+        "from tfmigrate.engine.config import Config\n"
+        "from tfmigrate.engine.fixer import fix_text\n"
         f"fix_text(Path({str(GOLDEN)!r}).read_text(), Config(root=Path({str(ROOT)!r}), target='tf2'), unsafe=True)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras', 'tf_keras')))\n"
     )

@@ -221,9 +221,9 @@ def test_an_imported_averaging_helper_stays_and_each_replica_applies_its_share()
 
 
 def test_tf2_target_applies_the_compat_rewrite_and_says_why():
-    from tfmigrate.config import Config
-    from tfmigrate.fixer import fix_text
-    from tfmigrate.runner import check_text
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.fixer import fix_text
+    from tfmigrate.engine.runner import check_text
 
     source = (FIXTURES / "programs" / "legacy_towers.py").read_text()
     (finding,) = [f for f in check_text(source, Config(root=ROOT, target="tf2")) if f.code == "TFM101"]

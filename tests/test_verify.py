@@ -131,10 +131,10 @@ def test_harness_helpers():
 
 
 def test_cli_import_stays_free_of_tensorflow():
-    code = ("import sys, tfmigrate.cli, tfmigrate.verify.cli\n"
+    code = ("import sys, tfmigrate.cli.main, tfmigrate.verify.cli\n"
             "heavy = [m for m in ('tensorflow', 'numpy', 'matplotlib') if m in sys.modules]\n"
             "assert not heavy, heavy\n"
-            "assert 'verify' in [c.name or c.callback.__name__ for c in tfmigrate.cli.app.registered_commands]\n")
+            "assert 'verify' in [c.name or c.callback.__name__ for c in tfmigrate.cli.main.app.registered_commands]\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

@@ -1,4 +1,4 @@
-from tfmigrate.cli import main
+from tfmigrate.cli.main import main
 
 if __name__ == "__main__":
     main()

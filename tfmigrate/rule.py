@@ -15,7 +15,7 @@ import libcst as cst
 
 # Plain data, importable without LibCST; re-exported here for the rules.
 from tfmigrate.findings import Finding, FixSafety, Location
-from tfmigrate.names import ImportTable
+from tfmigrate.cst.names import ImportTable
 
 if TYPE_CHECKING:
     from libcst.metadata import CodeRange
@@ -194,12 +194,12 @@ class Rule(cst.BatchableCSTVisitor):
 
     def position(self, node: cst.CSTNode) -> CodeRange:
         # Not LibCST's metadata machinery: positions are computed only for the statements
-        # that have a finding (tfmigrate.positions), and libcst.metadata is not imported.
+        # that have a finding (tfmigrate.engine.positions), and libcst.metadata is not imported.
         return self.context.positions[node]
 
     def report(self, node: cst.CSTNode, message: str, *, edit: Edit | None = None) -> None:
         # The finding (its position) is made when the walk is over: Python's parser then gives
-        # most positions without generating the statement's code (tfmigrate.positions).
+        # most positions without generating the statement's code (tfmigrate.engine.positions).
         self.context._pending.append((self, node, message, edit))
 
     def finding(self, node: cst.CSTNode, message: str, edit: Edit | None) -> Finding:

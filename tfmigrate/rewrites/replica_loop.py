@@ -59,11 +59,15 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.devices import DEVICE_SPECS, blank_lines_unindented, children, device_scope_arg, find, names_used, walk
-from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, code, comment_lines, device_helpers,
-    devices_argument, is_reuse_statement,
-    method_call, module_parents, place_scope, references, ReplaceById, strategy_scope_owner, tf_root,
+from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import (
+    blank_lines_unindented, children, find, module_parents, names_used, single_small, walk,
+)
+from tfmigrate.rewrites.mirrored import (
+    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
+    devices_argument, is_reuse_statement, method_call, place_scope, references, ReplaceById,
+    strategy_scope_owner, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -101,7 +105,7 @@ class _Update:
 
 
 def plan(rule, tower) -> Edit:
-    """The replica rewrite of ``tower`` (a :class:`tfmigrate.devices.TowerLoop`)."""
+    """The replica rewrite of ``tower`` (a :class:`tfmigrate.analysis.devices.TowerLoop`)."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
     check_tower(context, tower)
@@ -252,7 +256,7 @@ def _collected(loop: cst.For, resolve=lambda node: None) -> list[_Collected]:
             isinstance(node, cst.Call) and resolve(node.func) == "tensorflow.gradients")
 
     for statement in _statements(loop.body):
-        small = _single(statement)
+        small = single_small(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
             if computes(small.value):
                 computed[small.targets[0].target.value] = small.value
@@ -266,13 +270,6 @@ def _collected(loop: cst.For, resolve=lambda node: None) -> list[_Collected]:
             computed.get(value.value) if isinstance(value, cst.Name) else None)
         found.append(_Collected(statement, code(holder), value, compute))
     return found
-
-
-def _single(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
-    """The one small statement of a simple statement line (`x = f()`, `f()`), else None."""
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-        return statement.body[0]
-    return None
 
 
 def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
@@ -386,7 +383,7 @@ def _find_average(rule, region: _Region, tower_list: str) -> _Average:
                 helper = code(call.args[0].value.func)
                 return _Average(statement, code(call.args[0].value), averaging_helper(helper, module, imports)[1],
                                 inline=True, helper=helper)
-        small = _single(statement)
+        small = single_small(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, (cst.Name, cst.Attribute)):
             target = code(small.targets[0].target)
             if _is_helper_call(small.value, tower_list):
@@ -478,7 +475,7 @@ def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument,
     if isinstance(first_argument, str):
         first_argument = cst.parse_expression(first_argument)
     new_call = call.with_changes(args=[call.args[0].with_changes(value=first_argument), *call.args[1:]])
-    small = _single(statement)
+    small = single_small(statement)
     if isinstance(small, cst.Assign) and small.value is call:
         moved = statement.with_changes(body=[small.with_changes(value=new_call)], leading_lines=comment_lines(statement))
         binds = set().union(*(_target_names(t.target) for t in small.targets))
@@ -534,7 +531,7 @@ def _empty_list_init(region: _Region, name: str):
 
 def _empty_list_init_of(statement: cst.CSTNode, name: str) -> bool:
     """Whether ``statement`` is `<name> = []`."""
-    small = _single(statement)
+    small = single_small(statement)
     return (isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
             and isinstance(small.value, cst.List) and not small.value.elements)
 
@@ -888,7 +885,7 @@ def _find_reduction(rule, region: _Region, tower_list: str):
     for statement in region.following:
         if not _mentions(statement, tower_list):
             continue
-        small = _single(statement)
+        small = single_small(statement)
         minimized = [c.args[0].value for c in find(statement, cst.Call) if method_call(c, "minimize") and c.args]
         if minimized and _mentions(minimized[0], tower_list):  # `opt.minimize(tf.add_n(tower_losses))`
             value, target, inline = minimized[0], code(minimized[0]), True
@@ -1168,7 +1165,7 @@ def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression
     if not isinstance(device, cst.Name):
         return device
     for statement in loop.body.body:
-        small = _single(statement)
+        small = single_small(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == device.value:
             return small.value
         if device.value in _bound_names(statement):
@@ -1225,7 +1222,7 @@ def _plain_module_statement(statement: cst.BaseStatement) -> bool:
         return False
     if isinstance(statement, cst.If) and "__name__" in code(statement.test):
         return False
-    small = _single(statement)
+    small = single_small(statement)
     return not (isinstance(small, (cst.Import, cst.ImportFrom))
                 or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))))
 

@@ -12,37 +12,10 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-#: attributes of the top-level ``tensorflow`` module that exist only in TF1
-TF1_ONLY = {
-    "placeholder", "placeholder_with_default", "Session", "InteractiveSession", "get_variable",
-    "variable_scope", "get_variable_scope", "global_variables_initializer",
-    "local_variables_initializer", "initialize_all_variables", "trainable_variables",
-    "global_variables", "ConfigProto", "GPUOptions", "RunOptions", "RunMetadata",
-    "get_collection", "add_to_collection", "GraphKeys", "set_random_seed", "contrib",
-    "random_normal", "random_uniform", "truncated_normal_initializer", "layers",
-    "app", "flags", "logging", "gfile", "to_float", "to_int32", "log",
-    "reset_default_graph", "get_default_graph", "train", "FIFOQueue", "RandomShuffleQueue",
-    "PaddingFIFOQueue", "assign", "assign_add", "sparse_placeholder", "py_func",
-}
-#: ``tf.train.X`` names that exist only in TF1 (``tf.train.Checkpoint`` etc. are fine in TF2)
-TF1_TRAIN = {
-    "Optimizer", "GradientDescentOptimizer", "MomentumOptimizer", "AdamOptimizer",
-    "AdagradOptimizer", "RMSPropOptimizer", "AdadeltaOptimizer", "FtrlOptimizer",
-    "Saver", "Coordinator", "QueueRunner", "start_queue_runners", "batch", "shuffle_batch",
-    "batch_join", "shuffle_batch_join", "string_input_producer", "slice_input_producer",
-    "input_producer", "range_input_producer", "MonitoredTrainingSession", "MonitoredSession",
-    "get_or_create_global_step", "get_global_step", "exponential_decay", "SyncReplicasOptimizer",
-    "SessionRunHook", "StopAtStepHook", "LoggingTensorHook", "replica_device_setter",
-}
+from tfmigrate.tf_api import tf1_only
+
 #: names that mark a Keras program
 KERAS_MARKERS = {"keras", "tf_keras"}
-
-
-def tf1_only(attributes: list[str]) -> bool:
-    """Whether ``tf.<attributes>`` (``["train", "AdamOptimizer"]``) exists only in TF1."""
-    if attributes[0] == "train":
-        return len(attributes) > 1 and attributes[1] in TF1_TRAIN
-    return attributes[0] in TF1_ONLY
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tfmigrate.config import Config
+from tfmigrate.engine.config import Config
 
 if TYPE_CHECKING:
     import pathspec

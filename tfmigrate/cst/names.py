@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.walker import visit_read_only
+from tfmigrate.cst.walker import visit_read_only
 
 # Spellings of the same API, mapped to one canonical spelling so that rules list each API once.
 # Order matters: compat prefixes first, then Keras.

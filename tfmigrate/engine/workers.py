@@ -9,7 +9,7 @@ Two things a run over a big tree must survive (see RELIABILITY.md):
   pool breaks the files in flight are known: each is run again alone, in a process of its own
   (one that crashes there gets its own error), and the files not reached go to a new pool.
 - **Ctrl-C**: workers stop at once (a file being written is finished first, see
-  :func:`tfmigrate.source.interrupts_held`), what they finished comes back, and
+  :func:`tfmigrate.engine.source.interrupts_held`), what they finished comes back, and
   :class:`Interrupted` carries the results and how many files were written.
 """
 

@@ -64,9 +64,10 @@ from typing import Callable
 
 import libcst as cst
 
-from tfmigrate.devices import children, find, name_nodes, names_used, parents_of, walk
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import children, find, name_nodes, names_used, parents_of, single_small, walk
 from tfmigrate.rule import ImportItem
-from tfmigrate.tower_input import DistributedInput, find_initializer
+from tfmigrate.rewrites.tower_input import DistributedInput, find_initializer
 
 PLACEHOLDER = "tensorflow.placeholder"
 SPLIT = "tensorflow.split"
@@ -109,19 +110,9 @@ class _Replace(cst.CSTTransformer):
         return self.changes.get(id(original), updated)
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
-
-
-def _small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-        return statement.body[0]
-    return None
-
-
 def _assign(statement: cst.CSTNode) -> tuple[str, cst.BaseExpression] | None:
     """``name = value`` -> (name, value)."""
-    small = _small(statement)
+    small = single_small(statement)
     if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
         return small.targets[0].target.value, small.value
     return None
@@ -208,7 +199,7 @@ def _placeholder(name: str, statement, call: cst.Call, strategy: str, per_tower:
     if per_tower and not (isinstance(first, cst.Name) and first.value == "None"):
         # A fixed per-tower batch: the dataset's batch is that times the replica count (and
         # each replica's part has the tower's static shape again).
-        size = _code(first) if isinstance(first, (cst.Name, cst.Integer, cst.Attribute)) else f"({_code(first)})"
+        size = code(first) if isinstance(first, (cst.Name, cst.Integer, cst.Attribute)) else f"({code(first)})"
         scaled = cst.parse_expression(f"{size} * {strategy}.num_replicas_in_sync")
         shape = shape.with_changes(elements=[shape.elements[0].with_changes(value=scaled), *shape.elements[1:]])
     return _Placeholder(name, statement, dtype, shape)
@@ -233,7 +224,7 @@ def _tower_placeholders(statements, tf_api, strategy: str) -> list[_Placeholder]
     if len(by_name) != len(holders):
         raise Unmatched("two placeholders in the tower have the same name")
     for statement in flat:
-        small = _small(statement)
+        small = single_small(statement)
         if not (isinstance(small, cst.Expr) and _method(small.value, "append")):
             continue
         call = small.value
@@ -317,7 +308,7 @@ class _FeedReader:
         if isinstance(expression, cst.Subscript) and isinstance(expression.value, cst.Name) \
                 and expression.value.value in self.lists and _is_index(expression, index):
             return expression.value.value
-        raise Unmatched(f"the feed's key `{_code(expression)}` is not tower k's placeholder")
+        raise Unmatched(f"the feed's key `{code(expression)}` is not tower k's placeholder")
 
     def piece(self, expression: cst.BaseExpression, index: str | None, bound: dict[str, str]) -> str:
         """The array tower k is fed a part of: `A[k * per:(k + 1) * per]`, `np.split(A, N)[k]`."""
@@ -335,7 +326,7 @@ class _FeedReader:
                 return split
         # Anything else (another array, a transformation of the slice, a constant) is a feed
         # the dataset cannot express.
-        raise Unmatched(f"tower k is fed `{_code(expression)}`, not its contiguous part of one batch array")
+        raise Unmatched(f"tower k is fed `{code(expression)}`, not its contiguous part of one batch array")
 
     def comprehension(self, node: cst.DictComp) -> None:
         """`{L[k]: A[...] for k in range(N)}`, `{h: A[...] for k, h in enumerate(L)}`,
@@ -349,7 +340,7 @@ class _FeedReader:
     def loop_index(self, target, iterable) -> tuple[str | None, dict[str, str]]:
         """A loop over the towers: `k in range(N)`, `k, h in enumerate(L)`, `h, p in zip(L, pieces)`."""
         call = iterable if isinstance(iterable, cst.Call) else None
-        name = _code(call.func) if call is not None else ""
+        name = code(call.func) if call is not None else ""
         arguments = [a.value for a in call.args] if call is not None and all(
             a.keyword is None and not a.star for a in call.args) else []
         if isinstance(target, cst.Name) and name in ("range", "xrange") and len(arguments) == 1 \
@@ -363,7 +354,7 @@ class _FeedReader:
                     return pair[0].value, {pair[1].value: first.value}
                 if name == "zip" and self.split_of(arguments[1]) is not None:
                     return None, {pair[0].value: first.value, pair[1].value: self.split_of(arguments[1])}
-        raise Unmatched(f"the feed is built over `{_code(iterable)}`, not over the towers")
+        raise Unmatched(f"the feed is built over `{code(iterable)}`, not over the towers")
 
     def dict_value(self, value: cst.BaseExpression) -> None:
         """A whole feed: a comprehension, or a dict of `**comprehension`s (``direct``: a
@@ -377,20 +368,20 @@ class _FeedReader:
             for element in value.elements:
                 self.comprehension(element.value)
         else:
-            raise Unmatched(f"the feed `{_code(value)}` is not one comprehension per placeholder list")
+            raise Unmatched(f"the feed `{code(value)}` is not one comprehension per placeholder list")
 
     def direct_value(self, value: cst.BaseExpression) -> None:
         """`{images: x, targets: y}`: each split placeholder fed one array of the batch."""
         if not (isinstance(value, cst.Dict) and all(isinstance(e, cst.DictElement) for e in value.elements)):
-            raise Unmatched(f"the feed `{_code(value)}` is not a dict literal of the split placeholders")
+            raise Unmatched(f"the feed `{code(value)}` is not a dict literal of the split placeholders")
         for element in value.elements:
             key = element.key
             # Any other entry (a learning rate, a dropout rate, ...) has no place in the dataset.
             if not (isinstance(key, cst.Name) and key.value in self.lists):
-                raise Unmatched(f"the feed's key `{_code(key)}` is not a placeholder the towers read through `tf.split`")
+                raise Unmatched(f"the feed's key `{code(key)}` is not a placeholder the towers read through `tf.split`")
             # The dataset yields the batch's arrays as drawn: a transformed array is not one of them.
             if not isinstance(element.value, cst.Name):
-                raise Unmatched(f"`{key.value}` is fed `{_code(element.value)}`, not an array of the batch")
+                raise Unmatched(f"`{key.value}` is fed `{code(element.value)}`, not an array of the batch")
             self.feed.add(key.value, element.value.value)
 
     def loop(self, statement: cst.For, feed: str) -> None:
@@ -403,7 +394,7 @@ class _FeedReader:
             raise Unmatched("the loop building the feed has an else or is async")
         index, bound = self.loop_index(statement.target, statement.iter)
         for line in statement.body.body:
-            small = _small(line)
+            small = single_small(line)
             if isinstance(small, cst.Assign) and len(small.targets) == 1:
                 target = small.targets[0].target
                 if isinstance(target, cst.Subscript) and isinstance(target.value, cst.Name) \
@@ -412,14 +403,14 @@ class _FeedReader:
                     self.feed.add(self.key(target.slice[0].slice.value, index, bound),
                                   self.piece(small.value, index, bound))
                     continue
-            if isinstance(small, cst.Expr) and _method(small.value, "update") and _code(small.value.func.value) == feed \
+            if isinstance(small, cst.Expr) and _method(small.value, "update") and code(small.value.func.value) == feed \
                     and len(small.value.args) == 1 and isinstance(small.value.args[0].value, cst.Dict):
                 for element in small.value.args[0].value.elements:
                     if not isinstance(element, cst.DictElement):
                         raise Unmatched("the feed is updated with a `**` entry")
                     self.feed.add(self.key(element.key, index, bound), self.piece(element.value, index, bound))
                 continue
-            raise Unmatched(f"the loop building the feed also runs `{_code(line).strip()}`")
+            raise Unmatched(f"the loop building the feed also runs `{code(line).strip()}`")
         self.feed.code.append(statement)
 
 
@@ -451,7 +442,7 @@ def _linear(expression: cst.BaseExpression, index: str) -> dict[tuple[str, ...],
                     result[monomial] = result.get(monomial, 0) + x * y
         return {m: c for m, c in result.items() if c}
     if isinstance(expression, (cst.Name, cst.Attribute, cst.BinaryOperation, cst.Call)):
-        return {(_code(expression),): 1}
+        return {(code(expression),): 1}
     return None
 
 
@@ -469,7 +460,7 @@ def _contiguous_part(element: cst.Slice, index: str) -> cst.BaseExpression | Non
     if per == index or upper != {monomial: 1, (per,): 1}:
         return None
     for node in walk(element.lower):
-        if isinstance(node, (cst.Name, cst.Attribute, cst.BinaryOperation, cst.Call)) and _code(node) == per:
+        if isinstance(node, (cst.Name, cst.Attribute, cst.BinaryOperation, cst.Call)) and code(node) == per:
             return node
     return None
 
@@ -517,7 +508,7 @@ def plan(
 
     None when the towers make no placeholder and read no split placeholder; Unmatched (with the
     reason) when they do, in a shape this does not replace. ``loop``: the original tower loop;
-    the other arguments as for :func:`tfmigrate.tower_input.plan`; ``imports``: the module's
+    the other arguments as for :func:`tfmigrate.rewrites.tower_input.plan`; ``imports``: the module's
     import table.
     """
     holders = _tower_placeholders(statements, tf_api, strategy)
@@ -537,7 +528,7 @@ def plan(
     for statement in inits:
         # The whole statement goes, so it may only make these lists.
         if not set(_list_init_names(statement)) <= set(lists):
-            raise Unmatched(f"`{_code(statement).strip()}` also makes lists that are not placeholder lists")
+            raise Unmatched(f"`{code(statement).strip()}` also makes lists that are not placeholder lists")
 
     session = _session_input(
         lists, loop, owner, module, after_loop, strategy=strategy, tf=tf, tf_api=tf_api, fresh=fresh,
@@ -645,12 +636,12 @@ def _session_input(
     # --- its header: `for [step,] <batch> in [enumerate(]<source>[, start)]`
     counter = start = None
     source, batch = session_loop.iter, session_loop.target
-    if isinstance(source, cst.Call) and _code(source.func) == "enumerate" and imports.resolve(source.func) is None:
+    if isinstance(source, cst.Call) and code(source.func) == "enumerate" and imports.resolve(source.func) is None:
         arguments = source.args
         keywords = [None if a.keyword is None else a.keyword.value for a in arguments]
         if not (isinstance(batch, cst.Tuple) and len(batch.elements) == 2 and isinstance(batch.elements[0].value, cst.Name)
                 and not any(a.star for a in arguments) and keywords in ([None], [None, None], [None, "start"])):
-            raise Unmatched(f"cannot read the session loop's header `for {_code(batch)} in {_code(source)}`")
+            raise Unmatched(f"cannot read the session loop's header `for {code(batch)} in {code(source)}`")
         counter = batch.elements[0].value.value
         start = arguments[1].value if len(arguments) == 2 else None
         source, batch = arguments[0].value, batch.elements[1].value
@@ -659,7 +650,7 @@ def _session_input(
     elif isinstance(batch, (cst.Tuple, cst.List)) and all(isinstance(e.value, cst.Name) for e in batch.elements):
         arrays = [e.value.value for e in batch.elements]
     else:
-        raise Unmatched(f"the session loop's batch `{_code(batch)}` is not one name or a tuple of names")
+        raise Unmatched(f"the session loop's batch `{code(batch)}` is not one name or a tuple of names")
     if len(set(arrays)) != len(arrays):
         raise Unmatched("the session loop's batch binds a name twice")
 
@@ -668,8 +659,8 @@ def _session_input(
     if len(runs) != 1:
         raise Unmatched(f"the session loop runs {len(runs)} `run(..., feed_dict=...)` calls, not one")
     run = runs[0]
-    if _code(run.func.value) != session:
-        raise Unmatched(f"the training step runs in `{_code(run.func.value)}`, not the session `{session}` initialised")
+    if code(run.func.value) != session:
+        raise Unmatched(f"the training step runs in `{code(run.func.value)}`, not the session `{session}` initialised")
     body = list(session_loop.body.body)
     at = next((k for k, s in enumerate(body) if any(c is run for c in find(s, cst.Call))), None)
     if at is None or not isinstance(body[at], cst.SimpleStatementLine):
@@ -694,7 +685,7 @@ def _session_input(
         assigned = _assign(statement)
         if feed_name is not None and assigned is not None and assigned[0] == feed_name:
             value = assigned[1]
-            if not (isinstance(value, cst.Dict) and not value.elements or _code(value) == "dict()"):
+            if not (isinstance(value, cst.Dict) and not value.elements or code(value) == "dict()"):
                 reader.dict_value(value)
             reader.feed.code.append(statement)
             removed_lines.append(statement)
@@ -713,7 +704,7 @@ def _session_input(
         else:
             # It ran after the batch was drawn; now it would also run once more when the input
             # runs out, before the step raises.
-            raise Unmatched(f"the session loop runs `{_code(statement).strip()}` before the training step")
+            raise Unmatched(f"the session loop runs `{code(statement).strip()}` before the training step")
     if feed_name is None:
         reader.dict_value(feed_argument)
     feed = reader.feed
@@ -724,7 +715,7 @@ def _session_input(
     if fed != sorted(arrays):
         raise Unmatched(
             f"the towers are fed from {', '.join(f'`{a}`' for a in fed)}, not from each array of the batch "
-            f"`{_code(batch)}` once"
+            f"`{code(batch)}` once"
         )
     # The arrays, the feed and its pieces are read by the feed-building code only: nothing else
     # may see a batch that now never reaches Python. The lists go: only that code may read them.
@@ -773,7 +764,7 @@ def _session_input(
     by_array = {array: lists[holder_list] for holder_list, array in feed.entries.items()}
     ordered = [by_array[a] for a in arrays]
     spec = tf("tensorflow.TensorSpec")
-    specs = [f"{spec}({_code(h.shape)}, {_code(h.dtype)})" for h in ordered]
+    specs = [f"{spec}({code(h.shape)}, {code(h.dtype)})" for h in ordered]
     generator = _generator(source, batch, arrays, module)
     dataset = fresh("dataset", "feed_dataset", "batch_dataset")
     iterator = fresh("inputs", "input_iterator", "replica_inputs")
@@ -811,7 +802,7 @@ def _session_input(
     new_body = [guarded if k == at else s for k, s in enumerate(body) if id(s) not in removed_ids]
     block = session_loop.body.with_changes(body=new_body)
     if itertools_name is not None:
-        count = f"{itertools_name}.count({_code(start) if start is not None else ''})"
+        count = f"{itertools_name}.count({code(start) if start is not None else ''})"
         new_loop = session_loop.with_changes(target=cst.Name(counter), iter=cst.parse_expression(count), body=block)
     else:
         new_loop = cst.While(test=cst.Name("True"), body=block, leading_lines=session_loop.leading_lines)
@@ -850,7 +841,7 @@ def _assigned_calls(statement: cst.CSTNode) -> list[tuple[str, cst.Call]]:
     assigned = _assign(statement)
     if assigned is not None:
         return [assigned] if isinstance(assigned[1], cst.Call) else []
-    small = _small(statement)
+    small = single_small(statement)
     if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
         return []
     target, value = small.targets[0].target, small.value
@@ -865,7 +856,7 @@ def _assigned_calls(statement: cst.CSTNode) -> list[tuple[str, cst.Call]]:
 def _loop_index(loop: cst.For) -> str | None:
     """The tower index: `i` of `for i in range(N)` or `for i, d in enumerate(D)`."""
     target, iterable = loop.target, loop.iter
-    func = _code(iterable.func) if isinstance(iterable, cst.Call) else ""
+    func = code(iterable.func) if isinstance(iterable, cst.Call) else ""
     if isinstance(target, cst.Name) and func in ("range", "xrange"):
         return target.value
     if isinstance(target, cst.Tuple) and len(target.elements) == 2 and isinstance(target.elements[0].value, cst.Name) \
@@ -884,7 +875,7 @@ def _split_arguments(name: str, call: cst.Call) -> dict[str, cst.BaseExpression]
     if any(a.star for a in call.args) or len(positional) > 3 \
             or set(keywords) - {"value", "num_or_size_splits", "axis", "name"} or set(keywords) & set(values) \
             or len(positional) + len(set(keywords) & {"value", "num_or_size_splits"}) < 2:
-        raise Unmatched(f"cannot read the arguments of `{name} = {_code(call)}`")
+        raise Unmatched(f"cannot read the arguments of `{name} = {code(call)}`")
     values.update(keywords)
     return values
 
@@ -960,34 +951,7 @@ def _split_input(statements, loop, index, before, owner, after_loop, splits, pla
     reads: dict[int, str] = {}              # id(`x_parts[i]`) -> placeholder name
     removed: list[cst.SimpleStatementLine] = []
     for name, (statement, call) in splits.items():
-        arguments = _split_arguments(name, call)
-        value, parts, axis = arguments["value"], arguments["num_or_size_splits"], arguments.get("axis")
-        # Only a placeholder's pieces can come from the batches the session loop feeds.
-        if not (isinstance(value, cst.Name) and value.value in placeholders):
-            raise Unmatched(f"`{name}` cuts `{_code(value)}`, not a placeholder the session loop feeds")
-        placeholder = value.value
-        # The strategy cuts each batch along its first axis; pieces along another are other examples.
-        if axis is not None and not (isinstance(axis, cst.Integer) and int(axis.value, 0) == 0):
-            raise Unmatched(f"`{name}` cuts `{placeholder}` along axis `{_code(axis)}`, not the batch axis 0 "
-                            "that the strategy splits")
-        # A list of sizes may be unequal (and is fixed): the strategy's parts are equal.
-        if isinstance(parts, (cst.List, cst.Tuple)):
-            raise Unmatched(f"`{name}` cuts `{placeholder}` into the sizes `{_code(parts)}`, not into equal parts")
-        # One piece per tower is what makes piece i the replica's part; any other count is not.
-        if not _is_count(parts, count, set()):
-            raise Unmatched(f"`{name}` cuts `{placeholder}` into `{_code(parts)}` pieces, not one per tower "
-                            f"(`{' / '.join(sorted(count)) or _code(loop.iter)}`)")
-        # The pieces go with the split: it must be the only binding of the name, read only by the towers.
-        if sum(1 for bound, _ in owner_bindings if bound == name) != 1:
-            raise Unmatched(f"`{name}` is assigned more than once")
-        if len(_references(owner, name)) != 1 + len(_references(loop, name)):
-            raise Unmatched(f"`{name}` is used outside the tower loop")
-        pieces = [n for s in statements for n in walk(s)
-                  if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value == name]
-        own = [n for n in pieces if _is_index(n, index)]
-        # Each tower reads its own piece: `x_parts[0]` or `x_parts` whole are other examples.
-        if len(own) != len(_references(loop, name)):
-            raise Unmatched(f"the tower reads `{name}` other than as its own piece `{name}[{index}]`")
+        placeholder, own = _split_pieces(name, call, statements, loop, index, owner, owner_bindings, count, placeholders)
         # One split per placeholder: the replica's part gets the placeholder's name.
         if placeholder in holders:
             raise Unmatched(f"`{placeholder}` is cut by more than one `tf.split`")
@@ -998,17 +962,7 @@ def _split_input(statements, loop, index, before, owner, after_loop, splits, pla
         holders[placeholder] = _placeholder(placeholder, made, made_call, strategy, per_tower=False)
         reads.update({id(n): placeholder for n in own})
         removed += [s for s in (made, statement) if not any(s is r for r in removed)]
-    # A statement that goes whole (`x_parts, y_parts = tf.split(...), tf.split(...)`) may only
-    # make what goes with it.
-    for statement in removed:
-        kept = [name for name, _ in _assigned_calls(statement) if name not in splits and name not in holders]
-        if kept:
-            raise Unmatched(f"`{_code(statement).strip()}` also makes {', '.join(f'`{k}`' for k in kept)}, "
-                            "which the towers do not read as their pieces")
-    # The replica binds the placeholders' names: the tower must not already use them.
-    for placeholder in holders:
-        if any(_references(s, placeholder) for s in statements):
-            raise Unmatched(f"the tower uses the name `{placeholder}` besides its pieces")
+    _check_goes_whole(removed, splits, holders, statements)
 
     session = _session_input(
         holders, loop, owner, module, after_loop, strategy=strategy, tf=tf, tf_api=tf_api, fresh=fresh,
@@ -1016,6 +970,60 @@ def _split_input(statements, loop, index, before, owner, after_loop, splits, pla
         elsewhere="`{}` is used other than by its `tf.split` and the feed",
         fed_comment="# the piece `tf.split` cut for its tower.",
     )
+    return _split_fed_input(session, removed, reads)
+
+
+def _split_pieces(name, call, statements, loop, index, owner, owner_bindings, count, placeholders):
+    """Check one `x_parts = tf.split(x, n)` of the tower loop: the placeholder it cuts, and the
+    tower's own pieces `x_parts[i]` (refused unless every check holds)."""
+    arguments = _split_arguments(name, call)
+    value, parts, axis = arguments["value"], arguments["num_or_size_splits"], arguments.get("axis")
+    # Only a placeholder's pieces can come from the batches the session loop feeds.
+    if not (isinstance(value, cst.Name) and value.value in placeholders):
+        raise Unmatched(f"`{name}` cuts `{code(value)}`, not a placeholder the session loop feeds")
+    placeholder = value.value
+    # The strategy cuts each batch along its first axis; pieces along another are other examples.
+    if axis is not None and not (isinstance(axis, cst.Integer) and int(axis.value, 0) == 0):
+        raise Unmatched(f"`{name}` cuts `{placeholder}` along axis `{code(axis)}`, not the batch axis 0 "
+                        "that the strategy splits")
+    # A list of sizes may be unequal (and is fixed): the strategy's parts are equal.
+    if isinstance(parts, (cst.List, cst.Tuple)):
+        raise Unmatched(f"`{name}` cuts `{placeholder}` into the sizes `{code(parts)}`, not into equal parts")
+    # One piece per tower is what makes piece i the replica's part; any other count is not.
+    if not _is_count(parts, count, set()):
+        raise Unmatched(f"`{name}` cuts `{placeholder}` into `{code(parts)}` pieces, not one per tower "
+                        f"(`{' / '.join(sorted(count)) or code(loop.iter)}`)")
+    # The pieces go with the split: it must be the only binding of the name, read only by the towers.
+    if sum(1 for bound, _ in owner_bindings if bound == name) != 1:
+        raise Unmatched(f"`{name}` is assigned more than once")
+    if len(_references(owner, name)) != 1 + len(_references(loop, name)):
+        raise Unmatched(f"`{name}` is used outside the tower loop")
+    pieces = [n for s in statements for n in walk(s)
+              if isinstance(n, cst.Subscript) and isinstance(n.value, cst.Name) and n.value.value == name]
+    own = [n for n in pieces if _is_index(n, index)]
+    # Each tower reads its own piece: `x_parts[0]` or `x_parts` whole are other examples.
+    if len(own) != len(_references(loop, name)):
+        raise Unmatched(f"the tower reads `{name}` other than as its own piece `{name}[{index}]`")
+    return placeholder, own
+
+
+def _check_goes_whole(removed, splits, holders, statements) -> None:
+    # A statement that goes whole (`x_parts, y_parts = tf.split(...), tf.split(...)`) may only
+    # make what goes with it.
+    for statement in removed:
+        kept = [name for name, _ in _assigned_calls(statement) if name not in splits and name not in holders]
+        if kept:
+            raise Unmatched(f"`{code(statement).strip()}` also makes {', '.join(f'`{k}`' for k in kept)}, "
+                            "which the towers do not read as their pieces")
+    # The replica binds the placeholders' names: the tower must not already use them.
+    for placeholder in holders:
+        if any(_references(s, placeholder) for s in statements):
+            raise Unmatched(f"the tower uses the name `{placeholder}` besides its pieces")
+
+
+def _split_fed_input(session, removed, reads) -> SplitFedInput:
+    """The split-fed input, from the session loop's dataset: the removed splits' comments stay
+    above the dataset that replaces them."""
     names = [h.name for h in session.ordered]
     target = names[0] if isinstance(session.batch, cst.Name) else ", ".join(names) + ("," if len(names) == 1 else "")
     unpack = cst.parse_statement(f"{target} = {session.parameter}\n")
@@ -1063,7 +1071,7 @@ def _position(statements, statement) -> int:
 
 def _list_init_names(statement: cst.CSTNode) -> list[str] | None:
     """`a = []` -> [a]; `a, b = [], []` -> [a, b]; else None."""
-    small = _small(statement)
+    small = single_small(statement)
     if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
         return None
     target, value = small.targets[0].target, small.value
@@ -1099,20 +1107,20 @@ def _without_feed(run: cst.Call) -> cst.Call:
 def _tower_count(loop: cst.For) -> set[str]:
     """Spellings of the number of towers: `N` of `range(N)`, `len(D)` of `enumerate(D)`."""
     iterable = loop.iter
-    if isinstance(iterable, cst.Call) and iterable.args and _code(iterable.func) in ("range", "xrange") \
+    if isinstance(iterable, cst.Call) and iterable.args and code(iterable.func) in ("range", "xrange") \
             and len(iterable.args) == 1:
-        return {_code(iterable.args[0].value)}
-    if isinstance(iterable, cst.Call) and _code(iterable.func) == "enumerate" and len(iterable.args) == 1:
-        return {f"len({_code(iterable.args[0].value)})"}
+        return {code(iterable.args[0].value)}
+    if isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1:
+        return {f"len({code(iterable.args[0].value)})"}
     if isinstance(iterable, (cst.Name, cst.Attribute)):
-        return {f"len({_code(iterable)})"}
+        return {f"len({code(iterable)})"}
     return set()
 
 
 def _is_count(expression: cst.BaseExpression, tower_count: set[str], lists: set[str]) -> bool:
     """The number of towers: as the tower loop spells it, or `len(<placeholder list>)`."""
-    code = _code(expression)
-    return code in tower_count or any(code == f"len({name})" for name in lists)
+    text = code(expression)
+    return text in tower_count or any(text == f"len({name})" for name in lists)
 
 
 def _check_per(per: cst.BaseExpression, owner, module, tower_count, lists, order, session_loop):
@@ -1136,7 +1144,7 @@ def _check_per(per: cst.BaseExpression, owner, module, tower_count, lists, order
         found = [(per.value, statement)] if where is owner else []
     if not (isinstance(definition, cst.BinaryOperation) and isinstance(definition.operator, cst.FloorDivide)
             and _is_count(definition.right, tower_count, lists)):
-        raise Unmatched(f"the slice size `{_code(per)}` is not `<batch> // <number of towers>`")
+        raise Unmatched(f"the slice size `{code(per)}` is not `<batch> // <number of towers>`")
     # Known sizes: a batch that does not divide leaves a remainder no tower was fed.
     batch, towers = _integer_constant(definition.left, module), _integer_constant(definition.right, module)
     if batch is not None and towers and batch % towers:
@@ -1146,7 +1154,7 @@ def _check_per(per: cst.BaseExpression, owner, module, tower_count, lists, order
 
 def _harmless(statement: cst.CSTNode, imports) -> bool:
     """`name = <expression>` whose only calls read a clock (`start = time.time()`)."""
-    small = _small(statement)
+    small = single_small(statement)
     if not (isinstance(small, cst.Assign) and all(isinstance(t.target, cst.Name) for t in small.targets)):
         return False
     return all(imports.resolve(c.func) in TIMERS for c in find(small.value, cst.Call)) and not find(
@@ -1163,8 +1171,8 @@ def _generator(source: cst.BaseExpression, batch: cst.BaseExpression, arrays: li
         function = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == source.func.value), None)
         if function is not None and _yields_tuples(function, arity) and sum(
                 1 for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == source.func.value) == 1:
-            return source.func.value if not source.args else f"lambda: {_code(source)}"
+            return source.func.value if not source.args else f"lambda: {code(source)}"
     if arity is None:
-        return f"lambda: {_code(source)}"
+        return f"lambda: {code(source)}"
     names = ", ".join(arrays) + ("," if arity == 1 else "")
-    return f"lambda: (({names}) for {names} in {_code(source)})"
+    return f"lambda: (({names}) for {names} in {code(source)})"

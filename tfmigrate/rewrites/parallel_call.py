@@ -77,12 +77,12 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tfmigrate.devices import (
-    children, device_scope_arg, device_scopes, find, mentions_gpu, names_used, tower_group, walk,
-)
-from tfmigrate.mirrored import (
-    REPLICA_INDEX, Refused, assigned_name, code, comment_lines, device_helpers, devices_argument, loop_index,
-    method_call, TfNames, only_call, module_parents, place_scope, ReplaceById, references, tf_root,
+from tfmigrate.analysis.devices import device_scope_arg, device_scopes, mentions_gpu, tower_group
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import children, find, module_parents, names_used, walk
+from tfmigrate.rewrites.mirrored import (
+    REPLICA_INDEX, Refused, assigned_name, comment_lines, device_helpers, devices_argument, loop_index,
+    method_call, TfNames, only_call, place_scope, ReplaceById, references, tf_root,
 )
 from tfmigrate.rule import Edit, FixSafety
 

@@ -24,7 +24,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from tfmigrate.source import SourceError, SourceFile
+from tfmigrate.engine.source import SourceError, SourceFile
 
 CELL_MARKER = "# tfmigrate-cell: {}"
 MAGIC_MARKER = "# tfmigrate-magic: {}"

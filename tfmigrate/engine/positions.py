@@ -192,7 +192,7 @@ class LazyPositions(Mapping):
     def _walk_in_order(self, index: int) -> dict[tuple[int, str], list]:
         """The twin-kind nodes of statement ``index`` in LibCST's order (when the rules' walk
         did not record them)."""
-        from tfmigrate.walker import skipped_types, walk
+        from tfmigrate.cst.walker import skipped_types, walk
 
         found: dict[tuple[int, str], list] = {}
 
@@ -265,7 +265,7 @@ class LazyPositions(Mapping):
 
 def _inside(fstrings: list) -> set[int]:
     """The ids of the nodes inside these f-strings."""
-    from tfmigrate.walker import skipped_types, walk
+    from tfmigrate.cst.walker import skipped_types, walk
 
     found: set[int] = set()
     for fstring in fstrings:

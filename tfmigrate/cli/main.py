@@ -8,14 +8,15 @@ import sys
 from typing import TYPE_CHECKING, List, Optional
 
 from tfmigrate import __version__
-from tfmigrate.config import TARGETS, Config, ConfigError, load_config
-from tfmigrate.discovery import discover
+from tfmigrate.engine.config import TARGETS, Config, ConfigError, load_config
+from tfmigrate.engine.discovery import discover
 from tfmigrate.findings import FileResult
-from tfmigrate.registry import all_rules, catalog, rule_by_code
-from tfmigrate.reporters import (
-    FORMATS, PlainConsole, no_color, plain_stream, render_text, statistics_table, summary_line, write_machine,
+from tfmigrate.engine.registry import all_rules, catalog, rule_by_code
+from tfmigrate.engine.reporters import (
+    FORMATS, PlainConsole, no_color, plain_stream, render_text, statistics_table, summary_line,
+    write_machine,
 )
-from tfmigrate.runner import check_file
+from tfmigrate.engine.runner import check_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -73,8 +74,8 @@ def _known_prefix(code: str) -> bool:
 def install_catalog(config: Config) -> None:
     """Use the rule catalog stored in the cache folder; compute (importing the rules) and store
     it when it is not there yet."""
-    from tfmigrate import registry
-    from tfmigrate.cache import cache_root, load_catalog, save_catalog
+    from tfmigrate.engine import registry
+    from tfmigrate.engine.cache import cache_root, load_catalog, save_catalog
 
     root = cache_root(config.root)
     stored = load_catalog(root)
@@ -129,7 +130,7 @@ def run_files(
     on_crash=None,
 ) -> list:
     """Run ``work(path, config)`` over the files, in worker processes when there are enough of
-    them (see :mod:`tfmigrate.workers`: a crashed worker costs only its own file, Ctrl-C raises
+    them (see :mod:`tfmigrate.engine.workers`: a crashed worker costs only its own file, Ctrl-C raises
     ``Interrupted`` with what was finished), with a progress bar on a terminal only. Results
     come back in the order of ``files``.
 
@@ -137,7 +138,7 @@ def run_files(
     return plain data: workers send back results, never syntax trees. ``on_crash(path, why)``:
     the result for a file whose worker process died (default: a ``FileResult`` error).
     """
-    from tfmigrate import workers
+    from tfmigrate.engine import workers
 
     jobs = max(1, jobs or workers.default_jobs())
     progress = _progress_bar(label, len(files), quiet)
@@ -160,7 +161,7 @@ def run_files(
     crashed = on_crash or (lambda path, why: FileResult(path=path, error=f"the process checking it died ({why}); not checked"))
     with progress if progress is not None else contextlib.nullcontext():
         if jobs > 1 and len(files) > workers.PARALLEL_MIN_FILES:
-            from tfmigrate import runner
+            from tfmigrate.engine import runner
 
             runner.enabled_rules(config)  # import the rules here, once, before the workers fork
             return workers.run_pool(files, config, work, jobs, advance, crashed, pause)
@@ -180,7 +181,7 @@ def check_files(
     """`check` over the files: cached results where the cache has them, the rest computed."""
     cache = None
     if use_cache:
-        from tfmigrate.cache import Cache
+        from tfmigrate.engine.cache import Cache
 
         cache = Cache.for_config(config)
     results: list[FileResult | None] = [None] * len(files)
@@ -258,8 +259,8 @@ def read_stdin(name: str, config: Config, force_exclude: bool) -> tuple[bytes, b
 
 
 def _check_stdin(name: str, config: Config, force_exclude: bool) -> tuple[list[FileResult], dict]:
-    from tfmigrate.runner import check_bytes
-    from tfmigrate.source import split_lines
+    from tfmigrate.engine.runner import check_bytes
+    from tfmigrate.engine.source import split_lines
 
     raw, excluded = read_stdin(name, config, force_exclude)
     if excluded:
@@ -524,7 +525,7 @@ def _register_optional_commands(app) -> None:
     """Commands that live in their own modules (none of them imports TensorFlow at load)."""
     import importlib
 
-    for module_name in ("tfmigrate.fixer_cli", "tfmigrate.verify.cli"):
+    for module_name in ("tfmigrate.cli.fix", "tfmigrate.verify.cli"):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

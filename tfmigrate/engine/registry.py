@@ -6,7 +6,7 @@ Importing the rules imports LibCST (about a second of start-up with everything t
 use). What `check` needs before it parses anything -- the codes (to validate ``--select``),
 names and trigger words (the prefilter) -- is the rule *catalog*: plain data computed from the
 rules once and stored in the cache folder under the engine fingerprint (see
-:mod:`tfmigrate.cache`). A run that finds the catalog there and whose files are all cache
+:mod:`tfmigrate.engine.cache`). A run that finds the catalog there and whose files are all cache
 hits or prefiltered never imports LibCST or a rule.
 """
 
@@ -38,7 +38,7 @@ def _rules_package():
     except ModuleNotFoundError as exc:
         if exc.name != "tfmigrate.rules":
             raise
-    checkout = Path(__file__).resolve().parent.parent / "rules"
+    checkout = Path(__file__).resolve().parents[2] / "rules"
     spec = importlib.util.spec_from_file_location(
         "tfmigrate.rules", checkout / "__init__.py", submodule_search_locations=[str(checkout)]
     )

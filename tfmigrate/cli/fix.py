@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from tfmigrate.config import ConfigError
-from tfmigrate.source import SourceError
-from tfmigrate.discovery import discover
+from tfmigrate.engine.config import ConfigError
+from tfmigrate.engine.source import SourceError
+from tfmigrate.engine.discovery import discover
 from tfmigrate.findings import FixSafety
 
 if TYPE_CHECKING:
-    from tfmigrate.fixer import FixResult
+    from tfmigrate.engine.fixer import FixResult
 
 # Why a file was skipped, from its one-line error (the summary counts files per reason).
 _REASONS = [
@@ -96,8 +96,8 @@ def _unique(files: list[str]) -> list[str]:
 def _fix_stdin(name: str, config, unsafe: bool, force_exclude: bool) -> list[FixResult]:
     """`fix -`: the fixed code (the input itself when there is nothing to fix, or it cannot be
     fixed) goes to stdout, as ruff does; messages to stderr."""
-    from tfmigrate.cli import read_stdin
-    from tfmigrate.fixer import fix_bytes
+    from tfmigrate.cli.main import read_stdin
+    from tfmigrate.engine.fixer import fix_bytes
 
     raw, excluded = read_stdin(name, config, force_exclude)
     results = [] if excluded else [fix_bytes(name, raw, config, unsafe=unsafe)]
@@ -115,20 +115,20 @@ def _fix_stdin(name: str, config, unsafe: bool, force_exclude: bool) -> list[Fix
 
 def _fix_files(paths: list[str], config, options: dict, err) -> tuple[list[FixResult], list[str], list]:
     """`fix` over files and folders: (results, missing paths, what the walk skipped)."""
-    from tfmigrate.cli import print_skipped, run_files
-    from tfmigrate.workers import Interrupted
+    from tfmigrate.cli.main import print_skipped, run_files
+    from tfmigrate.engine.workers import Interrupted
 
     found = discover(paths, config, force_exclude=options["force_exclude"])
     print_skipped(found.skipped, err)
     files = _unique(found.files)
     write = options["write"]
     if write:  # temporary files a killed earlier run left behind (see RELIABILITY.md)
-        from tfmigrate.source import remove_stale_temp_files
+        from tfmigrate.engine.source import remove_stale_temp_files
 
         for folder in sorted({os.path.dirname(os.path.realpath(path)) for path in files}):
             remove_stale_temp_files(folder)
     within = tuple(os.path.realpath(path) for path in paths)  # a link out of these is not fixed
-    from tfmigrate.fixer import FixResult, fix_file  # LibCST and the rules: only when there is something to fix
+    from tfmigrate.engine.fixer import FixResult, fix_file  # LibCST and the rules: only when there is something to fix
 
     # picklable, for the workers
     work = functools.partial(fix_file, unsafe=options["unsafe"], write=write, within=within)
@@ -148,7 +148,7 @@ def _fix_files(paths: list[str], config, options: dict, err) -> tuple[list[FixRe
 
 
 def _print_results(results: list[FixResult], missing: list[str], options: dict, err) -> None:
-    from tfmigrate.cli import print_notes, report
+    from tfmigrate.cli.main import print_notes, report
 
     quiet, write = options["quiet"], options["write"]
     if not quiet:
@@ -165,7 +165,7 @@ def _print_results(results: list[FixResult], missing: list[str], options: dict, 
             to_stderr=options["stdin"],
         )
     else:
-        from tfmigrate.cli import print_errors
+        from tfmigrate.cli.main import print_errors
 
         print_errors(errors, err)
         for result in results:
@@ -177,7 +177,7 @@ def _print_results(results: list[FixResult], missing: list[str], options: dict, 
 
 
 def _exit_status(results: list[FixResult], missing: list[str], options: dict) -> int:
-    from tfmigrate.cli import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
+    from tfmigrate.cli.main import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS
 
     if options["exit_zero"]:
         return EXIT_CLEAN
@@ -193,8 +193,8 @@ def _exit_status(results: list[FixResult], missing: list[str], options: dict) ->
 
 def run_fix(paths: Optional[List[str]], options: dict) -> int:
     """`tfmigrate fix`; returns the exit status."""
-    from tfmigrate.cli import EXIT_ERROR, build_config, stderr_console, stdin_path
-    from tfmigrate.reporters import FORMATS
+    from tfmigrate.cli.main import EXIT_ERROR, build_config, stderr_console, stdin_path
+    from tfmigrate.engine.reporters import FORMATS
 
     err = stderr_console()
     if options["write"] and options["diff"]:
@@ -225,9 +225,9 @@ def run_fix(paths: Optional[List[str]], options: dict) -> int:
 
 
 def register(app: typer.Typer) -> None:
-    from tfmigrate.cli import (
-        ConfigOpt, ExitZeroOpt, ForceExcludeOpt, FormatOpt, IgnoreOpt, JobsOpt, NoCacheOpt, PathsArg, SelectOpt,
-        StatisticsOpt, StdinFilenameOpt,
+    from tfmigrate.cli.main import (
+        ConfigOpt, ExitZeroOpt, ForceExcludeOpt, FormatOpt, IgnoreOpt, JobsOpt, NoCacheOpt, PathsArg,
+        SelectOpt, StatisticsOpt, StdinFilenameOpt,
     )
 
     @app.command()

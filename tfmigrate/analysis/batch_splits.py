@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.callargs import argument, is_legacy_split, is_zero, split_arguments
-from tfmigrate.devices import (
-    TowerLoop, children, collected_names, device_scopes, enclosing_tower, fixed_gpu, module_tower_loops,
-    names_used, walk,
+from tfmigrate.cst.callargs import argument, is_legacy_split, is_zero, split_arguments
+from tfmigrate.analysis.devices import (
+    TowerLoop, collected_names, device_scopes, enclosing_tower, fixed_gpu, module_tower_loops,
 )
-from tfmigrate.mirrored import module_parents
+from tfmigrate.cst.traversal import children, names_used, walk
+from tfmigrate.cst.traversal import module_parents
 
 SPLIT = "tensorflow.split"
 UNSTACKS = {"tensorflow.unstack", "tensorflow.unpack"}

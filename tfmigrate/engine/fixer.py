@@ -17,11 +17,12 @@ from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from tfmigrate.config import Config
+from tfmigrate.engine.config import Config
 from tfmigrate.rule import Edit, Finding, FixSafety, Rule
-from tfmigrate.runner import TOO_DEEP, analyze_source, in_cells, internal_error, is_notebook
-from tfmigrate.source import (
-    SourceError, SourceFile, compile_error, compile_failure, decode_source, libcst_parse, read_bytes, write_atomic,
+from tfmigrate.engine.runner import TOO_DEEP, analyze_source, in_cells, internal_error, is_notebook
+from tfmigrate.engine.source import (
+    SourceError, SourceFile, compile_error, compile_failure, decode_source, libcst_parse, read_bytes,
+    write_atomic,
 )
 
 MAX_PASSES = 8
@@ -202,7 +203,7 @@ def fix_source(source: SourceFile, config: Config, *, unsafe: bool = False) -> F
 
 
 def _fix_notebook(path: str, raw: bytes, config: Config, unsafe: bool) -> FixResult:
-    from tfmigrate import notebook as nb
+    from tfmigrate.engine import notebook as nb
 
     notebook = nb.load(path, raw)
     result = fix_source(notebook.source_file(), config, unsafe=unsafe)

@@ -1,7 +1,7 @@
 """Reading a call's arguments the way Python binds them: by keyword, else by position.
 
 Shared by the rules that look at TF1 and Keras signatures (TFM201, TFM302, TFM303) and by the
-pipeline rewrite in ``tfmigrate.pipelines``.
+pipeline rewrite in ``tfmigrate.rewrites.pipelines``.
 """
 
 from __future__ import annotations

@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import libcst as cst
 
-from tfmigrate.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
-from tfmigrate.devices import blank_lines_unindented
+from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
+from tfmigrate.cst.traversal import blank_lines_unindented
 from tfmigrate.rule import Edit, FixSafety, ImportItem
-from tfmigrate.walker import visit_read_only
+from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
+from tfmigrate.cst.walker import visit_read_only
 
 if TYPE_CHECKING:
     from tfmigrate.rule import Rule
@@ -97,7 +98,7 @@ class ModulePlan:
 
 def module_plan(rule: "Rule") -> ModulePlan:
     """The module's pipeline rewrite, computed once per file for all three rules."""
-    return rule.context.memo("tfmigrate.pipelines", lambda: _Planner(rule).plan())
+    return rule.context.memo("tfmigrate.rewrites.pipelines", lambda: _Planner(rule).plan())
 
 
 # --- small syntax helpers ---------------------------------------------------------------
@@ -222,8 +223,6 @@ class _Planner:
 
     # -- plan --
     def plan(self) -> ModulePlan:
-        from tfmigrate.rules.tfm301_queue_runners import COORDINATORS, QUEUE_INPUT
-
         pipelines = []
         for call, qualified in self.calls.calls:
             if qualified in BATCH_PARAMS or qualified.startswith("tensorflow.train.") and qualified.rsplit(".", 1)[1] in (

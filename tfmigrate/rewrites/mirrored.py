@@ -33,9 +33,9 @@ replica index takes the place of the loop variable, so `x_parts[i]`, `'tower_%d'
 per-tower feeds keep working; variables are created by replica 0 and reused by the others,
 exactly what `reuse_variables()` did. The graph is built under ``strategy.scope()``, which
 takes the place of the hand placement on ``/cpu:0``. Towers that each read their own
-``dataset.shard(N, i)`` get one distributed dataset instead (:mod:`tfmigrate.tower_input`), and
+``dataset.shard(N, i)`` get one distributed dataset instead (:mod:`tfmigrate.rewrites.tower_input`), and
 towers fed through per-tower placeholders, or through the `tf.split` pieces of placeholders made
-before the loop, a generator-backed one (:mod:`tfmigrate.tower_feeds`).
+before the loop, a generator-backed one (:mod:`tfmigrate.rewrites.tower_feeds`).
 Anything else is refused with a reason.
 """
 
@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate import tower_feeds, tower_input
-from tfmigrate.devices import (
-    contains, device_scope_arg, find, mentions_only_cpu, name_nodes, names_used, parents_of, tower_group, walk,
-)
+from tfmigrate.analysis.devices import device_scope_arg, mentions_only_cpu, tower_group
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, parents_of, walk
+from tfmigrate.rewrites import tower_feeds, tower_input
 from tfmigrate.rule import Edit, FixSafety
 
 # A Python int (not a numpy one): `reuse=i > 0` must stay a real bool for variable_scope.
@@ -70,15 +70,6 @@ class TfNames:
         expression, needed = self.rule.tf_ref(target)
         self.imports += [item for item in needed if item not in self.imports]
         return cst.Module([]).code_for_node(expression)
-
-
-def module_parents(context) -> dict[int, cst.CSTNode]:
-    """id(node) -> parent for the whole module: the rules' walk's own once it has visited every
-    node (rules plan their rewrites in leave_Module), else computed. (The walk leaves out
-    operators and punctuation, which have no children: going up from any node never meets one.)"""
-    if context.walk_complete:
-        return context.parents
-    return context.memo("parents", lambda: parents_of(context.module))
 
 
 def _statement_of(node: cst.CSTNode, parents) -> cst.BaseStatement:
@@ -112,10 +103,6 @@ def assigned_name(statement: cst.CSTNode) -> str | None:
 
 def method_call(call: cst.CSTNode, method: str) -> bool:
     return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
-
-
-def code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
 
 
 @dataclass
@@ -532,7 +519,7 @@ def _plan(rule, tower) -> Planned:
     add_imports = [*(feed.imports if feed else ())]
     remove_imports = list(feed.remove_imports if feed else ())
     if context.target == "tf2":
-        from tfmigrate import tf2_step  # only for this target: `check` start-up stays small
+        from tfmigrate.rewrites import tf2_step  # only for this target: `check` start-up stays small
 
         loop_names = tf2_step.Loop(
             strategy=strategy, step=step, loss=grads.loss, train=train_name, optimizer=grads.optimizer,
@@ -559,7 +546,7 @@ def _plan(rule, tower) -> Planned:
 
 def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, feed, fresh, tf: TfNames):
     """The compat rewrite of ``anchor`` (``changes[anchor]``) made TF2, or NotTf2 with the reason."""
-    from tfmigrate import tf2_step
+    from tfmigrate.rewrites import tf2_step
 
     if feed is None:
         raise tf2_step.NotTf2("the towers' input stays fed through placeholders, which TF2 does not have")

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Iterable, TextIO
 
 from tfmigrate import __version__
 from tfmigrate.findings import Finding, FixSafety
-from tfmigrate.registry import all_rules, info_by_code
-from tfmigrate.source import split_lines
+from tfmigrate.engine.registry import all_rules, info_by_code
+from tfmigrate.engine.source import split_lines
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,7 +29,7 @@ def _source_line(f: Finding, cache: dict) -> str | None:
     """The line a finding starts on; ``cache`` maps a path (or (path, cell)) to its lines."""
     key = f.path if f.cell is None else (f.path, f.cell)
     if key not in cache and f.cell is not None:
-        from tfmigrate.notebook import cell_lines
+        from tfmigrate.engine.notebook import cell_lines
 
         for number, lines in cell_lines(f.path).items():
             cache.setdefault((f.path, number), lines)

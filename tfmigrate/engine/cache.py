@@ -11,7 +11,7 @@ a rule invalidates every entry without a version bump).
 Layout, like ruff's: ``.tfmigrate_cache/`` at the project root (``TFMIGRATE_CACHE_DIR``
 overrides it), holding a ``CACHEDIR.TAG`` (backup tools skip it) and a ``.gitignore`` of ``*``.
 Under ``<version>/<engine hash>/`` are ``rules.catalog``, the rule catalog of that engine (see
-:mod:`tfmigrate.registry`: codes, names, trigger words), so that a run can validate codes,
+:mod:`tfmigrate.engine.registry`: codes, names, trigger words), so that a run can validate codes,
 prefilter files and answer from the cache without importing a rule or LibCST, and
 ``packs/<hash of a source folder>.json``: the entries of that folder's files, so that a run
 reads one file per folder (a one-file pre-commit run reads its folder's only). An entry also
@@ -61,17 +61,17 @@ def _rules_folder() -> Path:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         return Path(list(spec.submodule_search_locations)[0])
-    return Path(__file__).resolve().parent.parent / "rules"  # a source checkout (see registry)
+    return Path(__file__).resolve().parents[2] / "rules"  # a source checkout (see registry)
 
 
 @functools.lru_cache(maxsize=None)
 def engine_fingerprint() -> str:
     """A hash of every source file whose change could change a finding."""
     digest = hashlib.sha256(f"{__version__}/{_FORMAT}".encode())
-    engine = Path(__file__).resolve().parent
-    for folder in (engine, _rules_folder()):
-        for path in sorted(folder.glob("*.py")):
-            digest.update(path.name.encode() + b"\0")
+    package = Path(__file__).resolve().parents[1]  # tfmigrate/: the engine and all its floors
+    for folder, pattern in ((package, "**/*.py"), (_rules_folder(), "*.py")):
+        for path in sorted(folder.glob(pattern)):
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
             try:
                 digest.update(path.read_bytes())
             except OSError:
@@ -297,7 +297,7 @@ CATALOG_NAME = "rules.catalog"  # JSON; not *.json, which are the entries
 def load_catalog(root: Path):
     """The rule catalog stored for this engine under ``root``, or None (missing, damaged, or
     written by another engine: the folder is named by the engine fingerprint)."""
-    from tfmigrate.registry import RuleInfo
+    from tfmigrate.engine.registry import RuleInfo
 
     path = Path(root) / __version__ / engine_fingerprint() / CATALOG_NAME
     try:

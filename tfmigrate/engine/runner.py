@@ -1,7 +1,7 @@
 """Check one file: read it once, parse it once, run every enabled rule in one pass.
 
 LibCST and the rules are imported only when a file has to be parsed: the prefilter works
-from the rule catalog (:func:`tfmigrate.registry.catalog`), so a run whose files are cache hits
+from the rule catalog (:func:`tfmigrate.engine.registry.catalog`), so a run whose files are cache hits
 or mention no rule's trigger words starts in a fraction of the time.
 """
 
@@ -13,13 +13,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tfmigrate.config import Config
+from tfmigrate.engine.config import Config
 from tfmigrate.findings import FileResult, Finding, Location
-from tfmigrate import registry
-from tfmigrate.registry import all_rules
-from tfmigrate.source import SourceError, SourceFile, decode_source, read_bytes, split_lines
-from tfmigrate.positions import TWIN_KINDS, LazyPositions
-from tfmigrate.walker import is_attribute_hook, skipped_types, visitor_method_names, walk
+from tfmigrate.engine import registry
+from tfmigrate.engine.registry import all_rules
+from tfmigrate.engine.source import SourceError, SourceFile, decode_source, read_bytes, split_lines
+from tfmigrate.engine.positions import TWIN_KINDS, LazyPositions
+from tfmigrate.cst.walker import is_attribute_hook, skipped_types, visitor_method_names, walk
 
 if TYPE_CHECKING:
     import libcst as cst
@@ -93,7 +93,7 @@ def _walk_rules(
     context: RuleContext,
 ) -> None:
     """Call the visitors' visit_X/leave_X methods over the module, as ``module.visit`` of a
-    batched visitor would, with the read-only walk of :mod:`tfmigrate.walker` (the rules only
+    batched visitor would, with the read-only walk of :mod:`tfmigrate.cst.walker` (the rules only
     read the tree). A rule's visit_X returning False does not stop the others. Fills
     ``statement_of`` (id(node) -> index of the top-level statement it lies in), and for
     :class:`LazyPositions` ``in_order`` (the calls, for and with statements of each top-level
@@ -177,7 +177,7 @@ def _batched(visitors: list):
 
 
 def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], config: Config, text: str) -> Analysis:
-    from tfmigrate.names import ImportTable
+    from tfmigrate.cst.names import ImportTable
     from tfmigrate.rule import RuleContext
 
     statement_of: dict[int, int] = {}
@@ -208,7 +208,7 @@ def analyze_source(source: SourceFile, config: Config) -> Analysis | None:
     codes = codes_for(source.text, config, source.path)
     if not codes:
         return None  # decided from the catalog: neither LibCST nor any rule is imported
-    from tfmigrate.source import parse_source
+    from tfmigrate.engine.source import parse_source
 
     if all_rules is registry.all_rules:
         rules = registry.rules_with_codes(codes)
@@ -257,13 +257,13 @@ def check_file(path: str, config: Config) -> FileResult:
 
 def check_bytes(path: str, raw: bytes, config: Config) -> FileResult:
     """`check` of a file's bytes (read from disk, or from stdin under ``--stdin-filename``)."""
-    from tfmigrate.cache import content_digest
+    from tfmigrate.engine.cache import content_digest
 
     result = FileResult(path=path, digest=content_digest(raw))
     notebook = None
     try:
         if is_notebook(path):
-            from tfmigrate import notebook as nb
+            from tfmigrate.engine import notebook as nb
 
             notebook = nb.load(path, raw)
             result.notes = notebook.notes

@@ -1,7 +1,7 @@
 """The ``tf2`` target of the tower rewrite (TFM101, TFM106): an eager program whose training
 step is a ``tf.function`` that runs a ``tf.GradientTape`` replica step through the strategy.
 
-It starts from what the compat rewrite (:mod:`tfmigrate.mirrored`) made of the loop: a
+It starts from what the compat rewrite (:mod:`tfmigrate.rewrites.mirrored`) made of the loop: a
 distributed dataset read by an initializable iterator, a replica function that computes and
 applies its gradients, ``strategy.run`` + ``strategy.reduce``, and a session loop that reads
 until the input runs out. That code is our own, so its shape is known exactly; this module
@@ -54,9 +54,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from tfmigrate.devices import find, names_used, walk
-from tfmigrate.tower_input import INITIALIZERS
-from tfmigrate.verify.detect import tf1_only
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import find, names_used, single_small, walk
+from tfmigrate.rewrites.tower_input import INITIALIZERS
+from tfmigrate.tf_api import tf1_only
 
 # The v1 optimizers whose Keras counterpart makes the same update, and how their arguments
 # map: positional order of the v1 signature, v1 keyword -> Keras keyword (None: dropped).
@@ -112,32 +113,22 @@ def denied_api(name: str | None) -> bool:
     return (len(parts) > 1 and tf1_only(parts[1:])) or name in DENIED or name.startswith(DENIED_PREFIXES)
 
 
-def _code(node: cst.CSTNode) -> str:
-    return cst.Module([]).code_for_node(node)
-
-
-def _small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-        return statement.body[0]
-    return None
-
-
 def _assignment(statement: cst.CSTNode) -> tuple[cst.BaseAssignTargetExpression, cst.BaseExpression] | None:
-    small = _small(statement)
+    small = single_small(statement)
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
         return small.targets[0].target, small.value
     return None
 
 
 def _call_of(statement: cst.CSTNode) -> cst.Call | None:
-    small = _small(statement)
+    small = single_small(statement)
     value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
     return value if isinstance(value, cst.Call) else None
 
 
 def _is_method(call: cst.CSTNode, owner: str, method: str) -> bool:
     return (isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
-            and _code(call.func.value) == owner)
+            and code(call.func.value) == owner)
 
 
 class _ToTf2(cst.CSTTransformer):
@@ -155,7 +146,7 @@ class _ToTf2(cst.CSTTransformer):
     def visit_With(self, node: cst.With) -> None:
         for item in node.items:
             if self._is_session(item.item) and isinstance(item.asname, cst.AsName):
-                self.sessions.add(_code(item.asname.name))
+                self.sessions.add(code(item.asname.name))
 
     def leave_With(self, original: cst.With, updated: cst.With):
         if any(self._is_session(item.item) for item in updated.items):
@@ -208,11 +199,11 @@ class _ToTf2(cst.CSTTransformer):
                 return updated.with_deep_changes(updated.body[0], value=value.args[0].value)
             if name == loop.loss and _is_method(value, loop.strategy, "reduce"):
                 return self._train_step(updated, value)
-            if name == loop.train and _code(value) == f"{loop.loss}.op":
+            if name == loop.train and code(value) == f"{loop.loss}.op":
                 return cst.RemovalSentinel.REMOVE
-        if call is not None and isinstance(call.func, cst.Attribute) and _code(call.func.value) in self.sessions:
+        if call is not None and isinstance(call.func, cst.Attribute) and code(call.func.value) in self.sessions:
             method = call.func.attr.value
-            fetched = _code(call.args[0].value) if call.args else ""
+            fetched = code(call.args[0].value) if call.args else ""
             if method == "close" or (method == "run" and (
                     fetched == f"{loop.iterator}.initializer" or fetched in self.initializers
                     or (call.args and self._is_initializer(call.args[0].value)))):
@@ -245,9 +236,9 @@ class _ToTf2(cst.CSTTransformer):
                 raise NotTf2("the optimizer is made with *args or **kwargs")
             v1_name = arg.keyword.value if arg.keyword else (positional[k] if k < len(positional) else None)
             if v1_name not in keywords:
-                raise NotTf2(f"the optimizer's argument `{_code(arg)}` has no Keras counterpart with the same update")
+                raise NotTf2(f"the optimizer's argument `{code(arg)}` has no Keras counterpart with the same update")
             if keywords[v1_name] is not None:
-                arguments[keywords[v1_name]] = _code(arg.value)
+                arguments[keywords[v1_name]] = code(arg.value)
         for keyword, value in defaults.items():
             arguments.setdefault(keyword, value)
         made = ", ".join(f"{k}={v}" for k, v in arguments.items())
@@ -261,7 +252,7 @@ class _ToTf2(cst.CSTTransformer):
         body = list(updated.body.body)
         # The compat step ends with: grads = opt.compute_gradients(...); train = opt.apply_gradients(...);
         # with tf.control_dependencies([train]): return tf.identity(loss)
-        if len(body) < 3 or not isinstance(body[-1], cst.With) or "control_dependencies" not in _code(body[-1].items[0]):
+        if len(body) < 3 or not isinstance(body[-1], cst.With) or "control_dependencies" not in code(body[-1].items[0]):
             raise NotTf2("the tower computes its gradients inside a block (a `with` or an `if`), not at its end")
         forward = body[:-3]
         # The replica index and the batch's unpacking stay before the tape: they compute nothing.
@@ -312,7 +303,7 @@ class _ToTf2(cst.CSTTransformer):
         new_reduce = reduce.with_changes(args=[reduce.args[0], reduce.args[1].with_changes(value=new_run),
                                                *reduce.args[2:]])
         # One level deeper than the statement it replaces: continuation lines move right too.
-        returned = _code(new_reduce).replace("\n", "\n    ")
+        returned = code(new_reduce).replace("\n", "\n    ")
         function = cst.parse_statement(
             f"@{self.tf('tensorflow.function')}\ndef {self.train_step}({batch}):\n    return {returned}\n"
         )
@@ -325,10 +316,10 @@ class _ToTf2(cst.CSTTransformer):
             return updated
         iterable = updated.iter
         # The compat rewrite's own `itertools.count()` (its import may not be there yet).
-        if not (isinstance(iterable, cst.Call) and _code(iterable.func).split(".")[-1] == "count" and not iterable.args):
+        if not (isinstance(iterable, cst.Call) and code(iterable.func).split(".")[-1] == "count" and not iterable.args):
             raise NotTf2("the session loop does not count its steps from 0")
         batch = self._loop_batch(updated)
-        target = cst.parse_expression(f"{_code(updated.target)}, {batch}")
+        target = cst.parse_expression(f"{code(updated.target)}, {batch}")
         return updated.with_changes(
             target=target, iter=cst.parse_expression(f"enumerate({self.loop.iterator})"),
             body=updated.body.with_changes(body=read(batch)),
@@ -365,7 +356,7 @@ class _ToTf2(cst.CSTTransformer):
         at = list(body.body).index(first)
         call = _call_of(statement)
         if not (call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "run"
-                and _code(call.func.value) in self.sessions and len(call.args) == 1):
+                and code(call.func.value) in self.sessions and len(call.args) == 1):
             raise NotTf2("the session loop's `try` holds something other than the training step's session run")
         fetches = call.args[0].value
         assigned = _assignment(statement)
@@ -375,13 +366,13 @@ class _ToTf2(cst.CSTTransformer):
             if isinstance(node, cst.Name):
                 return [node.value]
             if isinstance(node, (cst.List, cst.Tuple)):
-                found = [_code(e.value) for e in node.elements]
+                found = [code(e.value) for e in node.elements]
                 return found if all(isinstance(e.value, cst.Name) for e in node.elements) else None
             return None
 
         fetched = names(fetches)
         if fetched is None or loop.train not in fetched or not set(fetched) <= {loop.train, loop.loss}:
-            raise NotTf2(f"the session loop fetches `{_code(fetches)}`; the tf2 train step returns only the loss")
+            raise NotTf2(f"the session loop fetches `{code(fetches)}`; the tf2 train step returns only the loss")
         def body_with(made: str):
             def new_body(batch: str) -> list[cst.BaseStatement]:
                 call_statement = cst.parse_statement(f"{made}{batch})\n").with_changes(
@@ -394,7 +385,7 @@ class _ToTf2(cst.CSTTransformer):
         targets = names(assigned[0])
         if isinstance(fetches, cst.Name) or targets is None or len(targets) != len(fetched) or isinstance(
                 assigned[0], cst.Name):
-            raise NotTf2(f"cannot tell which name receives the loss in `{_code(statement).strip()}`")
+            raise NotTf2(f"cannot tell which name receives the loss in `{code(statement).strip()}`")
         received = dict(zip(fetched, targets))
         if received[loop.train] != "_" and received[loop.train] in names_used(body):
             raise NotTf2(f"the session loop reads the train op's result `{received[loop.train]}`")
@@ -408,7 +399,7 @@ def _is_preamble(statement: cst.CSTNode, parameters: set[str]) -> bool:
     if assigned is None:
         return False
     value = assigned[1]
-    return (isinstance(value, cst.Name) and value.value in parameters) or "replica_id_in_sync_group" in _code(value)
+    return (isinstance(value, cst.Name) and value.value in parameters) or "replica_id_in_sync_group" in code(value)
 
 
 def _is_graph(expression: cst.CSTNode) -> bool:
@@ -424,7 +415,7 @@ def trained_variables(node: cst.CSTNode, loop: Loop, module: cst.Module, resolve
     if step is None:
         raise NotTf2("the replica function is not the compat rewrite's")
     read = names_used(step, keywords=False) - bound_names(step.body)  # what it reads from outside
-    makers = {f.name.value for f in module.body if isinstance(f, cst.FunctionDef) and "keras" in _code(f)}
+    makers = {f.name.value for f in module.body if isinstance(f, cst.FunctionDef) and "keras" in code(f)}
     models: list[str] = []
     inside_step = {id(n) for n in walk(step)}
     for statement in find(node, cst.SimpleStatementLine):
@@ -441,10 +432,10 @@ def trained_variables(node: cst.CSTNode, loop: Loop, module: cst.Module, resolve
             models.append(f"{name}.trainable_variables")
         elif made_by == "tensorflow.Variable":
             trainable = next((a.value for a in call.args if a.keyword and a.keyword.value == "trainable"), None)
-            if trainable is None or _code(trainable) != "False":
+            if trainable is None or code(trainable) != "False":
                 models.append(name)
         else:
-            raise NotTf2(f"the tower reads `{name}`, made by `{_code(call.func)}`, which is not a Keras "
+            raise NotTf2(f"the tower reads `{name}`, made by `{code(call.func)}`, which is not a Keras "
                          "model or layer, nor a tf.Variable: the tape step needs to know what it trains")
     if not models:
         raise NotTf2("the tower trains no Keras model or layer, nor tf.Variable, made under the strategy scope")
@@ -484,7 +475,7 @@ def check_api(parts: list[cst.CSTNode], resolve, *, skipped=(), allowed=frozense
                 continue
             name = resolve(node)
             if denied_api(name) and name not in allowed:
-                raise NotTf2(f"the program uses `{_code(node)}` ({name}), which TF2 does not have; "
+                raise NotTf2(f"the program uses `{code(node)}` ({name}), which TF2 does not have; "
                              "the tf2 target needs the whole program in TF2")
 
 
@@ -533,7 +524,7 @@ def check_model_code(module: cst.Module, kept: list[cst.CSTNode],
                 if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
                     for alias in small.names:
                         bound = alias.asname.name if alias.asname else alias.name
-                        module_level[_code(bound).split(".")[0]] = None
+                        module_level[code(bound).split(".")[0]] = None
                 elif isinstance(small, cst.Assign):
                     for target in small.targets:
                         for name in names_used(target.target):

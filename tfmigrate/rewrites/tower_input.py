@@ -35,7 +35,8 @@ from typing import Callable
 
 import libcst as cst
 
-from tfmigrate.devices import find, names_used
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import find, names_used
 
 # Dataset methods that may follow the shard: per-element or per-batch, order-preserving.
 KEPT_METHODS = {"map", "batch", "prefetch", "repeat", "cache", "filter"}
@@ -51,7 +52,7 @@ class DistributedInput:
     get_next: str                          # `inputs.get_next()`
     initializer: cst.BaseStatement         # the program's `sess.run(<variables initializer>)` (original)
     initialize: cst.BaseStatement          # `sess.run(inputs.initializer)`, to follow it
-    # Used by tfmigrate.tower_feeds, which also rewrites code outside the tower loop:
+    # Used by tfmigrate.rewrites.tower_feeds, which also rewrites code outside the tower loop:
     prelude: tuple[cst.BaseStatement, ...] = ()  # statements before the iterator's (the dataset)
     region: dict[int, object] = field(default_factory=dict)  # id(node after the loop) -> replacement
     anchors: tuple[cst.CSTNode, ...] = ()  # nodes the rewrite changes, besides the initializer
@@ -101,8 +102,8 @@ def _global_chain(expression: cst.BaseExpression, index: str, replicas: str) -> 
         if call is batches[0]:
             size = call.args[0].value
             if not isinstance(size, (cst.Name, cst.Integer, cst.Attribute)):
-                size = cst.parse_expression(f"({cst.Module([]).code_for_node(size)})")
-            global_size = cst.parse_expression(f"{cst.Module([]).code_for_node(size)} * {replicas}")
+                size = cst.parse_expression(f"({code(size)})")
+            global_size = cst.parse_expression(f"{code(size)} * {replicas}")
             call = call.with_changes(args=[call.args[0].with_changes(value=global_size), *call.args[1:]])
         rebuilt = call.with_changes(func=call.func.with_changes(value=rebuilt))
     return rebuilt, node.func.value.value
@@ -139,7 +140,7 @@ def _variables_initializer(statement: cst.CSTNode, tf_api, initializer_names: se
     if not (_is_initializer(argument, tf_api)
             or (isinstance(argument, cst.Name) and argument.value in initializer_names)):
         return None
-    return cst.Module([]).code_for_node(call.func.value)
+    return code(call.func.value)
 
 
 def find_initializer(owner: cst.CSTNode, tf_api, after_loop) -> tuple[cst.BaseStatement, str] | None:
@@ -198,7 +199,6 @@ def plan(
         initializer, session = found
         iterator = fresh("inputs", "input_iterator", "replica_inputs")
         parameter = fresh("batch", "replica_batch")
-        code = cst.Module([]).code_for_node
         iterator_statement = cst.parse_statement(
             f"{iterator} = {tf('tensorflow.compat.v1.data.make_initializable_iterator')}"
             f"({strategy}.experimental_distribute_dataset(\n    {code(chain)}))\n"

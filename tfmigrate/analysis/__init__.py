@@ -1,0 +1,1 @@
+"""Analysis shared by rules and rewrites: device scopes, tower loops, batch splits (read only)."""

@@ -1,0 +1,1 @@
+"""The `tfmigrate` command line: `main` (check, rules, explain, and the app) and `fix`."""

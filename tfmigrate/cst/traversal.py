@@ -1,0 +1,177 @@
+"""Generic, read-only CST traversal: children, walk, find, parents, the names an expression reads.
+
+`CSTNode.visit` rebuilds every node it passes (a full walk costs about as much as parsing),
+and matcher `findall` adds more on top. The analysis and the rewrites only read the tree, so
+this walks the dataclass fields directly and skips whitespace and punctuation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Iterator
+
+import libcst as cst
+
+_LEAVES = (
+    cst.BaseParenthesizableWhitespace,
+    cst.TrailingWhitespace,
+    cst.EmptyLine,
+    cst.Newline,
+    cst.Comment,
+    cst.Comma,
+    cst.Dot,
+    cst.LeftParen,
+    cst.RightParen,
+    cst.AssignEqual,
+    cst.Colon,
+    cst.Semicolon,
+)
+_FIELDS: dict[type, tuple[str, ...]] = {}
+# Fields that only ever hold whitespace, comments or punctuation, whatever the node type.
+_TRIVIA_FIELDS = frozenset({
+    "lpar", "rpar", "lbracket", "rbracket", "lbrace", "rbrace", "comma", "colon", "semicolon", "dot",
+    "equal", "newline", "leading_lines", "lines_after_decorators", "trailing_whitespace", "header", "footer",
+})
+
+
+def blank_lines_unindented(statement: cst.BaseStatement) -> cst.BaseStatement:
+    """``statement`` with its blank leading lines unindented: a statement moved one level
+    deeper must not gain trailing whitespace on them."""
+    lines = [line.with_changes(indent=False) if line.comment is None else line for line in statement.leading_lines]
+    return statement.with_changes(leading_lines=lines)
+
+
+def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """The child nodes of ``node`` that can hold code, in source order."""
+    cls = type(node)
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(
+            f.name for f in dataclasses.fields(cls)
+            if f.name not in _TRIVIA_FIELDS and not f.name.startswith("whitespace_")
+        )
+    holds_code = _HOLDS_CODE
+    found: list[cst.CSTNode] = []
+    for name in names:
+        value = getattr(node, name)
+        kind = type(value)
+        if kind is tuple or kind is list:
+            for item in value:
+                answer = holds_code.get(type(item))
+                if answer or (answer is None and _holds_code(type(item))):
+                    found.append(item)
+        else:
+            answer = holds_code.get(kind)
+            if answer or (answer is None and _holds_code(kind)):
+                found.append(value)
+    return found
+
+
+_HOLDS_CODE: dict[type, bool] = {}
+
+
+def _holds_code(kind: type) -> bool:
+    """Whether nodes of this type can contain code (isinstance against LibCST's abstract
+    classes is slow, and this is asked millions of times: remember the answer per type)."""
+    answer = _HOLDS_CODE.get(kind)
+    if answer is None:
+        answer = _HOLDS_CODE[kind] = issubclass(kind, cst.CSTNode) and not issubclass(kind, _LEAVES)
+    return answer
+
+
+def walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """``node`` and every node under it, in pre-order."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(children(current)))
+
+
+def events(node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, bool]]:
+    """(node, True) on entering and (node, False) on leaving each node under ``node``."""
+    stack: list[tuple[cst.CSTNode, bool]] = [(node, True)]
+    while stack:
+        current, entering = stack.pop()
+        yield current, entering
+        if entering:
+            stack.append((current, False))
+            stack.extend((child, True) for child in reversed(children(current)))
+
+
+@functools.lru_cache(maxsize=16)  # rewrites ask the same few blocks about many names
+def name_nodes(root: cst.CSTNode) -> dict[str, list[cst.Name]]:
+    """name -> the Name nodes under ``root`` with that value, in source order."""
+    index: dict[str, list[cst.Name]] = {}
+    for node in walk(root):
+        if type(node) is cst.Name:
+            index.setdefault(node.value, []).append(node)
+    return index
+
+
+def parents_of(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
+    """id(node) -> its parent, for every node under ``root`` that can hold code."""
+    parents: dict[int, cst.CSTNode] = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for child in children(node):
+            parents[id(child)] = node
+            stack.append(child)
+    return parents
+
+
+def find(node: cst.CSTNode, *types: type) -> list:
+    """Every node of the given types under ``node`` (``node`` included)."""
+    return [n for n in walk(node) if isinstance(n, types)]
+
+
+def names_used(node: cst.CSTNode, *, keywords: bool = True) -> set[str]:
+    """Every plain name read in an expression (attribute names like ``x.gpu`` excluded, and
+    with ``keywords=False`` the names of keyword arguments too)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            found.add(current.value)
+        elif isinstance(current, cst.Attribute):
+            stack.append(current.value)
+        elif not keywords and isinstance(current, cst.Arg):
+            stack.append(current.value)
+        else:
+            stack.extend(children(current))
+    return found
+
+
+def identifiers(node: cst.CSTNode) -> set[str]:
+    """Every name and attribute name in an expression (``FLAGS.num_gpus`` gives both)."""
+    return {n.value for n in find(node, cst.Name)}
+
+
+def contains(ancestor: cst.CSTNode, node: cst.CSTNode) -> bool:
+    """Whether ``node`` (by identity) is ``ancestor`` or lies inside it (one walk: prefer
+    ``enclosing_tower`` when asking about many nodes)."""
+    return any(candidate is node for candidate in walk(ancestor))
+
+
+def string_parts(node: cst.CSTNode) -> list[str]:
+    """The literal text in an expression: strings, f-string pieces, concatenations."""
+    return [s.value for s in find(node, cst.SimpleString, cst.FormattedStringText)]
+
+
+def module_parents(context) -> dict[int, cst.CSTNode]:
+    """id(node) -> parent for the whole module: the rules' walk's own once it has visited every
+    node (rules plan their rewrites in leave_Module), else computed. (The walk leaves out
+    operators and punctuation, which have no children: going up from any node never meets one.)"""
+    if context.walk_complete:
+        return context.parents
+    return context.memo("parents", lambda: parents_of(context.module))
+
+
+def single_small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    """The one small statement of a simple statement line (`x = f()`, `f()`), else None."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        return statement.body[0]
+    return None
