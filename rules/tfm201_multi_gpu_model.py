@@ -47,17 +47,6 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
     return None
 
 
-def _calls(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, call: cst.Call) -> None:
-            found.append(call)
-
-    node.visit(Calls())
-    return found
-
-
 def _strings(node: cst.CSTNode) -> list[cst.SimpleString]:
     found: list[cst.SimpleString] = []
 
@@ -257,6 +246,7 @@ class MultiGpuModel(Rule):
         self._fit_batch: dict[str, str] = {}  # model name -> batch_size text in its fit
         self._names: set[str] = set()  # every Name in the module (to pick a free `strategy`)
         self._imports: dict[str, list[ImportItem]] = {}  # bound name -> the imports binding it
+        self._weight_files: list[cst.Call] = []  # `x.save_weights(...)` / `x.load_weights(...)` calls
 
     def visit_Name(self, node: cst.Name) -> None:
         self._names.add(node.value)
@@ -298,6 +288,8 @@ class MultiGpuModel(Rule):
             self._calls.append((node, self._assigned.get(id(node))))
             return
         func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in ("save_weights", "load_weights"):
+            self._weight_files.append(node)
         if isinstance(func, cst.Attribute) and func.attr.value in FIT_METHODS and isinstance(func.value, cst.Name):
             batch = argument(node, FIT_PARAMS[func.attr.value], "batch_size")
             if batch is not None:
@@ -417,10 +409,8 @@ class MultiGpuModel(Rule):
         """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which
         the migrated program runs on, refuses any other name for an HDF5 weights file."""
         changes = {}
-        for call in _calls(self.context.module):
-            func = call.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value in ("save_weights", "load_weights")
-                    and isinstance(func.value, cst.Name) and func.value.value in models and call.args):
+        for call in self._weight_files:
+            if not (isinstance(call.func.value, cst.Name) and call.func.value.value in models and call.args):
                 continue
             for string in _strings(call.args[0].value):
                 value = string.value

@@ -636,7 +636,7 @@ def _caller(rule, region: _Region) -> _Region | None:
     if not filled & returned or any(_optimizer_step(c) for line in lines for c in find(line, cst.Call)):
         return None
     name = owner.name.value
-    calls = [c for c in find(module, cst.Call) if isinstance(c.func, cst.Name) and c.func.value == name]
+    calls = [c for c in _module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
     if len(calls) != 1 or references(module, name) != 2:  # the definition and the one call
         return None  # used elsewhere too, or not here: no one caller to hold the strategy
     parents = region.parents
@@ -769,7 +769,7 @@ def _forward_only(rule, region: _Region) -> _Update:
                       "caller: build the update (or use the results) in the function with the tower loop")
     # Results can also leave through an argument, a dict, an attribute or a collection: where
     # anything in the module trains, it may train on them outside the replicas.
-    trainer = next((c for c in find(rule.context.module, cst.Call) if _trains(rule, c)), None)
+    trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in _module_calls(rule) if _trains(rule, c)), None))
     if trainer is not None and _results_leave(region):
         raise Refused(f"line {_line(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
                       "results go where the rewrite cannot follow them (an update it does not know, or storage other "
@@ -781,12 +781,15 @@ def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozens
     """The first call under ``node`` that trains (or passes another ``test``), looking into the
     module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss)."""
     test = test or _trains
-    functions = {s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)}
+    functions = rule.context.memo("replica_loop.functions", lambda: {
+        s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)})
     for call in find(node, cst.Call):
         if test(rule, call):
             return call
         name = call.func.value if isinstance(call.func, cst.Name) else None
-        if name in functions and name not in seen and _training_call(rule, functions[name], test, seen | {name}):
+        if name in functions and name not in seen and rule.context.memo(
+                ("replica_loop.function_trains", name, test),
+                lambda: _training_call(rule, functions[name], test, seen | {name}) is not None):
             return call
     return None
 
@@ -824,17 +827,9 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
     copy, and the other replicas would not decay theirs. A global step made outside what the
     strategy scope covers is not a mirrored variable, and the update cannot increment it.
     """
-    module = rule.context.module
-    fixed = _fixed_regularization(rule, module)
-    for node in find(module, cst.Attribute, cst.Call):
-        name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
-        if name.endswith("get_total_loss") or (fixed is not None and (
-                name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses")))):
-            why = (f"line {_line(rule, fixed)} makes regularization losses from the first tower's weights only"
-                   if fixed is not None else "`get_total_loss()` sums every tower's losses made so far")
-            raise Refused(f"line {_line(rule, node)}: the loss reads the regularization losses, and {why}: under "
-                          "MirroredStrategy the other replicas would not decay their copies (regularize through "
-                          "`tf.get_variable(regularizer=...)`, or add each tower's weight decay from the weights it reads)")
+    blocker = rule.context.memo("replica_loop.regularization", lambda: _regularization_blocker(rule))
+    if blocker:
+        raise Refused(blocker)
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     in_loop = {id(s) for s in _statements(region.loop)}
     made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
@@ -853,9 +848,38 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
 _LAZY_REGULARIZERS = {"regularizer", "weights_regularizer", "biases_regularizer"}
 
 
-def _fixed_regularization(rule, module: cst.Module) -> cst.CSTNode | None:
+def _module_nodes(rule) -> list[cst.CSTNode]:
+    """The module's calls, arguments and attributes, walked once per file for every tower."""
+    return rule.context.memo("replica_loop.nodes", lambda: find(rule.context.module, cst.Arg, cst.Attribute, cst.Call))
+
+
+def _module_calls(rule) -> list[cst.Call]:
+    return rule.context.memo("replica_loop.calls", lambda: [n for n in _module_nodes(rule) if isinstance(n, cst.Call)])
+
+
+def _regularization_blocker(rule) -> str:
+    """Why the module's regularization losses cannot be kept per replica (see
+    :func:`_check_training_state`), or ""."""
+    fixed = _fixed_regularization(rule)
+    for node in _module_nodes(rule):
+        if isinstance(node, cst.Arg):
+            continue
+        name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
+        if name.endswith("get_total_loss") or (fixed is not None and (
+                name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses")))):
+            why = (f"line {_line(rule, fixed)} makes regularization losses from the first tower's weights only"
+                   if fixed is not None else "`get_total_loss()` sums every tower's losses made so far")
+            return (f"line {_line(rule, node)}: the loss reads the regularization losses, and {why}: under "
+                    "MirroredStrategy the other replicas would not decay their copies (regularize through "
+                    "`tf.get_variable(regularizer=...)`, or add each tower's weight decay from the weights it reads)")
+    return ""
+
+
+def _fixed_regularization(rule) -> cst.CSTNode | None:
     """Where the module makes a regularization loss that is not re-read per replica, if it does."""
-    for node in find(module, cst.Arg, cst.Call):
+    for node in _module_nodes(rule):
+        if isinstance(node, cst.Attribute):
+            continue
         if isinstance(node, cst.Arg):
             keyword = node.keyword.value if node.keyword is not None else ""
             if keyword.endswith("_regularizer") and keyword not in _LAZY_REGULARIZERS:
@@ -1185,12 +1209,12 @@ def _check_one_strategy(rule, region: _Region) -> None:
     holder = region.parents.get(id(parent)) if isinstance(parent, cst.IndentedBlock) else None
     if isinstance(holder, cst.ClassDef):
         wanted = holder.name.value if name == "__init__" else name
-        uses = [c for c in find(module, cst.Call)
+        uses = [c for c in _module_calls(rule)
                 if (isinstance(c.func, cst.Name) and c.func.value == wanted and name == "__init__")
                 or (isinstance(c.func, cst.Attribute) and c.func.attr.value == wanted and name != "__init__")]
     else:
         wanted = name
-        uses = [c for c in find(module, cst.Call) if isinstance(c.func, cst.Name) and c.func.value == name]
+        uses = [c for c in _module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
     if len(uses) > 1:
         lines = ", ".join(str(_line(rule, c)) for c in uses)
         raise Refused(f"`{wanted}` runs {len(uses)} times (lines {lines}) into one graph: each run would make its "
