@@ -6,7 +6,10 @@ into a temporary folder). For each: verdict, max relative loss difference per st
 losses, examples/s of both and the NEW/OLD ratio. On a machine with K GPUs verify uses them;
 otherwise K logical CPU devices.
 
-    .venv/bin/python benchmarks/bench_verify.py [--steps 40] [--devices 2] [--warmup 5]
+    .venv/bin/python benchmarks/bench_verify.py [--steps 40] [--devices 2] [--warmup 5] [--only general_]
+
+`--only TEXT` keeps the pairs whose name contains TEXT; with it, the median NEW/OLD ratio and
+its range are printed too.
 """
 
 from __future__ import annotations
@@ -53,18 +56,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--only", default="", help="keep the pairs whose name contains this text")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tfmigrate-bench-verify-"))
     rows = []
-    for old, new in HAND_PAIRS:
+    for old, new in [(o, n) for o, n in HAND_PAIRS if args.only in o]:
         rows.append((f"{old} -> {new} (by hand)", verify(PROGRAMS / f"{old}.py", PROGRAMS / f"{new}.py",
                                                          work / f"{new}.json", args)))
-    for name in AUTO:
+    for name in [n for n in AUTO if args.only in n]:
         migrated = work / f"{name}.py"
         shutil.copy(PROGRAMS / f"{name}.py", migrated)
         tfmigrate("fix", "--write", "--unsafe-fixes", migrated.name, cwd=work)
         rows.append((f"{name} -> tfmigrate fix", verify(PROGRAMS / f"{name}.py", migrated, work / f"{name}.json", args)))
-    for name in TF2:
+    for name in [n for n in TF2 if args.only in n]:
         migrated = work / f"{name}_tf2.py"
         shutil.copy(PROGRAMS / f"{name}.py", migrated)
         tfmigrate("fix", "--write", "--unsafe-fixes", "--target", "tf2", migrated.name, cwd=work)
@@ -88,6 +92,11 @@ def main() -> None:
               f"{comparison.get('max_rel_diff', float('nan')):12.2e} {final.get('old', float('nan')):10.5f} "
               f"{final.get('new', float('nan')):10.5f} {old_rate or 0:10.0f} {new_rate or 0:10.0f} "
               f"{rates.get('ratio') or 0:8.2f}")
+    ratios = sorted((r.get("throughput") or {}).get("ratio") or 0 for _, r in rows)
+    if args.only and ratios:
+        middle = len(ratios) // 2
+        median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+        print(f"NEW/OLD over {len(ratios)} pairs: median {median:.2f}, range {ratios[0]:.2f}-{ratios[-1]:.2f}")
     shutil.rmtree(work, ignore_errors=True)
 
 
