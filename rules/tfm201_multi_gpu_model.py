@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.cst.callargs import argument, has_star_args
-from tfmigrate.cst.traversal import blank_lines_unindented
+from tfmigrate.cst.traversal import blank_lines_unindented, find, single_small
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.cst.walker import visit_read_only
 
@@ -45,17 +45,6 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
         if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
             return func.value.value, func.attr.value
     return None
-
-
-def _strings(node: cst.CSTNode) -> list[cst.SimpleString]:
-    found: list[cst.SimpleString] = []
-
-    class Strings(cst.CSTVisitor):
-        def visit_SimpleString(self, string: cst.SimpleString) -> None:
-            found.append(string)
-
-    node.visit(Strings())
-    return found
 
 
 class _Blocks(cst.CSTVisitor):
@@ -402,8 +391,8 @@ class MultiGpuModel(Rule):
 
     @staticmethod
     def _is_call_line(statement: cst.BaseStatement) -> bool:
-        return (isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-                and isinstance(statement.body[0], cst.Expr) and isinstance(statement.body[0].value, cst.Call))
+        small = single_small(statement)
+        return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
 
     def _keras3_weight_files(self, models: set) -> dict:
         """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which
@@ -412,7 +401,7 @@ class MultiGpuModel(Rule):
         for call in self._weight_files:
             if not (isinstance(call.func.value, cst.Name) and call.func.value.value in models and call.args):
                 continue
-            for string in _strings(call.args[0].value):
+            for string in find(call.args[0].value, cst.SimpleString):
                 value = string.value
                 quote = value[-3:] if value[-3:] in ('"""', "'''") else value[-1]
                 body = value[:-len(quote)]

@@ -182,16 +182,16 @@ def _check_body(loop: cst.For) -> None:
             raise Refused("the tower loop body uses `break`/`continue` on the tower loop")
 
 
-def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset()):
+def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes: bool = False):
     """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions
-    (and outside the nodes whose ids are in ``skipped``)."""
+    (unless ``into_scopes``), and outside the nodes whose ids are in ``skipped``."""
     stack = [node]
     while stack:
         current = stack.pop()
         if id(current) in skipped:
             continue
         yield current
-        if current is not node and isinstance(current, _SCOPES):
+        if current is not node and isinstance(current, _SCOPES) and not into_scopes:
             continue
         stack.extend(reversed(children(current)))
 
@@ -276,20 +276,19 @@ def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
     return [n for n in _own_nodes(node) if isinstance(n, cst.SimpleStatementLine)]
 
 
+def _lines(statements: list[cst.BaseStatement]) -> list[cst.SimpleStatementLine]:
+    """The simple statement lines in ``statements``, compound statements opened."""
+    return [line for statement in statements for line in _statements(statement)]
+
+
 def _mentions(node: cst.CSTNode, target: str, skipped: frozenset = frozenset()) -> bool:
     """Whether ``node`` reads the name or attribute chain ``target`` (`x`, `self.x`), outside
     the nodes whose ids are ``skipped`` (those the rewrite replaces)."""
     if skipped:
-        stack, parts = [node], []
-        while stack:
-            current = stack.pop()
-            if id(current) in skipped:
-                continue
-            parts.append(current)
-            stack.extend(children(current))
-        names = {n.value for n in parts if isinstance(n, cst.Name)}
-        return target in names if "." not in target else any(
-            isinstance(n, cst.Attribute) and code(n) == target for n in parts)
+        parts = list(_own_nodes(node, skipped, into_scopes=True))
+        if "." not in target:
+            return any(isinstance(n, cst.Name) and n.value == target for n in parts)
+        return any(isinstance(n, cst.Attribute) and code(n) == target for n in parts)
     if "." not in target:
         return target in names_used(node)
     return any(code(n) == target for n in find(node, cst.Attribute))
@@ -596,12 +595,12 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
     the towers: ``towers``, whose code after its loop must not compute gradients either).
     """
     towers = towers or region
-    lines = [n for s in region.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
+    lines = _lines(region.following)
     steps = [(line, call) for line in lines for call in find(line, cst.Call) if _optimizer_step(call)]
     if not steps:
         return None
     if towers is not region:
-        lines += [n for s in towers.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
+        lines += _lines(towers.following)
     for line in lines:
         if _training_call(rule, line, _computes_gradients) is not None:
             raise Refused(f"line {_line(rule, line)}: gradients are computed after the tower loop, outside the "
@@ -632,7 +631,7 @@ def _caller(rule, region: _Region) -> _Region | None:
         return None
     filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
     returned = set().union(*(names_used(r) for r in find(owner, cst.Return) if r.value is not None))
-    lines = [n for s in region.following for n in _own_nodes(s) if isinstance(n, cst.SimpleStatementLine)]
+    lines = _lines(region.following)
     if not filled & returned or any(_optimizer_step(c) for line in lines for c in find(line, cst.Call)):
         return None
     name = owner.name.value
@@ -661,14 +660,17 @@ def _caller_update(rule, region: _Region, caller: _Region, strategy: str, tf: Tf
     return update
 
 
+def _device_list_reads(expression: cst.BaseExpression) -> set[str]:
+    """The names a device list reads from around it (not its comprehension's own targets)."""
+    return names_used(expression) - set().union(*(names_used(f.target) for f in find(expression, cst.CompFor)))
+
+
 def _check_devices_visible(rule, region: _Region, devices: str) -> None:
     """The strategy is made by the caller: its device list must not read the tower function's names."""
     owner = region.owner
     local = {p.name.value for p in find(owner.params, cst.Param)} | set().union(
         *(_bound_names(s) for s in owner.body.body))
-    expression = cst.parse_expression(devices)
-    comprehension_targets = set().union(*(names_used(f.target) for f in find(expression, cst.CompFor)))
-    hidden = sorted((names_used(expression) - comprehension_targets) & local)
+    hidden = sorted(_device_list_reads(cst.parse_expression(devices)) & local)
     if hidden:
         raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
                       f"`{owner.name.value}`, but the strategy must be made by its caller")
@@ -1306,11 +1308,9 @@ def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, pre
     """The strategy is made before what its scope covers: the device list must not read a name
     that code there binds (`n_gpus = FLAGS.n_gpus` inside an `if` above the loop)."""
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else block
-    expression = create.body[0].value
-    targets = set().union(*(names_used(f.target) for f in find(expression, cst.CompFor)))
     moved = {id(s) for s in prelude}
     covered = [s for s in block if id(s) not in moved]
-    late = (names_used(expression) - targets) & set().union(*(_bound_names(s) for s in covered))
+    late = _device_list_reads(create.body[0].value) & set().union(*(_bound_names(s) for s in covered))
     if late:
         binding = next(s for s in _statements(owner) if _bound_names(s) & late and id(s) not in moved)
         raise Refused(f"line {_line(rule, binding)}: the towers' devices read "
