@@ -76,6 +76,7 @@ def _run_chunk(work, items: list[tuple[int, str]], config) -> None:
     """Run ``work`` over a chunk in a worker, each result onto the queue; on Ctrl-C, stop."""
     status, stop, queue = _worker["status"], _worker["stop"], _worker["queue"]
     pid = os.getpid()
+    index = None
     try:
         _worker["busy"] = True
         for index, path in items:
@@ -89,7 +90,12 @@ def _run_chunk(work, items: list[tuple[int, str]], config) -> None:
                 queue.put((index, result))
                 _worker["busy"] = True
     except KeyboardInterrupt:
-        pass  # the file in progress was left as it was (a write in progress was finished)
+        # The file in progress was left as it was (a write in progress was finished). Its slot
+        # must not keep this worker's pid: the parent SIGKILLs the pids it finds there, and this
+        # worker, back to waiting for work, holds the pool's task-queue lock, so the killing
+        # would leave the other workers (and the parent waiting for them) hung for ever.
+        if index is not None and status[index] == pid:
+            status[index] = PENDING
     finally:
         _worker["busy"] = False
 
