@@ -170,7 +170,9 @@ def run_files(
             for index, path in enumerate(files):
                 results[index] = work(path, config)
                 advance(1)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            if getattr(stop, "result", None) is not None:  # a file written as Ctrl-C came
+                results[index] = stop.result
             raise workers.Interrupted(results, sum(1 for r in results if getattr(r, "written", False))) from None
         return results
 

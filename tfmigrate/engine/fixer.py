@@ -22,7 +22,7 @@ from tfmigrate.rule import Edit, Finding, FixSafety, Rule
 from tfmigrate.engine.runner import TOO_DEEP, analyze_source, in_cells, internal_error, is_notebook
 from tfmigrate.engine.source import (
     SourceError, SourceFile, compile_error, compile_failure, decode_source, libcst_parse, read_bytes,
-    write_atomic,
+    interrupts_held, write_atomic,
 )
 
 MAX_PASSES = 8
@@ -254,6 +254,15 @@ def fix_bytes(path: str, raw: bytes, config: Config, *, unsafe: bool = False) ->
         return FixResult(path=path, error=internal_error(exc) + "; file left untouched")
 
 
+class InterruptedAfterWrite(KeyboardInterrupt):
+    """Ctrl-C that came while a file was written: the write ended first, and ``result`` says
+    so, for the count of files written that the run prints as it stops."""
+
+    def __init__(self, result: FixResult) -> None:
+        super().__init__()
+        self.result = result
+
+
 def fix_file(
     path: str, config: Config, *, unsafe: bool = False, write: bool = False, within: tuple[str, ...] = (),
 ) -> FixResult:
@@ -277,13 +286,25 @@ def fix_file(
             data = result.fixed_bytes()
             if not os.access(path, os.W_OK) and os.path.exists(path):  # a deleted file: write_atomic says so
                 raise SourceError("file is read-only; not fixed")
-            write_atomic(path, data, expected_original=raw)
-            result.written = True
+            _write(path, data, raw, result)
         except SourceError as exc:
             result.error = str(exc)
         except OSError as exc:
             result.error = f"could not write ({exc.strerror or exc}); file left untouched"
     return result
+
+
+def _write(path: str, data: bytes, raw: bytes, result: FixResult) -> None:
+    """Write the fixed file and mark ``result`` written, with Ctrl-C held until both are done:
+    an interrupt that came meanwhile is raised as :class:`InterruptedAfterWrite`."""
+    try:
+        with interrupts_held():
+            write_atomic(path, data, expected_original=raw)
+            result.written = True
+    except KeyboardInterrupt:
+        if result.written:
+            raise InterruptedAfterWrite(result) from None
+        raise
 
 
 def fix_text(text: str, config: Config, *, unsafe: bool = False, path: str = "<string>") -> str:

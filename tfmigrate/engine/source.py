@@ -272,11 +272,12 @@ def interrupts_held():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if received:
-        if callable(previous):
-            previous(signal.SIGINT, None)
-        elif previous != signal.SIG_IGN:
-            raise KeyboardInterrupt
+        # Delivered even when the block failed (a file changed meanwhile): Ctrl-C is never lost.
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            elif previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
 
 
 def write_atomic(path: str, data: bytes, expected_original: bytes | None = None) -> None:

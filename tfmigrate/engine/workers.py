@@ -89,12 +89,18 @@ def _run_chunk(work, items: list[tuple[int, str]], config) -> None:
                 _worker["busy"] = False  # a result is never cut in half on the queue
                 queue.put((index, result))
                 _worker["busy"] = True
-    except KeyboardInterrupt:
-        # The file in progress was left as it was (a write in progress was finished). Its slot
-        # must not keep this worker's pid: the parent SIGKILLs the pids it finds there, and this
-        # worker, back to waiting for work, holds the pool's task-queue lock, so the killing
-        # would leave the other workers (and the parent waiting for them) hung for ever.
-        if index is not None and status[index] == pid:
+    except KeyboardInterrupt as stop:
+        _worker["busy"] = False
+        # The file in progress was left as it was, or its write was finished and the interrupt
+        # carries its result. Its slot must not keep this worker's pid: the parent SIGKILLs the
+        # pids it finds there, and this worker, back to waiting for work, holds the pool's
+        # task-queue lock, so the killing would leave the other workers (and the parent waiting
+        # for them) hung for ever.
+        finished = getattr(stop, "result", None)
+        if index is not None and finished is not None:
+            status[index] = WRITTEN if getattr(finished, "written", False) else DONE
+            queue.put((index, finished))
+        elif index is not None and status[index] == pid:
             status[index] = PENDING
     finally:
         _worker["busy"] = False
@@ -225,8 +231,20 @@ class _Pool:
         _signal_busy(self.status, signal.SIGKILL)  # stuck in native code (a long parse)
         finished.set()
         drainer.join(INTERRUPT_GRACE_SECONDS)
-        pool.shutdown(wait=False, cancel_futures=True)
+        _shut_down_within(pool, INTERRUPT_GRACE_SECONDS)
         raise Interrupted(results, sum(1 for slot in self.status if slot == WRITTEN))
+
+
+def _shut_down_within(pool, seconds: float) -> None:
+    """Shut the pool down, waiting at most ``seconds`` for its manager thread to end.
+    Not waiting at all races the interpreter's exit: Python 3.11's ``_python_exit`` wakes the
+    manager thread through a pipe the thread may be closing that very moment, and prints an
+    "OSError: Bad file descriptor" traceback (seen in CI after Ctrl-C)."""
+    import threading
+
+    closer = threading.Thread(target=pool.shutdown, kwargs={"wait": True, "cancel_futures": True}, daemon=True)
+    closer.start()
+    closer.join(seconds)
 
 
 def run_pool(
