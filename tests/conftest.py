@@ -58,14 +58,15 @@ def replaced(text: str, *replacements: tuple[str, str]) -> str:
     return text
 
 
-def unsafe_fix(text: str) -> str:
-    """`fix --unsafe-fixes` of ``text``; the result must parse, compile and be a fixed point."""
+def unsafe_fix(text: str, **config) -> str:
+    """`fix --unsafe-fixes` of ``text`` (every rule enabled unless ``config`` says otherwise); the
+    result must parse, compile and be a fixed point."""
     import libcst as cst
 
     from tfmigrate.engine.fixer import fix_text
 
-    result = fix_text(text, Config(root=ROOT), unsafe=True)
+    result = fix_text(text, Config(root=ROOT, **config), unsafe=True)
     cst.parse_module(result)
     compile(result, "<fixed>", "exec")
-    assert fix_text(result, Config(root=ROOT), unsafe=True) == result, "a second fix changed the file"
+    assert fix_text(result, Config(root=ROOT, **config), unsafe=True) == result, "a second fix changed the file"
     return result

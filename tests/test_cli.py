@@ -406,3 +406,23 @@ def test_no_color_writes_no_escape_code_on_a_terminal(tmp_path):
     for args in commands:
         output = _on_a_terminal(args, tmp_path, NO_COLOR="1")
         assert output and b"\x1b" not in output, (args, output[:300])
+
+
+def test_tower_input_chooses_what_the_tower_rewrite_does_with_fed_batches(tmp_path):
+    """`keep` (the default): the session keeps feeding the placeholders each replica reads;
+    `dataset` (pyproject or --tower-input): the feeds become a generator-backed tf.data
+    pipeline distributed by the strategy. Anything else is a usage error naming the values."""
+    program = Path(__file__).parent.parent / "fixtures" / "programs" / "towers_feed_dict.py"
+    write(tmp_path, "a.py", program.read_text())
+    keep = run(["fix", "--unsafe-fixes", "--diff", "a.py"], tmp_path)
+    assert "call_for_each_replica(" in keep.stdout and "from_generator(" not in keep.stdout
+    dataset = run(["fix", "--unsafe-fixes", "--diff", "--tower-input", "dataset", "a.py"], tmp_path)
+    assert "from_generator(" in dataset.stdout and "strategy.run(" in dataset.stdout
+    write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\ntower-input = "dataset"\n')
+    assert run(["fix", "--unsafe-fixes", "--diff", "a.py"], tmp_path).stdout == dataset.stdout
+    assert run(["fix", "--unsafe-fixes", "--diff", "--tower-input", "keep", "a.py"], tmp_path).stdout == keep.stdout
+    write(tmp_path, "pyproject.toml", '[tool.tfmigrate]\ntower-input = "queue"\n')
+    result = run(["check", "."], tmp_path)
+    assert result.exit_code == 2 and "tower-input must be one of keep, dataset" in result.stderr
+    result = run(["fix", "--tower-input", "fed", "a.py"], tmp_path.parent)
+    assert result.exit_code == 2 and "--tower-input must be one of keep, dataset" in result.stderr

@@ -23,10 +23,15 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, replaced, run_verify
-from tests.conftest import unsafe_fix as fixed
+from tests.conftest import FIXTURES, ROOT, replaced, run_verify, unsafe_fix
 from tfmigrate.engine.config import Config
 from tfmigrate.engine.runner import check_text
+
+
+def fixed(text: str) -> str:
+    """The rewrite this file tests: fed batches become a distributed tf.data pipeline."""
+    return unsafe_fix(text, tower_input="dataset")
+
 
 PROGRAM = FIXTURES / "programs" / "towers_feed_dict.py"
 SOURCE = PROGRAM.read_text()
@@ -54,7 +59,7 @@ def code_of(text: str) -> str:
 
 
 def feed_findings(text: str) -> list:
-    return [f for f in check_text(text, Config(root=ROOT)) if f.code == "TFM106"]
+    return [f for f in check_text(text, Config(root=ROOT, tower_input="dataset")) if f.code == "TFM106"]
 
 
 # --- the program ------------------------------------------------------------------------
@@ -66,7 +71,7 @@ def migrated(tmp_path_factory) -> Path:
     target = folder / PROGRAM.name
     target.write_text(SOURCE)
     result = subprocess.run(
-        [sys.executable, "-m", "tfmigrate", "fix", "--write", "--unsafe-fixes", target.name],
+        [sys.executable, "-m", "tfmigrate", "fix", "--write", "--unsafe-fixes", "--tower-input", "dataset", target.name],
         cwd=folder, capture_output=True, text=True,
     )
     assert result.returncode in (0, 1), result.stderr
@@ -116,8 +121,8 @@ def test_the_placeholders_finding_carries_the_rewrite():
 def test_the_golden_pair_is_discovered():
     from tests.test_fix_fixtures import PAIRS
 
-    before = FIXTURES / "TFM106" / "per_tower_feeds.before.py"
-    assert before in PAIRS and before.with_name("per_tower_feeds.after.py").exists()
+    before = FIXTURES / "TFM106" / "per_tower_feeds_dataset.before.py"
+    assert before in PAIRS and before.with_name("per_tower_feeds_dataset.after.py").exists()
 
 
 # --- other spellings of the same shape ----------------------------------------------------
@@ -175,7 +180,7 @@ def test_a_batch_source_that_is_not_a_local_tuple_generator_is_repacked():
 
 
 def test_the_split_import_goes_when_nothing_else_uses_it():
-    source = (FIXTURES / "TFM106" / "per_tower_feeds.before.py").read_text()
+    source = (FIXTURES / "TFM106" / "per_tower_feeds_dataset.before.py").read_text()
     assert "import numpy as np\n" in source
     assert "import numpy" not in fixed(source)
 

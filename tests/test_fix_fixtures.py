@@ -19,9 +19,13 @@ PAIRS = sorted(FIXTURES.glob("TFM*/*.before.py"))
 
 
 def _config(code: str, before=None) -> Config:
-    # A case named `*_tf2` shows the tf2 target's rewrite.
-    tf2 = before is not None and before.name.endswith("_tf2.before.py")
-    return Config(root=ROOT, select=[code], target="tf2" if tf2 else "compat")
+    # A case named `*_tf2` shows the tf2 target's rewrite; `*_dataset`, the compat target's with
+    # `tower-input = "dataset"` (fed batches become a distributed tf.data pipeline).
+    name = before.name if before is not None else ""
+    return Config(
+        root=ROOT, select=[code], target="tf2" if name.endswith("_tf2.before.py") else "compat",
+        tower_input="dataset" if name.endswith("_dataset.before.py") else "keep",
+    )
 
 
 @pytest.mark.parametrize("before", PAIRS, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -27,10 +27,15 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, replaced, run_verify
-from tests.conftest import unsafe_fix as fixed
+from tests.conftest import FIXTURES, ROOT, replaced, run_verify, unsafe_fix
 from tfmigrate.engine.config import Config
 from tfmigrate.engine.runner import check_text
+
+
+def fixed(text: str) -> str:
+    """The rewrite this file tests: fed batches become a distributed tf.data pipeline."""
+    return unsafe_fix(text, tower_input="dataset")
+
 
 PROGRAM = FIXTURES / "programs" / "legacy_towers.py"
 SOURCE = PROGRAM.read_text()
@@ -54,7 +59,7 @@ def code_of(text: str) -> str:
 
 
 def tower_findings(text: str) -> list:
-    return [f for f in check_text(text, Config(root=ROOT)) if f.code == "TFM101"]
+    return [f for f in check_text(text, Config(root=ROOT, tower_input="dataset")) if f.code == "TFM101"]
 
 
 def tfmigrate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -69,7 +74,7 @@ def migrated(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("split_feeds")
     target = folder / PROGRAM.name
     shutil.copy(PROGRAM, target)
-    result = tfmigrate("fix", "--write", "--unsafe-fixes", target.name, cwd=folder)
+    result = tfmigrate("fix", "--write", "--unsafe-fixes", "--tower-input", "dataset", target.name, cwd=folder)
     assert result.returncode in (0, 1), result.stderr
     return target
 
@@ -122,7 +127,7 @@ def test_split_placeholders_become_a_generator_backed_distributed_dataset(migrat
 
 def test_the_rewrite_is_a_fixed_point(migrated):
     text = migrated.read_text()
-    again = tfmigrate("fix", "--write", "--unsafe-fixes", migrated.name, cwd=migrated.parent)
+    again = tfmigrate("fix", "--write", "--unsafe-fixes", "--tower-input", "dataset", migrated.name, cwd=migrated.parent)
     assert again.returncode in (0, 1), again.stderr
     assert migrated.read_text() == text
     check = tfmigrate("check", "--format", "json", "--no-cache", migrated.name, cwd=migrated.parent)
@@ -139,8 +144,8 @@ def test_the_tower_loop_finding_carries_the_rewrite():
 def test_the_golden_pair_is_discovered():
     from tests.test_fix_fixtures import PAIRS
 
-    before = FIXTURES / "TFM101" / "split_placeholders.before.py"
-    assert before in PAIRS and before.with_name("split_placeholders.after.py").exists()
+    before = FIXTURES / "TFM101" / "split_placeholders_dataset.before.py"
+    assert before in PAIRS and before.with_name("split_placeholders_dataset.after.py").exists()
 
 
 def test_splits_of_tensors_the_program_does_not_feed_are_left_alone():

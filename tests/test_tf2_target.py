@@ -141,7 +141,9 @@ REFUSALS = {
 def test_programs_the_tf2_target_cannot_take_get_the_compat_rewrite_and_say_why(name):
     *edits, reason = REFUSALS[name]
     source = replaced(GOLDEN.read_text(), *edits)
-    tf2, compat = Config(root=ROOT, select=["TFM101"], target="tf2"), Config(root=ROOT, select=["TFM101"])
+    tf2, compat = Config(root=ROOT, select=["TFM101"], target="tf2"), Config(
+        root=ROOT, select=["TFM101"], tower_input="dataset",
+    )
     (finding,) = [f for f in check_text(source, tf2) if f.code == "TFM101"]
     assert finding.fix_title is not None and "(compat target: " in finding.fix_title, finding.fix_title
     assert reason in finding.fix_title, finding.fix_title

@@ -73,6 +73,7 @@ class RuleContext:
     module: cst.Module
     imports: ImportTable
     target: str = "compat"
+    tower_input: str = "keep"  # see engine.config.TOWER_INPUTS
     text: str | None = None  # the module's source, when the runner has it
     reports: list[tuple["Rule", Finding, Edit | None]] = field(default_factory=list)
     #: node -> its ``CodeRange`` (what LibCST's PositionProvider gives), filled by the runner.

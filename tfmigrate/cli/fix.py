@@ -71,11 +71,19 @@ def _summary(
     return lines
 
 
-def refusal_lines(results: list[FixResult]) -> list[str]:
+def reported(result: FixResult, written: bool) -> list:
+    """The findings left in a file, where the user will find them: in the fixed text when it
+    was written (or printed), else in the file as it is."""
+    if written or result.remaining_before is None:
+        return result.remaining
+    return result.remaining_before
+
+
+def refusal_lines(results: list[FixResult], written: bool = True) -> list[str]:
     """`path:row:col: CODE no automatic fix: <why>` for each finding a rule refused to rewrite."""
     lines = []
     for result in results:
-        for finding in result.remaining if not result.error else ():
+        for finding in reported(result, written) if not result.error else ():
             if finding.refusal:
                 where = f"{finding.path}:{finding.start.row}:{finding.start.column}"
                 lines.append(f"{where}: {finding.code} no automatic fix: {finding.refusal}")
@@ -159,7 +167,9 @@ def _print_results(results: list[FixResult], missing: list[str], options: dict, 
         if result.skipped:
             err.print(f"{result.path}: note: {result.skipped}", highlight=False, markup=False)
     if options["output_format"] != "text" or options["statistics"]:
-        remaining = sorted((f for r in results if not r.error for f in r.remaining), key=lambda f: f.sort_key())
+        remaining = sorted(
+            (f for r in results if not r.error for f in reported(r, write or options["stdin"])), key=lambda f: f.sort_key(),
+        )
         report(
             remaining, errors, output_format=options["output_format"], statistics=options["statistics"], quiet=quiet,
             to_stderr=options["stdin"],
@@ -172,7 +182,7 @@ def _print_results(results: list[FixResult], missing: list[str], options: dict, 
             if not write and not options["stdin"] and not result.error and result.changed and not quiet:
                 sys.stdout.write(result.diff())
     if not quiet and (options["show_refusals"] if options["show_refusals"] is not None else options["unsafe"]):
-        for line in refusal_lines(results):
+        for line in refusal_lines(results, write or options["stdin"]):
             err.print(line, highlight=False, markup=False)
 
 
@@ -206,7 +216,10 @@ def run_fix(paths: Optional[List[str]], options: dict) -> int:
     try:
         stdin = stdin_path(paths, options["stdin_filename"])
         paths = [stdin] if stdin is not None else paths or ["."]
-        config = build_config(paths, options["select"], options["ignore"], options["config_file"], options["target"])
+        config = build_config(
+            paths, options["select"], options["ignore"], options["config_file"], options["target"],
+            tower_input=options["tower_input"],
+        )
     except (ConfigError, ValueError) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         return EXIT_ERROR
@@ -239,6 +252,11 @@ def register(app: typer.Typer) -> None:
         select: Optional[List[str]] = SelectOpt,
         ignore: Optional[List[str]] = IgnoreOpt,
         target: Optional[str] = typer.Option(None, "--target", help="Migration target: compat (default) or tf2."),
+        tower_input: Optional[str] = typer.Option(
+            None, "--tower-input",
+            help="The towers' input, compat target: keep (default: feeds, splits and queues stay) or dataset "
+                 "(fed batches become a distributed tf.data pipeline).",
+        ),
         exit_non_zero_on_fix: bool = typer.Option(
             False, "--exit-non-zero-on-fix", help="Exit 1 when a file was rewritten (for pre-commit)."
         ),
@@ -263,7 +281,7 @@ def register(app: typer.Typer) -> None:
         del no_cache
         raise typer.Exit(run_fix(paths, {
             "write": write, "diff": diff, "unsafe": unsafe_fixes, "select": select, "ignore": ignore,
-            "target": target, "exit_non_zero_on_fix": exit_non_zero_on_fix, "quiet": quiet,
+            "target": target, "tower_input": tower_input, "exit_non_zero_on_fix": exit_non_zero_on_fix, "quiet": quiet,
             "show_refusals": show_refusals, "config_file": config_file, "force_exclude": force_exclude,
             "jobs": jobs, "output_format": output_format, "statistics": statistics, "exit_zero": exit_zero,
             "stdin_filename": stdin_filename,

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, List, Optional
 
 from tfmigrate import __version__
-from tfmigrate.engine.config import TARGETS, Config, ConfigError, load_config
+from tfmigrate.engine.config import TARGETS, TOWER_INPUTS, Config, ConfigError, load_config
 from tfmigrate.engine.discovery import discover
 from tfmigrate.findings import FileResult
 from tfmigrate.engine.registry import all_rules, catalog, rule_by_code
@@ -87,7 +87,7 @@ def install_catalog(config: Config) -> None:
 
 def build_config(
     paths: list[str], select: Optional[List[str]], ignore: Optional[List[str]], config_file: Optional[str],
-    target: Optional[str] = None, *, use_cache: bool = False,
+    target: Optional[str] = None, *, use_cache: bool = False, tower_input: Optional[str] = None,
 ) -> Config:
     """Config from pyproject.toml, with the command line on top, as in ruff: ``--select``
     replaces the file's ``select`` and ``ignore`` (per-file ignores stay), ``--ignore`` adds.
@@ -109,6 +109,10 @@ def build_config(
         if target not in TARGETS:
             raise ConfigError(f"--target must be one of {', '.join(TARGETS)}")
         config.target = target
+    if tower_input is not None:
+        if tower_input not in TOWER_INPUTS:
+            raise ConfigError(f"--tower-input must be one of {', '.join(TOWER_INPUTS)}")
+        config.tower_input = tower_input
     return config
 
 

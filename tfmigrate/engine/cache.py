@@ -139,6 +139,7 @@ class Cache:
             "select": sorted(config.select),
             "ignore": sorted(config.ignore + config.ignores_for(path)),
             "target": config.target,
+            "tower_input": config.tower_input,
         }
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TARGETS = ("compat", "tf2")
+# What the compat target does with the towers' input: keep the program's own (feeds, splits,
+# queues), or move fed batches to a distributed tf.data pipeline (the tf2 target always does).
+TOWER_INPUTS = ("keep", "dataset")
 
 
 class ConfigError(Exception):
@@ -23,6 +26,7 @@ class Config:
     per_file_ignores: dict[str, list[str]] = field(default_factory=dict)
     exclude: list[str] = field(default_factory=list)
     target: str = "compat"
+    tower_input: str = "keep"
     source: Path | None = None  # the pyproject.toml read, if any
 
     def enabled(self, code: str, path: str | None = None) -> bool:
@@ -94,7 +98,7 @@ def load_config(paths: list[str], config_file: str | None = None) -> Config:
         raise ConfigError(f"{pyproject}: {exc}") from None
     section = data.get("tool", {}).get("tfmigrate", {})
     config = Config(root=pyproject.parent, source=pyproject)
-    known = {"select", "ignore", "per-file-ignores", "exclude", "target"}
+    known = {"select", "ignore", "per-file-ignores", "exclude", "target", "tower-input"}
     unknown = set(section) - known
     if unknown:
         raise ConfigError(f"{pyproject}: unknown [tool.tfmigrate] keys: {', '.join(sorted(unknown))}")
@@ -116,4 +120,8 @@ def load_config(paths: list[str], config_file: str | None = None) -> Config:
         if section["target"] not in TARGETS:
             raise ConfigError(f"{pyproject}: [tool.tfmigrate] target must be one of {', '.join(TARGETS)}")
         config.target = section["target"]
+    if "tower-input" in section:
+        if section["tower-input"] not in TOWER_INPUTS:
+            raise ConfigError(f"{pyproject}: [tool.tfmigrate] tower-input must be one of {', '.join(TOWER_INPUTS)}")
+        config.tower_input = section["tower-input"]
     return config

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -34,7 +35,10 @@ class FixResult:
     source: SourceFile | None = None
     new_text: str | None = None  # None: nothing changed
     fixed: list[Finding] = field(default_factory=list)
-    remaining: list[Finding] = field(default_factory=list)
+    remaining: list[Finding] = field(default_factory=list)  # where they are in the fixed text
+    # The same findings where they are in the file as it was, when found there: what a run
+    # that writes nothing reports (the fixed text's line numbers are not the user's).
+    remaining_before: list[Finding] | None = None
     error: str | None = None
     skipped: str | None = None  # why a file was deliberately left alone (not an error)
     written: bool = False
@@ -158,10 +162,13 @@ def fix_source(source: SourceFile, config: Config, *, unsafe: bool = False) -> F
     result would change anything outside the fixed statements or would not compile."""
     result = FixResult(path=source.path, source=source)
     current = source
+    first_reports = None
     for _ in range(MAX_PASSES):
         analysis = analyze_source(current, config)
         if analysis is None:
             break
+        if first_reports is None:
+            first_reports = [finding for _, finding, _ in analysis.reports]
         candidates: list[tuple[Rule, Finding, Edit]] = [
             (rule, finding, edit)
             for rule, finding, edit in analysis.reports
@@ -199,7 +206,24 @@ def fix_source(source: SourceFile, config: Config, *, unsafe: bool = False) -> F
         result.remaining = [] if analysis is None else [finding for _, finding, _ in analysis.reports]
     if current.text != source.text:
         result.new_text = current.text
+        result.remaining_before = _as_before(result.remaining, first_reports or [])
     return result
+
+
+def _as_before(remaining: list[Finding], before: list[Finding]) -> list[Finding]:
+    """Each remaining finding as the first pass reported it on the unchanged file (same code,
+    same message but for the line numbers it cites), else as it is."""
+    def shape(finding: Finding) -> tuple[str, str]:
+        return finding.code, re.sub(r"\d+", "#", finding.message)
+
+    earlier: dict[tuple[str, str], list[Finding]] = {}
+    for finding in before:
+        earlier.setdefault(shape(finding), []).append(finding)
+    found = []
+    for finding in remaining:
+        matches = earlier.get(shape(finding))
+        found.append(matches.pop(0) if matches else finding)
+    return found
 
 
 def _fix_notebook(path: str, raw: bytes, config: Config, unsafe: bool) -> FixResult:

@@ -184,7 +184,8 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
     in_order: dict[tuple[int, str], list] = {}
     walked: set[int] = set()
     context = RuleContext(
-        path=path, module=module, imports=ImportTable.from_module(module), target=config.target, text=text,
+        path=path, module=module, imports=ImportTable.from_module(module), target=config.target, tower_input=config.tower_input,
+        text=text,
         positions=LazyPositions(module, text, statement_of, in_order, walked),
     )
     visitors = [rule(context) for rule in rules]

@@ -354,8 +354,10 @@ def _keep_comments(region: _Region, update: _Update) -> None:
     there = {line.comment.value for line in first.leading_lines if line.comment is not None}
     kept = [line for statement in [*region.preceding, *_statements(region.loop.body), *region.following]
             if id(statement) in removed for line in comment_lines(statement) if line.comment.value not in there]
-    if kept:
-        update.statements[0] = first.with_changes(leading_lines=[*first.leading_lines[:1], *kept, *first.leading_lines[1:]])
+    if kept:  # after the blank lines above the update, before the comment that explains it
+        lines = list(first.leading_lines)
+        blanks = next((k for k, line in enumerate(lines) if line.comment is not None), len(lines))
+        update.statements[0] = first.with_changes(leading_lines=[*lines[:blanks], *kept, *lines[blanks:]])
 
 
 @dataclass
@@ -1224,17 +1226,22 @@ def _check_one_strategy(rule, region: _Region) -> None:
 
 
 def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
-    """At module level with no `with` that opens the graph: the run of module statements around
-    the loop that the strategy scope covers (up to the nearest import, definition, docstring or
-    `if __name__ == '__main__':`). Empty elsewhere."""
+    """At module level with no `with` that opens the graph: the run of statements around the
+    loop, in its own block, that the strategy scope covers (up to the nearest import, definition,
+    docstring or `if __name__ == '__main__':`). The block is the module or the body of a module
+    level `if` (`if __name__ == '__main__':`), which runs once. Empty elsewhere."""
     module = rule.context.module
     if strategy_scope_owner(region.loop, region.parents, rule.imports) is not module:
         return []
-    body = list(module.body)
-    at = next((k for k, s in enumerate(body) if any(n is region.loop for n in walk(s))), None)
-    if at is None or body[at] is not region.loop:
-        raise Refused("the tower loop is inside a block at module level: move it into a function so the graph "
-                      "can be built under strategy.scope()")
+    block = region.parents[id(region.loop)]
+    node = block
+    while node is not module:
+        node = region.parents[id(node)]
+        if not isinstance(node, (cst.If, cst.Else, cst.IndentedBlock, cst.Module)):
+            raise Refused(f"line {_line(rule, node)}: the tower loop is inside a block at module level that may run "
+                          "more than once: move it into a function so the graph can be built under strategy.scope()")
+    body = list(block.body)
+    at = _index(body, region.loop)
     start, end = at, at
     while start > 0 and _plain_module_statement(body[start - 1]):
         start -= 1
@@ -1282,14 +1289,24 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
     needed = names_used(create) - {"tf"}
     prelude = []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
+        builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
         if _bound_names(statement) & needed:
-            if any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute)):
+            if builds_graph:
                 raise Refused(f"line {_line(rule, statement)}: the towers' devices come from TensorFlow code in the "
                               "graph; name the device list before the graph is built")
-            prelude.insert(0, statement)
-            needed |= names_used(statement)
+        elif not (_call_for_effect(statement) and names_used(statement) & needed and not builds_graph):
+            continue
+        # A call made for its effect on a name the devices read (`parser.add_argument(...)`
+        # before `args = parser.parse_args()`) moves up with it, in its place.
+        prelude.insert(0, statement)
+        needed |= names_used(statement)
     _check_bound_before(rule, owner, create, prelude, block)
     return prelude
+
+
+def _call_for_effect(statement: cst.CSTNode) -> bool:
+    small = single_small(statement)
+    return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
 
 
 # TensorFlow calls that ask the runtime what it has, or log, without building the graph: a
