@@ -36,7 +36,7 @@ AUTO = [
     "general_keras_model_towers", "general_inline_average", "general_accumulated_loss",
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
-    "general_flat_script", "general_main_block_pose",
+    "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
 ]
 TF2 = ["towers_keras", "towers_variables"]
 

@@ -28,7 +28,7 @@ REWRITTEN = [
     "general_keras_model_towers", "general_inline_average", "general_accumulated_loss",
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
-    "general_flat_script", "general_main_block_pose",
+    "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
