@@ -643,3 +643,40 @@ def test_a_dry_run_names_refused_lines_as_they_are_in_the_file(tmp_path):
     again = subprocess.run([*run, "--diff", path.name], cwd=tmp_path, capture_output=True, text=True)
     row = int(again.stderr.split(f"{path.name}:", 1)[1].split(":", 1)[0])
     assert row != 18 and written[row - 1].startswith("    for i in range(2):")
+
+
+TRAINER_CLASS = """\
+import tensorflow as tf
+
+
+def average_gradients(tower_grads):
+    return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+
+
+class Trainer(object):
+    def __init__(self, config):
+        self.config = config
+        self.global_step = tf.train.get_or_create_global_step()
+        self.opt = tf.train.AdamOptimizer(config.lr)
+        self.x = tf.placeholder(tf.float32, [None, 10])
+        self.build()
+
+    def build(self):
+        xs = tf.split(self.x, self.config.num_gpus)
+        tower_grads = []
+        for i in range(self.config.num_gpus):
+            with tf.device('/gpu:%d' % i), tf.variable_scope('model', reuse=i > 0):
+                loss = tf.reduce_mean(tf.layers.dense(xs[i], 3))
+                tower_grads.append(self.opt.compute_gradients(loss))
+        self.train_op = self.opt.apply_gradients(average_gradients(tower_grads), global_step=self.global_step)
+"""
+
+
+@pytest.mark.parametrize("tower_input", ["keep", "dataset"])
+def test_a_refusal_about_training_state_is_not_taken_over_by_the_textbook_rewrite(tower_input):
+    """The global step is made in `__init__`, outside any scope `build` could open: the general
+    rewrite refuses, and the strategy.run rewrite must not step in (it did, and also dropped
+    `self.train_op` for a local `train_op`)."""
+    (finding,) = [f for f in run_check(TRAINER_CLASS, tower_input=tower_input) if f.code == "TFM101"]
+    assert not finding.fixable
+    assert "the global step `self.global_step` is made outside" in finding.refusal, finding.refusal

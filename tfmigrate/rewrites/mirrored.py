@@ -59,6 +59,11 @@ class Refused(Exception):
     """The loop does not have a shape this rewrite handles; the message says why."""
 
 
+class StateRefused(Refused):
+    """A refusal about what training needs (regularization made by the first tower only, a
+    global step outside the scope), not about the loop's shape: no other rewrite may take it."""
+
+
 @dataclass
 class TfNames:
     """TensorFlow spelled with the module's own alias, and the imports that needs."""
@@ -286,6 +291,8 @@ def planned(rule, tower) -> Planned:
             # generator-backed distributed dataset, ran at 0.3-0.6x (bench_verify.py).
             try:
                 return Planned(replica_loop.plan(rule, tower), feeds_kept=GENERAL_FEEDS)
+            except StateRefused as reason:
+                return Planned(None, refused=str(reason))
             except Refused as reason:
                 general = str(reason)
         try:
@@ -419,7 +426,9 @@ def _plan(rule, tower) -> Planned:
         grads_name = averaged
     else:  # averaged inside apply_gradients(...): the replica's gradients need a name
         grads_name = next(n for n in ("grads", "grads_and_vars", "replica_grads") if references(module, n) == 0)
-    train_name = assigned_name(apply) or "train_op"
+    train_name = assigned_name(apply)
+    if train_name is None:  # `self.train_op = ...`, or no name: the rewrite binds the step's op to a name
+        raise Refused(f"the update `{code(apply).strip()}` is not bound to a plain name")
     apply_call = only_call(apply)
     apply_statement = cst.parse_statement(
         f"{train_name} = " + code(apply_call.with_changes(

@@ -65,7 +65,7 @@ from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, find, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, Refused, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
+    REPLICA_INDEX, Refused, StateRefused, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
     devices_argument, is_reuse_statement, method_call, place_scope, references, ReplaceById,
     strategy_scope_owner, tf_root,
 )
@@ -763,9 +763,13 @@ def _forward_only(rule, region: _Region) -> _Update:
     nothing trains on what they make: a training step left outside the replicas would fail."""
     for statement in [*_statements(region.loop.body), *region.following]:
         call = _training_call(rule, statement)
-        if call is not None:
+        if call is not None and _trains(rule, call):
             raise Refused(f"line {_line(rule, statement)}: the towers' gradients or losses reach "
                           f"`{code(call.func)}` in a shape the rewrite does not know")
+        if call is not None:  # a function of the module that computes gradients or updates
+            raise Refused(f"line {_line(rule, statement)}: `{code(call.func)}` computes gradients or updates the "
+                          "model inside, in a shape the rewrite cannot move into the replicas (even where an "
+                          "argument turns that off, which the rewrite cannot tell)")
     filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
     returned = set().union(*(names_used(r) for r in find(region.owner, cst.Return) if r.value is not None))
     if filled & returned:  # the caller may train on them, or open its own strategy: neither can be seen here
@@ -833,7 +837,7 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
     """
     blocker = rule.context.memo("replica_loop.regularization", lambda: _regularization_blocker(rule))
     if blocker:
-        raise Refused(blocker)
+        raise StateRefused(blocker)
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     in_loop = {id(s) for s in _statements(region.loop)}
     made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
@@ -842,7 +846,7 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
         for arg in find(statement, cst.Arg):
             if (arg.keyword is not None and arg.keyword.value == "global_step"
                     and code(arg.value) not in made_inside | {"None"}):
-                raise Refused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
+                raise StateRefused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
                               "would cover, so it would not be a mirrored variable the replicas can update")
 
 
