@@ -19,8 +19,6 @@ from typer.testing import CliRunner
 import tfmigrate.engine.fixer
 import tfmigrate.engine.source
 from tfmigrate.cli.main import app
-from tfmigrate.engine.config import Config
-from tfmigrate.engine.fixer import fix_source
 from tfmigrate.engine.source import SourceError, SourceFile, decode_source
 
 FIXABLE = "import tensorflow as tf\nit = dataset.make_one_shot_iterator()\n"  # a safe TFM305 fix

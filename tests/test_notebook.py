@@ -61,7 +61,7 @@ def test_magics_are_masked_line_for_line():
 
 
 def test_cell_that_cannot_be_masked_is_skipped_with_a_note(tmp_path):
-    path = write_notebook(tmp_path / "n.ipynb", [
+    write_notebook(tmp_path / "n.ipynb", [
         "import tensorflow as tf",
         "for f in files:\n    %time load(f)",  # the masked body is only a comment: not Python
         "for i in range(2):\n    with tf.device('/gpu:%d' % i):\n        y = model(x)",

@@ -19,11 +19,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -219,7 +217,7 @@ PREAMBLE_IMPORTS = st.sampled_from([
 def module(draw, parts) -> tuple[str, list[str]]:
     """A whole module: header comments, imports, module-level fillers, then the parts."""
     program = Program()
-    lines = [f"# {program.token()} header", f'"""Docstring of a legacy script."""' if draw(st.booleans()) else ""]
+    lines = [f"# {program.token()} header", '"""Docstring of a legacy script."""' if draw(st.booleans()) else ""]
     lines += draw(PREAMBLE_IMPORTS)
     lines += ["", "FLAGS = None", "NUM_GPUS = 2", ""]
     for part in parts:

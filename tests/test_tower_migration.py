@@ -195,7 +195,7 @@ def test_shapes_that_are_not_rewritten_say_why(name):
     code, reason = REFUSALS[name]
     (finding,) = [f for f in run_check(code, tower_input="dataset") if f.code == "TFM101"]
     assert finding.fix_title is None
-    assert f"no automatic fix: " in finding.message and reason in finding.message, finding.message
+    assert "no automatic fix: " in finding.message and reason in finding.message, finding.message
 
 
 def test_an_imported_averaging_helper_stays_and_each_replica_applies_its_share():

@@ -8,16 +8,13 @@ not grow with the number of rules or of nodes asked about.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import libcst as cst
 
 from tfmigrate.cst.names import ImportTable
-from tfmigrate.cst.traversal import children, contains, events, find, identifiers, names_used, parents_of, string_parts, walk
+from tfmigrate.cst.traversal import children, contains, events, find, identifiers, names_used, string_parts, walk
 
 DEVICE_SCOPES = {"tensorflow.device", "tensorflow.device_scope"}
 DEVICE_SPECS = {"tensorflow.DeviceSpec", "tensorflow.python.framework.device_spec.DeviceSpecV1"}

@@ -47,7 +47,7 @@ import libcst as cst
 
 from tfmigrate.analysis.devices import device_scope_arg, mentions_only_cpu, tower_group
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, parents_of, walk
+from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
 from tfmigrate.rewrites import tower_feeds, tower_input
 from tfmigrate.rule import Edit, FixSafety
 
@@ -332,31 +332,107 @@ def check_tower(context, tower) -> None:
         raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
 
 
-def _plan(rule, tower) -> Planned:
-    context, imports = rule.context, rule.imports
-    module, loop = context.module, tower.loop
-    parents = module_parents(context)
-    tf = TfNames(rule)
+@dataclass
+class _Loop:
+    """The textbook tower loop and the statements around it, as :func:`_plan` reads them."""
 
+    grads: _Gradients
+    outer: cst.CSTNode                  # the loop, or the variable-scope `with` that wraps it
+    body: list[cst.BaseStatement]       # the block that holds ``outer``
+    at: int                             # ``outer``'s place in ``body``
+    init: cst.BaseStatement | None      # `tower_grads = []`
+    average: cst.BaseStatement | None = None  # `grads = average_gradients(tower_grads)`
+    apply: cst.BaseStatement | None = None    # `train_op = opt.apply_gradients(grads, ...)`
+    average_call: cst.Call | None = None
+    averaged: str | None = None         # `grads`, when the average has its own statement
+
+
+def _plan(rule, tower) -> Planned:
+    context, module = rule.context, rule.context.module
+    tf = TfNames(rule)
     check_tower(context, tower)
+    found = _region(tower.loop, module_parents(context), rule.imports)
+    _find_average_and_apply(found)
+    helper_name = code(found.average_call.func)
+    helper, averages = averaging_helper(helper_name, module, rule.imports)
+    _refuse_leaks(tower.loop, found)
+    index, other_targets = loop_index(tower.loop)
+    devices = devices_argument(tower.loop)
+
+    strategy = "strategy" if references(module, "strategy") == 0 else "mirrored_strategy"
+    step = "tower_step" if references(module, "tower_step") == 0 else "replica_step"
+    train_name = assigned_name(found.apply)
+    if train_name is None:  # `self.train_op = ...`, or no name: the rewrite binds the step's op to a name
+        raise Refused(f"the update `{code(found.apply).strip()}` is not bound to a plain name")
+    statements = _step_statements(rule, tower.loop, found, strategy, train_name, averages, tf)
+    fresh = lambda *names: next((n for n in names if references(module, n) == 0), names[-1] + "_")  # noqa: E731
+    feed, statements, kept = _step_input(rule, tower, found, statements, index, strategy, fresh, tf)
+    statements = _with_replica_index(statements, index, other_targets, tf)
+
+    region = _region_changes(found, feed, step, strategy, train_name, statements, tf)
+    create = cst.parse_statement(
+        f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n"
+    )
+    scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
+    parents = module_parents(context)
+    anchor, new_anchor = place_scope(found.outer, parents, rule.imports, region, create, scope_item)
+    changes: dict = {anchor: new_anchor}
+    changes.update(_unused_helpers(tower, module, found.average, anchor, [(helper_name, helper)]))
+
+    title = "rewrite the tower loop with tf.distribute.MirroredStrategy" + (feed.note if feed else "")
+    add_imports = [*(feed.imports if feed else ())]
+    if context.target == "tf2":
+        from tfmigrate.rewrites import tf2_step  # only for this target: `check` start-up stays small
+
+        apply_call = only_call(found.apply)
+        loop_names = tf2_step.Loop(
+            strategy=strategy, step=step, loss=found.grads.loss, train=train_name,
+            optimizer=found.grads.optimizer, iterator=feed.get_next.split(".")[0] if feed else "",
+            averages=averages, compute_rest=tuple(found.grads.compute.args[1:]), apply_rest=tuple(apply_call.args[1:]),
+        )
+        names_before = list(tf.imports)
+        try:
+            changes[anchor] = _tf2(rule, module, changes, anchor, loop_names, feed, fresh, tf)
+            title = ("rewrite the tower loop as a tf.function train step with tf.GradientTape under "
+                     "tf.distribute.MirroredStrategy" + (feed.note if feed else ""))
+            # The compat loop's `itertools.count()` became `enumerate(...)`.
+            add_imports = [item for item in add_imports if item.module != "itertools"]
+        except tf2_step.NotTf2 as reason:
+            tf.imports[:] = names_before
+            title += f" (compat target: {reason})"
+    edit = Edit(
+        changes, title, add_imports=[*tf.imports, *add_imports],
+        remove_imports=list(feed.remove_imports if feed else ()), safety=FixSafety.UNSAFE,
+    )
+    return Planned(edit, fed=feed if feed is not None and feed.anchors else None, **kept)
+
+
+def _region(loop: cst.For, parents, imports) -> _Loop:
+    """The loop's gradients, the block it sits in and the `tower_grads = []` before it:
+    [init] [wrapper] loop ... averaging ... apply, all in one block."""
     grads = _find_gradients(loop)
     if not _last_in_body(grads.append, loop, parents):
         raise Refused("statements follow the gradient collection in the loop body")
-
-    # The region: [init] [wrapper] loop ... averaging ... apply, all in one block.
     outer: cst.CSTNode = loop
     while isinstance(parents[id(outer)], cst.IndentedBlock) and is_variable_scope_wrapper(
         parents[id(parents[id(outer)])], imports
     ):
         outer = parents[id(parents[id(outer)])]
-    block = _block_of(outer, parents)
-    body = list(block.body)
+    body = list(_block_of(outer, parents).body)
     at = next(k for k, s in enumerate(body) if s is outer)
     init = next(
         (s for s in reversed(body[:at]) if assigned_name(s) == grads.tower_list
          and isinstance(s.body[0].value, cst.List) and not s.body[0].value.elements),
         None,
     )
+    return _Loop(grads, outer, body, at, init)
+
+
+def _find_average_and_apply(found: _Loop) -> None:
+    """`grads = helper(tower_grads)` then `opt.apply_gradients(grads, ...)`, or the two in one
+    statement: `opt.apply_gradients(helper(tower_grads), ...)`; nothing else may read them."""
+    grads = found.grads
+
     def is_averaging(call: cst.Call | None) -> bool:
         return (call is not None and isinstance(call.func, cst.Name) and len(call.args) == 1
                 and code(call.args[0].value) == grads.tower_list)
@@ -365,54 +441,51 @@ def _plan(rule, tower) -> Planned:
         return (call is not None and method_call(call, "apply_gradients") and bool(call.args)
                 and code(call.func.value) == grads.optimizer and code(call.args[0].value) == first_argument)
 
-    # `grads = helper(tower_grads)` then `opt.apply_gradients(grads, ...)`, or the two in one
-    # statement: `opt.apply_gradients(helper(tower_grads), ...)`.
-    average = apply = average_call = averaged = None
-    for statement in body[at + 1:]:
+    for statement in found.body[found.at + 1:]:
         used = names_used(statement)
-        if average is None:
+        if found.average is None:
             if grads.tower_list not in used:
                 continue
             call = only_call(statement)
             inner = call.args[0].value if call is not None and call.args else None
             if isinstance(inner, cst.Call) and is_averaging(inner) and is_apply(call, code(inner)):
-                average = apply = statement
-                average_call = inner
+                found.average = found.apply = statement
+                found.average_call = inner
                 continue
             if not (is_averaging(call) and assigned_name(statement)):
                 raise Refused(f"`{grads.tower_list}` is used after the loop other than by one averaging call")
-            average, average_call, averaged = statement, call, assigned_name(statement)
-        elif apply is None:
-            if averaged not in used:
+            found.average, found.average_call, found.averaged = statement, call, assigned_name(statement)
+        elif found.apply is None:
+            if found.averaged not in used:
                 continue
-            if not is_apply(only_call(statement), averaged):
+            if not is_apply(only_call(statement), found.averaged):
                 raise Refused(f"the averaged gradients are used other than by `{grads.optimizer}.apply_gradients(...)`")
-            apply = statement
-        elif ({grads.tower_list, averaged} & used):
+            found.apply = statement
+        elif ({grads.tower_list, found.averaged} & used):
             raise Refused("the gradients are used again after apply_gradients")
-    if average is None or apply is None:
+    if found.average is None or found.apply is None:
         raise Refused(
             "no `grads = <helper>(tower_grads)` and `opt.apply_gradients(grads, ...)` (or "
             "`opt.apply_gradients(<helper>(tower_grads), ...)`) after the loop"
         )
-    helper_name = code(average_call.func)
-    helper, averages = averaging_helper(helper_name, module, imports)
 
-    # Names the loop body binds that the code after it reads would vanish into the function.
+
+def _refuse_leaks(loop: cst.For, found: _Loop) -> None:
+    """Names the loop body binds that the code after it reads would vanish into the function."""
     bound_in_loop = {n for s in find(loop.body, cst.AssignTarget) for n in names_used(s.target)}
     after = set()
-    for statement in body[body.index(apply) + 1:]:
+    for statement in found.body[found.body.index(found.apply) + 1:]:
         after |= names_used(statement)
-    leaking = sorted((bound_in_loop & after) - {grads.loss})
+    leaking = sorted((bound_in_loop & after) - {found.grads.loss})
     if leaking:
         raise Refused(f"the loop body defines {', '.join(f'`{n}`' for n in leaking)}, used after the loop")
 
-    index, other_targets = loop_index(loop)
-    devices = devices_argument(loop)
 
-    # --- the replica function --------------------------------------------------------
-    strategy = "strategy" if references(module, "strategy") == 0 else "mirrored_strategy"
-    step = "tower_step" if references(module, "tower_step") == 0 else "replica_step"
+def _step_statements(rule, loop: cst.For, found: _Loop, strategy: str, train_name: str, averages: bool,
+                     tf: TfNames):
+    """The replica function's body: the loop body, its gradients of the (scaled) loss applied
+    there, the loss returned once the update ran."""
+    grads, module = found.grads, rule.context.module
     scaled = (
         cst.parse_expression(f"{grads.loss} / {strategy}.num_replicas_in_sync") if averages
         else cst.Name(grads.loss)
@@ -422,14 +495,11 @@ def _plan(rule, tower) -> Planned:
     )
     if grads.compute_statement is not None:
         grads_name = assigned_name(grads.compute_statement)
-    elif averaged is not None:
-        grads_name = averaged
+    elif found.averaged is not None:
+        grads_name = found.averaged
     else:  # averaged inside apply_gradients(...): the replica's gradients need a name
         grads_name = next(n for n in ("grads", "grads_and_vars", "replica_grads") if references(module, n) == 0)
-    train_name = assigned_name(apply)
-    if train_name is None:  # `self.train_op = ...`, or no name: the rewrite binds the step's op to a name
-        raise Refused(f"the update `{code(apply).strip()}` is not bound to a plain name")
-    apply_call = only_call(apply)
+    apply_call = only_call(found.apply)
     apply_statement = cst.parse_statement(
         f"{train_name} = " + code(apply_call.with_changes(
             args=[apply_call.args[0].with_changes(value=cst.Name(grads_name)), *apply_call.args[1:]]
@@ -443,9 +513,17 @@ def _plan(rule, tower) -> Planned:
         f"with {tf('tensorflow.control_dependencies')}([{train_name}]):\n"
         f"    return {tf('tensorflow.identity')}({grads.loss})\n"
     ))
-    step_body = loop.body.visit(_RewriteBody(imports, grads, new_compute, tail))
-    statements = list(step_body.body)
-    # Towers reading their own shard of one dataset: one dataset distributed by the strategy.
+    step_body = loop.body.visit(_RewriteBody(rule.imports, grads, new_compute, tail))
+    return list(step_body.body)
+
+
+def _step_input(rule, tower, found: _Loop, statements, index: str | None, strategy: str, fresh, tf: TfNames):
+    """Towers reading their own shard of one dataset get one dataset distributed by the strategy;
+    towers fed through their own placeholders a generator-backed one. Returns the input plan
+    (None: the input stays as it is), the step's statements and why feeds stay per replica."""
+    module, imports = rule.context.module, rule.imports
+    parents = module_parents(rule.context)
+    loop, outer, before = tower.loop, found.outer, found.body[:found.at]
     scope_owner = strategy_scope_owner(outer, parents, imports)
     owner = tower.owner if tower.owner is not None else module
     order: dict[int, int] = {}
@@ -458,46 +536,52 @@ def _plan(rule, tower) -> Planned:
             order[-1] = max(order.get(id(n), -1) for n in walk(outer))
         return order.get(id(node), -1) > order[-1]
 
-    fresh = lambda *names: next((n for n in names if references(module, n) == 0), names[-1] + "_")  # noqa: E731
     feed = tower_input.plan(
-        statements, index, body[:at], owner, after_loop,
+        statements, index, before, owner, after_loop,
         strategy=strategy, tf=tf, tf_api=rule.call_name, fresh=fresh,
     )
-    feeds_kept = split_kept = None
-    if feed is None:  # towers fed through their own placeholders: a generator-backed dataset
+    kept = {"feeds_kept": None, "split_kept": None}
+    if feed is None:
         try:
             feed = tower_feeds.plan(
-                statements, loop, body[:at], owner, after_loop, strategy=strategy, tf=tf,
+                statements, loop, before, owner, after_loop, strategy=strategy, tf=tf,
                 tf_api=rule.call_name, fresh=fresh, imports=imports, module=module,
             )
         except tower_feeds.SplitUnmatched as reason:
-            split_kept = str(reason)
+            kept["split_kept"] = str(reason)
         except tower_feeds.Unmatched as reason:
-            feeds_kept = str(reason)
+            kept["feeds_kept"] = str(reason)
     if feed is not None and scope_owner is not None and all(
         contains(scope_owner, node) for node in (feed.initializer, *feed.anchors)
     ):
-        statements = feed.step_body(statements)
-    else:
-        if feed is not None and feed.anchors:
-            reason = "the session loop is not inside the graph's `with` block that the strategy scope replaces"
-            if isinstance(feed, tower_feeds.SplitFedInput):
-                split_kept = reason
-            else:
-                feeds_kept = reason
-        feed = None
+        return feed, feed.step_body(statements), kept
+    if feed is not None and feed.anchors:
+        reason = "the session loop is not inside the graph's `with` block that the strategy scope replaces"
+        kept["split_kept" if isinstance(feed, tower_feeds.SplitFedInput) else "feeds_kept"] = reason
+    return None, statements, kept
+
+
+def _with_replica_index(statements, index: str | None, other_targets: set[str], tf: TfNames):
+    """``statements`` with the loop variable bound to the replica index where they read it."""
     used_in_step = set().union(*(names_used(s) for s in statements)) if statements else set()
     if other_targets & used_in_step:
         raise Refused(f"the tower code uses the loop's device variable {sorted(other_targets & used_in_step)}")
-    if index and index in used_in_step:
-        index_line = cst.parse_statement(
-            f"{index} = " + REPLICA_INDEX.format(tf=tf_root(tf)) + "\n"
-        ).with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
-            "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable."
-        ))])
-        statements.insert(0, index_line)
+    if not (index and index in used_in_step):
+        return statements
+    index_line = cst.parse_statement(
+        f"{index} = " + REPLICA_INDEX.format(tf=tf_root(tf)) + "\n"
+    ).with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
+        "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable."
+    ))])
+    return [index_line, *statements]
+
+
+def _region_changes(found: _Loop, feed, step: str, strategy: str, train_name: str, statements, tf: TfNames):
+    """What replaces the statements of the region: the replica function and the one line that
+    runs it in place of the loop; the averaging, the apply and `tower_grads = []` go."""
+    loss, average, apply = found.grads.loss, found.average, found.apply
     # Comments above the statements that go stay with what replaces them.
-    comments = [*(init.leading_lines if init is not None else ()), *outer.leading_lines]
+    comments = [*(found.init.leading_lines if found.init is not None else ()), *found.outer.leading_lines]
     function = cst.FunctionDef(
         name=cst.Name(step), body=cst.IndentedBlock(body=statements),
         params=cst.Parameters(params=[cst.Param(cst.Name(feed.parameter))] if feed else []),
@@ -507,65 +591,35 @@ def _plan(rule, tower) -> Planned:
     replacement = [
         *(_lead([*feed.prelude, feed.iterator_statement], comments) + [function] if feed else [function]),
         cst.parse_statement(
-            f"{grads.loss} = {strategy}.reduce({reduce_op}, {strategy}.run({step}), axis=None)\n" if not feed else
-            f"{grads.loss} = {strategy}.reduce(\n"
+            f"{loss} = {strategy}.reduce({reduce_op}, {strategy}.run({step}), axis=None)\n" if not feed else
+            f"{loss} = {strategy}.reduce(\n"
             f"    {reduce_op}, {strategy}.run({step}, args=({feed.get_next},)), axis=None)\n"
         ).with_changes(leading_lines=[
             cst.EmptyLine(indent=False), *comment_lines(average), *(comment_lines(apply) if apply is not average else ()),
         ]),
-        cst.parse_statement(f"{train_name} = {grads.loss}.op\n"),
+        cst.parse_statement(f"{train_name} = {loss}.op\n"),
     ]
-    region = {id(outer): cst.FlattenSentinel(replacement), id(average): cst.RemovalSentinel.REMOVE,
+    region = {id(found.outer): cst.FlattenSentinel(replacement), id(average): cst.RemovalSentinel.REMOVE,
               id(apply): cst.RemovalSentinel.REMOVE}
-    if init is not None:
-        region[id(init)] = cst.RemovalSentinel.REMOVE
+    if found.init is not None:
+        region[id(found.init)] = cst.RemovalSentinel.REMOVE
     if feed is not None:
         region[id(feed.initializer)] = cst.FlattenSentinel([feed.initializer, feed.initialize])
         region.update(feed.region)
+    return region
 
-    # --- the strategy and its scope ---------------------------------------------------
-    create = cst.parse_statement(
-        f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n"
-    )
-    scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
-    anchor, new_anchor = place_scope(outer, parents, imports, region, create, scope_item)
 
-    changes: dict = {anchor: new_anchor}
-    # The helpers only the loop used go with it.
+def _unused_helpers(tower, module: cst.Module, average, anchor, helpers) -> dict:
+    """The helpers only the loop used go with it: the averaging helper and the device functions."""
+    changes = {}
     removed = [average] + [scope.device for scope in tower.scopes]
-    for name, definition in [(helper_name, helper)] + device_helpers(tower, module):
+    for name, definition in [*helpers, *device_helpers(tower, module)]:
         if definition is None or definition is anchor:
             continue
         inside = sum(references(node, name) for node in removed)
         if references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
-    title = "rewrite the tower loop with tf.distribute.MirroredStrategy" + (feed.note if feed else "")
-    add_imports = [*(feed.imports if feed else ())]
-    remove_imports = list(feed.remove_imports if feed else ())
-    if context.target == "tf2":
-        from tfmigrate.rewrites import tf2_step  # only for this target: `check` start-up stays small
-
-        loop_names = tf2_step.Loop(
-            strategy=strategy, step=step, loss=grads.loss, train=train_name, optimizer=grads.optimizer,
-            iterator=feed.get_next.split(".")[0] if feed else "", averages=averages,
-            compute_rest=tuple(grads.compute.args[1:]), apply_rest=tuple(apply_call.args[1:]),
-        )
-        names_before = list(tf.imports)
-        try:
-            changes[anchor] = _tf2(rule, module, changes, anchor, loop_names, feed, fresh, tf)
-            title = ("rewrite the tower loop as a tf.function train step with tf.GradientTape under "
-                     "tf.distribute.MirroredStrategy" + (feed.note if feed else ""))
-            # The compat loop's `itertools.count()` became `enumerate(...)`.
-            add_imports = [item for item in add_imports if item.module != "itertools"]
-        except tf2_step.NotTf2 as reason:
-            tf.imports[:] = names_before
-            title += f" (compat target: {reason})"
-    edit = Edit(
-        changes, title, add_imports=[*tf.imports, *add_imports], remove_imports=remove_imports,
-        safety=FixSafety.UNSAFE,
-    )
-    return Planned(edit, fed=feed if feed is not None and feed.anchors else None, feeds_kept=feeds_kept,
-                   split_kept=split_kept)
+    return changes
 
 
 def _tf2(rule, module: cst.Module, changes: dict, anchor: cst.CSTNode, loop, feed, fresh, tf: TfNames):

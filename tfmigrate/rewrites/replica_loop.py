@@ -1210,7 +1210,7 @@ def _check_one_strategy(rule, region: _Region) -> None:
     graph and runs more than once (a model class made for training and for evaluation, sharing
     variables) would make one strategy per call, and the second would find the first's
     variables mirrored onto other devices."""
-    owner, module = strategy_scope_owner(region.loop, region.parents, rule.imports), rule.context.module
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     if not isinstance(owner, cst.FunctionDef):
         return  # a `with` that opens a graph of its own, or the module
     name, parent = owner.name.value, region.parents.get(id(owner))

@@ -593,8 +593,6 @@ class Recorder:
 
 def handle_session_weights(tf, state: State, sess, run, graph) -> None:
     """Before the first training step: dump (OLD) or load (NEW) the trainable variables."""
-    import numpy as np
-
     variables = graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
     named: dict = {}
     for var in variables:
