@@ -65,6 +65,7 @@ from typing import Callable
 import libcst as cst
 
 from tfmigrate.cst.codegen import code
+from tfmigrate.cst.names import ImportTable
 from tfmigrate.cst.traversal import children, find, name_nodes, names_used, parents_of, single_small, walk
 from tfmigrate.rule import ImportItem
 from tfmigrate.rewrites.tower_input import DistributedInput, find_initializer
@@ -576,6 +577,60 @@ class _Session:
     note: str = " and feed it from a tf.data.Dataset.from_generator over the session loop's batches"
 
 
+@dataclass
+class _Request:
+    """What :func:`_session_input` was asked: its parameters, bundled."""
+
+    lists: dict[str, _Placeholder]
+    loop: cst.For
+    owner: cst.CSTNode
+    module: cst.Module
+    after_loop: Callable[[cst.CSTNode], bool]
+    strategy: str
+    tf: Callable[[str], str]
+    tf_api: Callable[[cst.Call], str | None]
+    fresh: Callable[..., str]
+    imports: ImportTable
+    direct: bool
+    what: str
+    scope: cst.CSTNode
+    elsewhere: str
+    fed_comment: str
+
+
+@dataclass
+class _Found:
+    """The facts about the session loop found so far, section by section of :func:`_session_input`."""
+
+    # the session loop
+    order: dict[int, int]               # id(node) -> its position in a walk of the owner
+    readers: list[cst.Name]             # the references to the lists after the tower loop
+    session_loop: cst.For
+    initializer: cst.BaseStatement      # `sess.run(tf.global_variables_initializer())`
+    session: str                        # the session it runs in
+    # its header
+    counter: str | None = None
+    start: cst.BaseExpression | None = None
+    source: cst.BaseExpression | None = None
+    batch: cst.BaseExpression | None = None
+    arrays: list[str] = field(default_factory=list)
+    # the training step
+    run: cst.Call | None = None
+    body: list[cst.BaseStatement] = field(default_factory=list)
+    at: int = 0                         # the step's position in the body
+    feed_argument: cst.BaseExpression | None = None
+    # the feed
+    tower_count: set[str] = field(default_factory=set)
+    reader: _FeedReader | None = None
+    feed_name: str | None = None
+    removed_lines: list[cst.BaseStatement] = field(default_factory=list)
+    kept_before: list[cst.BaseStatement] = field(default_factory=list)
+    feed_code: list[cst.CSTNode] = field(default_factory=list)
+    # the slice sizes and the source
+    per_statements: list[cst.BaseStatement] = field(default_factory=list)
+    itertools_name: str | None = None
+
+
 def _session_input(
     lists: dict[str, _Placeholder], loop: cst.For, owner: cst.CSTNode, module: cst.Module,
     after_loop: Callable[[cst.CSTNode], bool], *, strategy: str, tf: Callable[[str], str],
@@ -590,10 +645,27 @@ def _session_input(
     loop (made and filled, or made and split) and otherwise only by the feed (``elsewhere``
     formats the reason when not).
     """
-    # --- the session loop: the one loop after the tower loop that reads the lists
+    asked = _Request(
+        lists, loop, owner, module, after_loop, strategy=strategy, tf=tf, tf_api=tf_api, fresh=fresh,
+        imports=imports, direct=direct, what=what, scope=scope, elsewhere=elsewhere, fed_comment=fed_comment,
+    )
+    # The checks run in this order: the first that fails gives the reason.
+    found = _find_session_loop(asked)
+    _read_header(asked, found)
+    _find_training_step(asked, found)
+    _read_feed(asked, found)
+    _check_feed_only_names(asked, found)
+    _find_slice_statements(asked, found)
+    _check_source(asked, found)
+    return _new_session(asked, found)
+
+
+def _find_session_loop(asked: _Request) -> _Found:
+    """Find the one loop after the tower loop that reads the lists, after the variables initializer."""
+    what, owner, lists = asked.what, asked.owner, asked.lists
     parents = parents_of(owner)
     order = {id(n): k for k, n in enumerate(walk(owner))}
-    readers = [r for name in lists for r in _references(owner, name) if after_loop(r)]
+    readers = [r for name in lists for r in _references(owner, name) if asked.after_loop(r)]
     if not readers:
         raise Unmatched(f"{what} are not fed after the tower loop")
     session_loops = set()
@@ -618,25 +690,29 @@ def _session_input(
         raise Unmatched(f"{what} are read in more than one loop")
     # Each key: made once, filled (or split) once, read in the session loop only.
     for name in lists:
-        if len(_references(scope, name)) != 2 + sum(1 for r in readers if r.value == name):
-            raise Unmatched(elsewhere.format(name))
+        if len(_references(asked.scope, name)) != 2 + sum(1 for r in readers if r.value == name):
+            raise Unmatched(asked.elsewhere.format(name))
     if session_loop.orelse is not None or session_loop.asynchronous is not None \
             or not isinstance(session_loop.body, cst.IndentedBlock):
         raise Unmatched("the session loop has an `else` (it would no longer run when the batches run out)")
 
     # The dataset is read through an iterator initialised where the variables are, so the loop
     # must come after that initializer, in the same session.
-    found = find_initializer(owner, tf_api, after_loop)
-    if found is None:
+    initialized = find_initializer(owner, asked.tf_api, asked.after_loop)
+    if initialized is None:
         raise Unmatched("no single `sess.run(tf.global_variables_initializer())` after the tower loop")
-    initializer, session = found
+    initializer, session = initialized
     if order[id(initializer)] > order[id(session_loop)]:
         raise Unmatched("the variables are initialised after the session loop")
+    return _Found(order=order, readers=readers, session_loop=session_loop, initializer=initializer, session=session)
 
-    # --- its header: `for [step,] <batch> in [enumerate(]<source>[, start)]`
+
+def _read_header(asked: _Request, found: _Found) -> None:
+    """Read the session loop's header `for [step,] <batch> in [enumerate(]<source>[, start)]`."""
     counter = start = None
-    source, batch = session_loop.iter, session_loop.target
-    if isinstance(source, cst.Call) and code(source.func) == "enumerate" and imports.resolve(source.func) is None:
+    source, batch = found.session_loop.iter, found.session_loop.target
+    if isinstance(source, cst.Call) and code(source.func) == "enumerate" \
+            and asked.imports.resolve(source.func) is None:
         arguments = source.args
         keywords = [None if a.keyword is None else a.keyword.value for a in arguments]
         if not (isinstance(batch, cst.Tuple) and len(batch.elements) == 2 and isinstance(batch.elements[0].value, cst.Name)
@@ -653,8 +729,12 @@ def _session_input(
         raise Unmatched(f"the session loop's batch `{code(batch)}` is not one name or a tuple of names")
     if len(set(arrays)) != len(arrays):
         raise Unmatched("the session loop's batch binds a name twice")
+    found.counter, found.start, found.source, found.batch, found.arrays = counter, start, source, batch, arrays
 
-    # --- the training step: the one `sess.run(..., feed_dict=feed)` in the loop
+
+def _find_training_step(asked: _Request, found: _Found) -> None:
+    """Find the training step: the one `sess.run(..., feed_dict=feed)` statement of the session loop."""
+    session_loop, session = found.session_loop, found.session
     runs = [c for c in find(session_loop.body, cst.Call) if _method(c, "run") and _feed_argument(c) is not None]
     if len(runs) != 1:
         raise Unmatched(f"the session loop runs {len(runs)} `run(..., feed_dict=...)` calls, not one")
@@ -672,16 +752,21 @@ def _session_input(
         # Under an `if` or in a `try` it would not run once per batch drawn.
         raise Unmatched("the training step is not a statement of the loop over the batches itself")
     feed_argument = _feed_argument(run)
-    if isinstance(feed_argument, cst.Name) and feed_argument.value in lists:
+    if isinstance(feed_argument, cst.Name) and feed_argument.value in asked.lists:
         raise Unmatched("a placeholder list is passed as the feed")
+    found.run, found.body, found.at, found.feed_argument = run, body, at, feed_argument
 
-    # --- the feed: built in statements before the step, or written in the call
-    tower_loop_count = _tower_count(loop)
-    reader = _FeedReader(set(lists), lambda n: _is_count(n, tower_loop_count, set(lists)), tf_api, direct=direct)
+
+def _read_feed(asked: _Request, found: _Found) -> None:
+    """Read the feed, built in statements before the step or written in the call, and match it to the batch."""
+    lists, feed_argument = asked.lists, found.feed_argument
+    tower_loop_count = _tower_count(asked.loop)
+    reader = _FeedReader(set(lists), lambda n: _is_count(n, tower_loop_count, set(lists)), asked.tf_api,
+                         direct=asked.direct)
     feed_name = feed_argument.value if isinstance(feed_argument, cst.Name) else None
     removed_lines: list[cst.BaseStatement] = []
     kept_before: list[cst.BaseStatement] = []
-    for statement in body[:at]:
+    for statement in found.body[:found.at]:
         assigned = _assign(statement)
         if feed_name is not None and assigned is not None and assigned[0] == feed_name:
             value = assigned[1]
@@ -696,9 +781,9 @@ def _session_input(
             reader.pieces[assigned[0]] = reader.split_of(assigned[1])
             reader.feed.code.append(statement)
             removed_lines.append(statement)
-        elif _harmless(statement, imports):
+        elif _harmless(statement, asked.imports):
             kept_before.append(statement)
-        elif any(tf_api(c) == NP_ARRAY_SPLIT for c in find(statement, cst.Call)):
+        elif any(asked.tf_api(c) == NP_ARRAY_SPLIT for c in find(statement, cst.Call)):
             raise Unmatched("the batch is cut with np.array_split, whose parts differ from the strategy's "
                             "when the batch does not divide evenly")
         else:
@@ -712,60 +797,77 @@ def _session_input(
         missing = sorted(set(lists) - set(feed.entries))
         raise Unmatched(f"the feed does not feed {', '.join(f'`{m}`' for m in missing)} (or feeds other things)")
     fed = sorted(feed.entries.values())
-    if fed != sorted(arrays):
+    if fed != sorted(found.arrays):
         raise Unmatched(
             f"the towers are fed from {', '.join(f'`{a}`' for a in fed)}, not from each array of the batch "
-            f"`{code(batch)}` once"
+            f"`{code(found.batch)}` once"
         )
+    found.tower_count, found.reader, found.feed_name = tower_loop_count, reader, feed_name
+    found.removed_lines, found.kept_before = removed_lines, kept_before
+    found.feed_code = [*feed.code, feed_argument]
+
+
+def _check_feed_only_names(asked: _Request, found: _Found) -> None:
+    """Check that the lists, arrays, feed and pieces serve the feed only, and that what stays is not read later."""
     # The arrays, the feed and its pieces are read by the feed-building code only: nothing else
     # may see a batch that now never reaches Python. The lists go: only that code may read them.
-    feed_code = [*feed.code, feed_argument]
-    for name in lists:
-        if sum(len(_references(node, name)) for node in feed_code) != sum(1 for r in readers if r.value == name):
+    owner, arrays, feed_code, order = asked.owner, found.arrays, found.feed_code, found.order
+    for name in asked.lists:
+        if sum(len(_references(node, name)) for node in feed_code) != sum(1 for r in found.readers if r.value == name):
             raise Unmatched(f"the session loop reads `{name}` other than to build the feed")
-    for name in [*arrays, *([feed_name] if feed_name else []), *reader.pieces]:
+    for name in [*arrays, *([found.feed_name] if found.feed_name else []), *found.reader.pieces]:
         inside = sum(len(_references(node, name)) for node in feed_code)
         bound = 1 if name in arrays else 0
         if len(_references(owner, name)) != inside + bound:
             raise Unmatched(f"`{name}` is used other than to feed the towers")
     # Statements kept before the step run once more at the end: what they set must not be used after the loop.
-    end = max(order[id(n)] for n in walk(session_loop))
-    for name in {n for s in kept_before for n, _ in _bound_names(s)} | ({counter} if counter else set()):
+    end = max(order[id(n)] for n in walk(found.session_loop))
+    counter = found.counter
+    for name in {n for s in found.kept_before for n, _ in _bound_names(s)} | ({counter} if counter else set()):
         if any(order[id(r)] > end for r in _references(owner, name)):
             raise Unmatched(f"`{name}` is read after the session loop, where it would have changed")
 
-    # --- the slice size: `per = <batch> // <tower count>`, so the slices cut the whole batch
+
+def _find_slice_statements(asked: _Request, found: _Found) -> None:
+    """Check the slice sizes `per = <batch> // <tower count>` and find the statements only the feed used."""
     removable = []
-    for per in feed.per:
-        removable += _check_per(per, owner, module, tower_loop_count, set(lists), order, session_loop)
+    for per in found.reader.feed.per:
+        removable += _check_per(per, asked.owner, asked.module, found.tower_count, set(asked.lists), found.order,
+                                found.session_loop)
     per_statements = []
     for name, statement in removable:
-        inside = sum(len(_references(node, name)) for node in feed_code)
-        if len(_references(module, name)) == inside + 1 and statement not in per_statements:
+        inside = sum(len(_references(node, name)) for node in found.feed_code)
+        if len(_references(asked.module, name)) == inside + 1 and statement not in per_statements:
             per_statements.append(statement)  # only the feed used it
+    found.per_statements = per_statements
 
-    # --- the source: evaluated when the iterator is initialised, right after the variables
+
+def _check_source(asked: _Request, found: _Found) -> None:
+    """Check the batch source, evaluated when the iterator is initialised, right after the variables."""
+    owner, source, start, counter, order = asked.owner, found.source, found.start, found.counter, found.order
     owner_bindings = _bound_names(owner)
     for name in names_used(source) | (names_used(start) if start is not None else set()):
         for bound, node in owner_bindings:
-            if bound == name and order.get(id(node), -1) >= order[id(loop)]:
+            if bound == name and order.get(id(node), -1) >= order[id(asked.loop)]:
                 raise Unmatched(f"the batch source reads `{name}`, which is set after the tower loop")
     if isinstance(source, cst.Name) and len(_references(owner, source.value)) != 1 + sum(
             1 for bound, _ in owner_bindings if bound == source.value):
         raise Unmatched(f"the batch source `{source.value}` is used elsewhere")
-    itertools_name = None
-    if counter is not None and any(_references(s, counter) for s in body):
-        bound_to = imports.bindings.get("itertools")
-        if bound_to not in (None, "itertools") or (bound_to is None and _references(module, "itertools")):
+    if counter is not None and any(_references(s, counter) for s in found.body):
+        bound_to = asked.imports.bindings.get("itertools")
+        if bound_to not in (None, "itertools") or (bound_to is None and _references(asked.module, "itertools")):
             raise Unmatched("the name `itertools` is taken")
-        itertools_name = "itertools"
+        found.itertools_name = "itertools"
 
-    # --- the new code --------------------------------------------------------------------
-    by_array = {array: lists[holder_list] for holder_list, array in feed.entries.items()}
-    ordered = [by_array[a] for a in arrays]
+
+def _new_session(asked: _Request, found: _Found) -> _Session:
+    """Build the new code: the dataset, its iterator, and the session loop reading it."""
+    tf, fresh, batch = asked.tf, asked.fresh, found.batch
+    by_array = {array: asked.lists[holder_list] for holder_list, array in found.reader.feed.entries.items()}
+    ordered = [by_array[a] for a in found.arrays]
     spec = tf("tensorflow.TensorSpec")
     specs = [f"{spec}({code(h.shape)}, {code(h.dtype)})" for h in ordered]
-    generator = _generator(source, batch, arrays, module)
+    generator = _generator(found.source, batch, found.arrays, asked.module)
     dataset = fresh("dataset", "feed_dataset", "batch_dataset")
     iterator = fresh("inputs", "input_iterator", "replica_inputs")
     parameter = fresh("batch", "replica_batch")
@@ -782,15 +884,28 @@ def _session_input(
         cst.EmptyLine(comment=cst.Comment(
             "# The session loop's batches: the strategy gives each replica its contiguous part,"
         )),
-        cst.EmptyLine(comment=cst.Comment(fed_comment)),
+        cst.EmptyLine(comment=cst.Comment(asked.fed_comment)),
     ])
     iterator_statement = cst.parse_statement(
         f"{iterator} = {tf('tensorflow.compat.v1.data.make_initializable_iterator')}(\n"
-        f"    {strategy}.experimental_distribute_dataset({dataset}))\n"
+        f"    {asked.strategy}.experimental_distribute_dataset({dataset}))\n"
+    )
+    region: dict[int, object] = {id(found.session_loop): _new_session_loop(asked, found)}
+    region.update({id(s): cst.RemovalSentinel.REMOVE for s in found.per_statements})
+    return _Session(
+        ordered=ordered, batch=batch, parameter=parameter, get_next=f"{iterator}.get_next()",
+        dataset_statement=dataset_statement, iterator_statement=iterator_statement, initializer=found.initializer,
+        initialize=cst.parse_statement(f"{found.session}.run({iterator}.initializer)\n"),
+        session_loop=found.session_loop, region=region,
+        imports=(ImportItem("itertools"),) if found.itertools_name else (),
+        remove_imports=tuple(_numpy_imports(found.reader.splits, asked.imports)),
     )
 
-    # The session loop: the step reads the iterator until it runs out.
-    out_of_range = tf("tensorflow.errors.OutOfRangeError")
+
+def _new_session_loop(asked: _Request, found: _Found) -> cst.BaseStatement:
+    """Build the new session loop: the step reads the iterator until it runs out."""
+    session_loop, body, at, run = found.session_loop, found.body, found.at, found.run
+    out_of_range = asked.tf("tensorflow.errors.OutOfRangeError")
     step = body[at].visit(_Replace({id(run): _without_feed(run)}))
     guarded = cst.parse_statement(f"while True:\n    try:\n        pass\n    except {out_of_range}:\n        break\n")
     guarded = guarded.body.body[0]
@@ -798,24 +913,14 @@ def _session_input(
         body=guarded.body.with_changes(body=[step.with_changes(leading_lines=())]),
         leading_lines=step.leading_lines,
     )
-    removed_ids = {id(s) for s in removed_lines}
+    removed_ids = {id(s) for s in found.removed_lines}
     new_body = [guarded if k == at else s for k, s in enumerate(body) if id(s) not in removed_ids]
     block = session_loop.body.with_changes(body=new_body)
-    if itertools_name is not None:
-        count = f"{itertools_name}.count({code(start) if start is not None else ''})"
-        new_loop = session_loop.with_changes(target=cst.Name(counter), iter=cst.parse_expression(count), body=block)
-    else:
-        new_loop = cst.While(test=cst.Name("True"), body=block, leading_lines=session_loop.leading_lines)
-
-    region: dict[int, object] = {id(session_loop): new_loop}
-    region.update({id(s): cst.RemovalSentinel.REMOVE for s in per_statements})
-    return _Session(
-        ordered=ordered, batch=batch, parameter=parameter, get_next=f"{iterator}.get_next()",
-        dataset_statement=dataset_statement, iterator_statement=iterator_statement, initializer=initializer,
-        initialize=cst.parse_statement(f"{session}.run({iterator}.initializer)\n"), session_loop=session_loop,
-        region=region, imports=(ImportItem("itertools"),) if itertools_name else (),
-        remove_imports=tuple(_numpy_imports(reader.splits, imports)),
-    )
+    if found.itertools_name is not None:
+        start, counter = found.start, found.counter
+        count = f"{found.itertools_name}.count({code(start) if start is not None else ''})"
+        return session_loop.with_changes(target=cst.Name(counter), iter=cst.parse_expression(count), body=block)
+    return cst.While(test=cst.Name("True"), body=block, leading_lines=session_loop.leading_lines)
 
 
 # --- placeholders made before the loop, cut with tf.split ---------------------------------
