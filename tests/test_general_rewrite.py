@@ -29,6 +29,7 @@ REWRITTEN = [
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
+    "general_device_setter_split",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -488,6 +489,20 @@ def test_an_imported_device_function_of_the_gpu_number_gives_gpu_names():
                 .replace("import tensorflow as tf\n", "import tensorflow as tf\n    from gpu_utils import assign_to_gpu\n"))
     # `assign_to_gpu(i, ...)` takes the GPU's number: the strategy needs device names.
     assert "MirroredStrategy(devices=['/gpu:%d' % k for k in range(num_gpus)])" in out
+
+
+@pytest.mark.parametrize("setter, devices", [
+    # The ops' device is the worker's; the parameter server only holds the variables.
+    ("tf.train.replica_device_setter(ps_tasks=1, ps_device='/cpu:0', worker_device='/gpu:%d' % i)",
+     "['/gpu:%d' % i for i in range(num_gpus)]"),
+    ("assign_to_device('/gpu:{}'.format(i), ps_device='/cpu:0')", "['/gpu:{}'.format(i) for i in range(num_gpus)]"),
+    ("self.device_for(i)", "['/gpu:%d' % k for k in range(num_gpus)]"),
+])
+def test_a_device_function_bound_in_the_body_gives_its_ops_device_and_goes_with_the_scope(setter, devices):
+    out = fixed(GRADIENTS.replace(
+        "with tf.device('/gpu:%d' % i):", f"setter = {setter}\n                with tf.device(setter):"))
+    assert f"MirroredStrategy(devices={devices})" in out
+    assert "setter" not in out  # read only by the dropped device scope
 
 
 def test_environment_settings_stay_above_the_strategy():

@@ -77,6 +77,23 @@ def _device_text(node: cst.CSTNode, imports: ImportTable) -> str:
     return " ".join(string_parts(node)).lower()
 
 
+def ops_device(node: cst.CSTNode, imports: ImportTable) -> cst.BaseExpression | None:
+    """For a device function (`assign_to_device(d, ps_device='/cpu:0')`,
+    `replica_device_setter(ps_tasks=1, ps_device='/cpu:0', worker_device=d)`), the expression
+    naming where its ops go: the ``worker_device=`` argument, else the first positional one.
+    None for anything else (a device string, `'/gpu:{}'.format(i)`, a DeviceSpec) and for a
+    device function that names no device for its ops."""
+    if not isinstance(node, cst.Call) or is_device_spec(node, imports) or _is_string_format(node):
+        return None
+    for argument in node.args:
+        if argument.keyword is not None and argument.keyword.value == "worker_device":
+            return argument.value
+    if imports.resolve(node.func) == "tensorflow.train.replica_device_setter":
+        return None  # its positional arguments are the parameter servers'
+    positional = [a.value for a in node.args if a.keyword is None and not a.star]
+    return positional[0] if positional else None
+
+
 def _is_string_format(node: cst.Call) -> bool:
     """`'/gpu:{}'.format(i)`: a device string, not a device function."""
     return (

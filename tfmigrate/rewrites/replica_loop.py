@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg
+from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg, ops_device
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, find, module_parents, names_used, single_small, walk,
@@ -1009,10 +1009,27 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) ->
     tower_scopes = {code(item.asname.name) for with_node in find(loop.body, cst.With) for item in with_node.items
                     if item.asname is not None and isinstance(item.item, cst.Call)
                     and (rule.imports.resolve(item.item.func) or "").endswith("name_scope")}
+    in_body.update({id(s): cst.RemovalSentinel.REMOVE for s in _device_bindings(tower, loop)})
     body = loop.body.visit(_ReplicaBody(scopes, in_body, rule.imports, tower_scopes))
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf)
     return [*prelude, *statements]
+
+
+def _device_bindings(tower, loop: cst.For) -> list[cst.BaseStatement]:
+    """`setter = tf.train.replica_device_setter(...)` in the body, read only by the device scope
+    the replica function drops: it goes with the scope."""
+    found = []
+    for scope in tower.scopes:
+        if not isinstance(scope.device, cst.Name):
+            continue
+        name = scope.device.value
+        binding = [s for s in loop.body.body if isinstance(single_small(s), cst.Assign)
+                   and code(single_small(s).targets[0].target) == name and len(single_small(s).targets) == 1]
+        reads = sum(1 for node in walk(loop.body) if type(node) is cst.Name and node.value == name)
+        if len(binding) == 1 and reads == 2 and binding[0] not in found:
+            found.append(binding[0])
+    return found
 
 
 def _loop_variables(rule, loop: cst.For, statements, tf: TfNames) -> list[cst.BaseStatement]:
@@ -1163,13 +1180,16 @@ def _devices(rule, tower) -> str:
     loop, imports = tower.loop, rule.imports
     if not tower.scopes:
         raise Refused("cannot tell the towers' devices")
-    device = tower.scopes[0].device
-    if isinstance(device, cst.Call) and isinstance(device.func, cst.Name) and device.args:
-        device = device.args[0].value  # a device function: `assign_to_device('/gpu:%d' % i, ...)`
+    device = _body_value(loop, tower.scopes[0].device)  # `setter = ...; with tf.device(setter):`
+    if isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
+        device = cst.parse_expression(f"{code(device)}.to_string()")
+    elif isinstance(device, cst.Call):
+        # A device function: `assign_to_device('/gpu:%d' % i, ...)`, `replica_device_setter(worker_device=...)`.
+        device = ops_device(device, imports)
+        if device is None:
+            raise Refused(f"cannot tell the towers' devices from `{code(tower.scopes[0].device)}`")
         if _is_range_index(loop, device):  # `assign_to_gpu(i, ps_device)`: the GPU's number, not its name
             return devices_argument(loop)
-    elif isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
-        device = cst.parse_expression(f"{code(device)}.to_string()")
     targets = names_used(loop.target)
     device = _body_value(loop, device)
     body_bound = set().union(*(_bound_names(s) for s in loop.body.body))
