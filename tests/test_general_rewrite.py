@@ -10,6 +10,7 @@ rewrite cannot keep must be refused, and say why.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,7 @@ REWRITTEN = [
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
-    "general_device_setter_split",
+    "general_device_setter_split", "general_tower_class",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -43,7 +44,6 @@ REWRITTEN = [
 NOISY = {"general_tf_gradients_zip": 1e-3, "general_gradvars_dict": 1e-2}
 REFUSED = {
     "general_east_bn_updates": "regularization losses",
-    "general_tower_class": "global step `self.global_step` is made outside",
 }
 
 
@@ -688,10 +688,89 @@ class Trainer(object):
 
 
 @pytest.mark.parametrize("tower_input", ["keep", "dataset"])
-def test_a_refusal_about_training_state_is_not_taken_over_by_the_textbook_rewrite(tower_input):
-    """The global step is made in `__init__`, outside any scope `build` could open: the general
-    rewrite refuses, and the strategy.run rewrite must not step in (it did, and also dropped
-    `self.train_op` for a local `train_op`)."""
-    (finding,) = [f for f in run_check(TRAINER_CLASS, tower_input=tower_input) if f.code == "TFM101"]
+def test_a_global_step_made_outside_the_scope_is_counted_once_after_the_replicas_update(tower_input):
+    """The global step is made in `__init__`, outside any scope `build` could open: it is not a
+    mirrored variable, so the replicas apply without it and it is incremented once after them.
+    The strategy.run rewrite must not step in with `tower-input = "dataset"` (it once did, and
+    dropped `self.train_op` for a local `train_op`)."""
+    out = unsafe_fix(TRAINER_CLASS, tower_input=tower_input)
+    build = out.split("def build(self):", 1)[1]
+    assert "self.train_op = self.opt.apply_gradients(grads_share)\n" in build
+    assert ("strategy.extended.call_for_each_replica(tower_fn)\n\n"
+            "            # `self.global_step` is made outside the strategy's scope (not a mirrored\n"
+            "            # variable): it counts the step once, after the replicas' update.\n"
+            "            with tf.control_dependencies([self.train_op]):\n"
+            "                self.train_op = self.global_step.assign_add(1).op\n") in build
+    assert "global_step=" not in build and "strategy.run(" not in out
+
+
+def test_a_global_step_outside_the_scope_with_no_handle_on_the_update_is_refused():
+    source = TRAINER_CLASS.replace("self.train_op = self.opt.apply_gradients(", "self.opt.apply_gradients(")
+    (finding,) = tower_findings(source)
     assert not finding.fixable
     assert "the global step `self.global_step` is made outside" in finding.refusal, finding.refusal
+
+
+GLOBAL_STEP_PROGRAM = """\
+import numpy as np
+import tensorflow as tf
+
+
+class Trainer(object):
+    def __init__(self, num_gpus):
+        self.num_gpus = num_gpus
+        self.global_step = tf.train.get_or_create_global_step()
+        self.opt = tf.train.GradientDescentOptimizer(0.1)
+        self.x = tf.placeholder(tf.float32, [4, 3])
+        self.build()
+
+    def build(self):
+        xs = tf.split(self.x, self.num_gpus)
+        tower_grads = []
+        for i in range(self.num_gpus):
+            with tf.device('/gpu:%d' % i), tf.variable_scope('model', reuse=i > 0):
+                w = tf.get_variable('w', [3, 1], initializer=tf.ones_initializer())
+                loss = tf.reduce_mean(tf.square(tf.matmul(xs[i], w) - 1.0))
+                tower_grads.append(self.opt.compute_gradients(loss))
+        grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        self.train_op = self.opt.apply_gradients(grads, global_step=self.global_step)
+        self.w = w
+
+
+trainer = Trainer(2)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    batch = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    for _ in range(3):
+        sess.run(trainer.train_op, feed_dict={trainer.x: batch})
+    print(sess.run(trainer.global_step), repr(sess.run(trainer.w).ravel().tolist()))
+"""
+
+_TWO_CPUS = """\
+import tensorflow
+tensorflow.compat.v1.disable_eager_execution()
+_cpu = tensorflow.config.list_physical_devices('CPU')[0]
+tensorflow.config.set_logical_device_configuration(_cpu, [tensorflow.config.LogicalDeviceConfiguration()] * 2)
+tf = tensorflow.compat.v1
+"""
+
+
+@pytest.mark.tensorflow
+def test_the_global_step_counted_after_the_update_counts_each_step_once_and_trains_the_same(tmp_path):
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    legacy = _TWO_CPUS + GLOBAL_STEP_PROGRAM.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+    fixed_text = unsafe_fix(GLOBAL_STEP_PROGRAM)
+    assert ".assign_add(1).op" in fixed_text
+    # Both programs on the two logical CPUs: the towers, and the strategy's replicas.
+    migrated = _TWO_CPUS + fixed_text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+    outputs = []
+    for name, text in (("legacy.py", legacy), ("migrated.py", migrated)):
+        (tmp_path / name).write_text(text)
+        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(result.stdout.strip().splitlines()[-1])
+    legacy_out, migrated_out = outputs
+    assert legacy_out.startswith("3 ") and migrated_out.startswith("3 ")
+    legacy_w, migrated_w = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    assert np.allclose(legacy_w, migrated_w, rtol=1e-6) and not np.allclose(legacy_w, 1.0)

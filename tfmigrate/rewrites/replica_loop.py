@@ -102,6 +102,7 @@ class _Update:
     helper: str | None = None  # the averaging helper, if its call went
     note: str = ""
     wrapped: list = field(default_factory=list)  # statements after the loop whose optimizer call each replica runs
+    after_run: list = field(default_factory=list)  # statements right after the strategy runs the replica function
 
 
 def plan(rule, tower) -> Edit:
@@ -123,6 +124,8 @@ def plan(rule, tower) -> Edit:
         update = _caller_update(rule, region, caller, strategy, tf)
     scope_region = caller or region
     if update.statements or update.wrapped:
+        if caller is None:
+            _increment_global_step_once(rule, scope_region, update, tf)
         _check_training_state(rule, scope_region, update)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
     region_changes = {id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes}
@@ -162,7 +165,7 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     function = _replica_function(region, step, body, shared)
     call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
-    replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank)]
+    replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank), *update.after_run]
     if unbound:
         replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
     replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
@@ -838,16 +841,43 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
     blocker = rule.context.memo("replica_loop.regularization", lambda: _regularization_blocker(rule))
     if blocker:
         raise StateRefused(blocker)
+    for _, arg in _global_steps_outside(rule, region, [*update.statements, *update.wrapped]):
+        raise StateRefused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
+                           "would cover, so it would not be a mirrored variable the replicas can update")
+
+
+def _global_steps_outside(rule, region: _Region, statements) -> list[tuple[cst.BaseStatement, cst.Arg]]:
+    """The `global_step=` arguments of ``statements`` that name a step made outside what the
+    strategy scope covers (in `__init__`, at module level): a plain variable, not a mirrored one."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     in_loop = {id(s) for s in _statements(region.loop)}
     made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
                                 for s in _statements(owner) if id(s) not in in_loop))
-    for statement in [*update.statements, *update.wrapped]:
-        for arg in find(statement, cst.Arg):
-            if (arg.keyword is not None and arg.keyword.value == "global_step"
-                    and code(arg.value) not in made_inside | {"None"}):
-                raise StateRefused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
-                              "would cover, so it would not be a mirrored variable the replicas can update")
+    return [(statement, arg) for statement in statements for arg in find(statement, cst.Arg)
+            if arg.keyword is not None and arg.keyword.value == "global_step"
+            and code(arg.value) not in made_inside | {"None"}]
+
+
+def _increment_global_step_once(rule, region: _Region, update: _Update, tf: TfNames) -> None:
+    """A moved `train_op = opt.apply_gradients(..., global_step=step)` whose step is made outside
+    the scope: the replicas update without it, and once they have, the step is incremented once
+    in its place (the replicas cannot update a variable that is not mirrored; checked on TF 2.21)."""
+    for statement, arg in _global_steps_outside(rule, region, update.statements):
+        small = single_small(statement)
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+            continue  # no handle on the update to order the increment after: refused
+        call = next(c for c in find(statement, cst.Call) if any(a is arg for a in c.args))
+        args = [a for a in call.args if a is not arg]
+        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        update.statements[update.statements.index(statement)] = statement.visit(
+            ReplaceById({id(call): call.with_changes(args=args)}))
+        target, step = code(small.targets[0].target), code(arg.value)
+        increment = cst.parse_statement(
+            f"with {tf('tensorflow.control_dependencies')}([{target}]):\n    {target} = {step}.assign_add(1).op\n")
+        update.after_run.append(increment.with_changes(leading_lines=[
+            cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(f"# `{step}` is made outside the strategy's scope (not a mirrored")),
+            cst.EmptyLine(comment=cst.Comment("# variable): it counts the step once, after the replicas' update.")),
+        ]))
 
 
 # Layer arguments whose regularization loss is a tensor on the weights of the first tower that
