@@ -254,6 +254,34 @@ def _is_zero(node) -> bool:
 
 
 # --- the inline form --------------------------------------------------------------------------
+@dataclass
+class _Inline:
+    """The inline form's pieces, found once and shared by the steps of :func:`plan_inline`."""
+
+    rule: object
+    tower: object
+    parents: dict
+    loop: cst.For
+    block: cst.CSTNode  # the block holding the tower loop and the join
+    body: list  # its statements
+    statement: cst.SimpleStatementLine  # `loss = tf.concat(outputs, axis=0)`
+    result: str  # `loss`
+    at: int  # where the tower loop is in ``body``
+    joined_at: int  # where the join is
+    collect: cst.SimpleStatementLine  # `outputs.append(tower_output)`
+    init: cst.SimpleStatementLine  # `outputs = []`
+
+
+@dataclass
+class _TowerLoop:
+    """What the tower loop gives the replica function: its index, its device variables, its count."""
+
+    index: str  # `i`
+    others: set  # the other loop variables (`d` in `for i, d in enumerate(DEVICES)`)
+    count: str  # how many towers, as the split count must spell it
+    local: set  # the names the loop binds
+
+
 def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
     """The MirroredStrategy rewrite of an inline split / tower loop / concat and the training
     step after it, as an Edit, or Refused with the reason.
@@ -262,15 +290,45 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
     outputs (both as the rule found them).
     """
     context, imports = rule.context, rule.imports
-    module, loop = context.module, tower.loop
     parents = module_parents(context)
+    _check_one_tower_loop(context, tower)
+    inline = _inline_join(rule, tower, parents, join)
+    towers = _inline_loop(inline)
+    new_splits = _inline_splits(inline, splits, towers.count)
+    first_split = min(new_splits, key=inline.body.index)
+    devices = devices_argument(inline.loop)
+    step = _training_step(inline.block, inline.statement, inline.result, imports, "the `tf.concat`")
+    output, assign = _replica_output(inline, towers.local)
+
+    # --- the rewrite ------------------------------------------------------------------
+    rewrite = _Rewrite(rule, step, inline.result, output=output, step_names=("replica_step", "tower_step"))
+    _split_by_replicas(new_splits, rewrite.replicas)
+    function = _replica_function(inline, towers, rewrite, assign)
+    # Comments above the list, the loop and the join stay with the replica function.
+    lines = [*inline.init.leading_lines, *comment_lines(inline.loop), *comment_lines(inline.statement)]
+    region = {inline.init: cst.RemovalSentinel.REMOVE, inline.loop: cst.RemovalSentinel.REMOVE,
+              step.statement: cst.RemovalSentinel.REMOVE, **new_splits}
+    changes = rewrite.place(inline.statement, region, lines, function, devices, first=first_split,
+                            join=rule.call_name(join))
+    _drop_device_helpers(tower, context.module, changes)
+    return Edit(
+        changes, "rewrite the split, the tower loop and the concat with tf.distribute.MirroredStrategy",
+        add_imports=rewrite.tf.imports, safety=FixSafety.UNSAFE,
+    )
+
+
+def _check_one_tower_loop(context, tower) -> None:
+    """The towers must be built by one loop, with their device scopes in it."""
     if tower.via:
         names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
         raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
-    if len(tower_group(context, loop)) > 1:
+    if len(tower_group(context, tower.loop)) > 1:
         raise Refused("the towers are built across several loops; merge them into one loop first")
 
-    # --- the join: `loss = tf.concat(outputs, axis=0)` after the loop, in its block ----------
+
+def _inline_join(rule, tower, parents, join: cst.Call) -> _Inline:
+    """The join: `loss = tf.concat(outputs, axis=0)` after the loop, in its block, of `outputs = []`."""
+    imports, loop = rule.imports, tower.loop
     block = parents[id(loop)]
     statement = parents[id(join)]
     while not isinstance(statement, cst.BaseStatement):
@@ -291,22 +349,30 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
     uses = sum(references(s, outputs) for s in body if not isinstance(s, (cst.FunctionDef, cst.ClassDef)))
     if uses != 3:
         raise Refused(f"`{outputs}` is used other than to collect the towers' outputs and join them once")
+    return _Inline(rule, tower, parents, loop, block, body, statement, result, at, joined_at, collect, init)
 
-    # --- the loop ----------------------------------------------------------------------
+
+def _inline_loop(inline: _Inline) -> _TowerLoop:
+    """Check that the tower loop's body can become the replica function; its index and count."""
+    loop, body, at = inline.loop, inline.body, inline.at
     index, others = loop_index(loop)
     if not index:
         raise Refused(f"the tower loop `for {code(loop.target)} in ...` has no index to pick each replica's slice")
     count = _loop_count(loop)
-    _check_loop_body(loop, tower.owner, parents, index)
-    _check_leaks(loop, body[at + 1:], statement)
+    _check_loop_body(loop, inline.tower.owner, inline.parents, index)
+    _check_leaks(loop, body[at + 1:], inline.statement)
     # What the towers read from outside the loop must still hold when strategy.run runs them.
-    between = set().union(set(), *(_bound(s) for s in body[at + 1:joined_at]))
+    between = set().union(set(), *(_bound(s) for s in body[at + 1:inline.joined_at]))
     local = set().union(names_used(loop.target), *(_bound(s) for s in loop.body.body))
     clash = between & (names_used(loop.body) - local)
     if clash:
         raise Refused(f"{_names(clash)} is set between the tower loop and the `tf.concat`")
+    return _TowerLoop(index, others, count, local)
 
-    # --- the splits: `x_parts = tf.split(x, N)` before the loop ------------------------------
+
+def _inline_splits(inline: _Inline, splits: list[cst.Call], count: str) -> dict[cst.CSTNode, cst.CSTNode]:
+    """The splits: `x_parts = tf.split(x, N)` before the loop; each statement with its checked call."""
+    rule, parents, loop = inline.rule, inline.parents, inline.loop
     new_splits: dict[cst.CSTNode, cst.CSTNode] = {}
     for call in splits:
         if any(node is call for node in walk(loop)):
@@ -319,57 +385,58 @@ def plan_inline(rule, tower, splits: list[cst.Call], join: cst.Call) -> Edit:
         if pieces is not None and pieces in names_used(loop.iter):
             raise Refused(f"the tower loop runs over the pieces of `{pieces}` itself: loop over `range(n)` "
                           f"and read `{pieces}[i]` in the body")
-        new_splits[split_statement] = _recount(call, split_statement, count, imports, rule)
-        if parents[id(split_statement)] is not block or body.index(split_statement) > at:
+        new_splits[split_statement] = _recount(call, split_statement, count, rule.imports, rule)
+        if parents[id(split_statement)] is not inline.block or inline.body.index(split_statement) > inline.at:
             raise Refused("the batch is not cut in the same block as the tower loop, before it")
-    first_split = min(new_splits, key=body.index)
-    devices = devices_argument(loop)
+    return new_splits
 
-    # --- the training step after the join ------------------------------------------------
-    step = _training_step(block, statement, result, imports, "the `tf.concat`")
-    appended = collect.body[0].value.args[0].value
+
+def _replica_output(inline: _Inline, local: set) -> tuple[str, list[cst.BaseStatement]]:
+    """The name the replica function returns, and the assignment that binds it if one is needed."""
+    loop, result = inline.loop, inline.result
+    appended = inline.collect.body[0].value.args[0].value
     if isinstance(appended, cst.Name) and appended.value in local:
         output, assign = appended.value, []
     else:
         output = result if result not in names_used(loop) else _fresh(
             lambda n: n in names_used(loop), f"replica_{result}", "replica_output")
         assign = [cst.parse_statement(f"{output} = {code(appended)}\n")]
+    return output, assign
 
-    # --- the rewrite ------------------------------------------------------------------
-    rewrite = _Rewrite(rule, step, result, output=output, step_names=("replica_step", "tower_step"))
+
+def _split_by_replicas(new_splits: dict, replicas: str) -> None:
+    """Each split statement now cuts the batch into ``replicas`` pieces (in place)."""
     for split_statement, new_call in list(new_splits.items()):
         new_call = new_call.with_changes(args=[
-            new_call.args[0], new_call.args[1].with_changes(value=cst.parse_expression(rewrite.replicas)),
+            new_call.args[0], new_call.args[1].with_changes(value=cst.parse_expression(replicas)),
             *new_call.args[2:],
         ])
         new_splits[split_statement] = split_statement.visit(ReplaceById({id(only_call(split_statement)): new_call}))
-    depth = _depth(statement, parents) + 1
+
+
+def _replica_function(inline: _Inline, towers: _TowerLoop, rewrite, assign: list) -> cst.FunctionDef:
+    """The loop body as the replica function, `outputs.append(x)` replaced by the training step."""
+    collect, index = inline.collect, towers.index
+    depth = _depth(inline.statement, inline.parents) + 1
     tail = [*assign, *rewrite.training_tail(depth)]
     tail[0] = tail[0].with_changes(leading_lines=[*comment_lines(collect), *tail[0].leading_lines])
-    statements = list(loop.body.visit(_TowerBody(imports, index, collect, tail)).body)
+    statements = list(inline.loop.body.visit(_TowerBody(inline.rule.imports, index, collect, tail)).body)
     used = set().union(*(names_used(s) for s in statements))
-    if others & used:
-        raise Refused(f"the tower code uses the loop's device variable {_names(others & used)}")
-    function = rewrite.function(
+    if towers.others & used:
+        raise Refused(f"the tower code uses the loop's device variable {_names(towers.others & used)}")
+    return rewrite.function(
         statements, index if index in used else None,
         "# MirroredStrategy runs this once per replica; the replica index replaces the loop variable.",
     )
-    # Comments above the list, the loop and the join stay with the replica function.
-    lines = [*init.leading_lines, *comment_lines(loop), *comment_lines(statement)]
-    region = {init: cst.RemovalSentinel.REMOVE, loop: cst.RemovalSentinel.REMOVE,
-              step.statement: cst.RemovalSentinel.REMOVE, **new_splits}
-    changes = rewrite.place(statement, region, lines, function, devices, first=first_split,
-                            join=rule.call_name(join))
-    # Device helpers only the tower loop called (`assign_to_device(...)`) go with it.
+
+
+def _drop_device_helpers(tower, module: cst.Module, changes: dict) -> None:
+    """Device helpers only the tower loop called (`assign_to_device(...)`) go with it."""
     removed = [scope.device for scope in tower.scopes]
     for name, definition in device_helpers(tower, module):
         inside = sum(references(node, name) for node in removed)
         if definition is not None and references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
-    return Edit(
-        changes, "rewrite the split, the tower loop and the concat with tf.distribute.MirroredStrategy",
-        add_imports=rewrite.tf.imports, safety=FixSafety.UNSAFE,
-    )
 
 
 def _collection(loop: cst.For, outputs: str) -> cst.SimpleStatementLine:

@@ -202,6 +202,124 @@ class Blocked(Exception):
     """The pipeline does not have a shape the rewrite handles; the text says why."""
 
 
+@dataclass
+class _Batch:
+    """One batching call and its statement: what the steps of ``_Planner._pipeline`` share."""
+
+    call: cst.Call
+    qualified: str
+    params: tuple[str, ...]
+    smaller: cst.BaseExpression | None  # `allow_smaller_final_batch`
+    body: tuple[cst.BaseStatement, ...]  # the block the call is in
+    index: int  # the position of its statement in ``body``
+    statement: cst.BaseStatement
+    outputs: cst.BaseExpression | None  # the assignment target; None for `return`
+    tensors: cst.BaseExpression | None  # the batched tensors, as passed
+    returned: list[str]  # their names
+    as_tuple: bool  # batched as a list (`[image, label]`) rather than one name
+
+
+@dataclass
+class _ProducerArgs:
+    """What the producer call asks for: its target and input, the epochs, the shuffling."""
+
+    target: cst.BaseExpression
+    source: cst.BaseExpression
+    repeat: str  # `.repeat()` or `.repeat(E)`
+    shuffle: bool
+    seed_text: str  # `, seed=S` or ""
+    int64: str  # how `tf.int64` is spelled here
+
+
+@dataclass
+class _Read:
+    """`key, value = reader.read(queue)`: where it is, the value's name and the reader."""
+
+    index: int
+    value_name: str
+    reader_call: cst.Call | None  # the reader built inline: `tf.TFRecordReader().read(queue)`
+    reader_name: str | None  # the reader by name: `reader.read(queue)`
+
+
+@dataclass
+class _Source:
+    """The dataset's source and its chain so far, and what the pipeline takes from the block."""
+
+    text: str  # `tf.data.TFRecordDataset(files)`, ...
+    params: list[str]  # what the `.map` function receives
+    chain: list[str]  # `.shuffle(...)`, `.repeat(...)`, ...
+    removed: list[cst.BaseStatement]  # the producer, the read, the reader
+    tainted: set[str]  # the names holding what was read
+    consumed: set[str]  # the queue and the reader: nothing else may use them
+
+
+def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], cst.BaseExpression | None]:
+    """Check that the batching call's arguments map onto tf.data; its parameters and `allow_smaller_final_batch`."""
+    short = qualified.rsplit(".", 1)[1]
+    if qualified not in BATCH_PARAMS:
+        raise Blocked(f"`{short}` has no one-to-one tf.data rewrite here (only `batch` and `shuffle_batch` are rewritten)")
+    params = BATCH_PARAMS[qualified]
+    if has_star_args(call) or unknown_keywords(call, params):
+        raise Blocked("the batching call passes arguments the rewrite cannot map")
+    for flag, why in (("enqueue_many", "`enqueue_many=True` (use `.unbatch()` before `.batch`)"),
+                      ("dynamic_pad", "`dynamic_pad=True` (use `.padded_batch`)")):
+        value = argument(call, params, flag)
+        if value is not None and not is_false(value):
+            raise Blocked(f"{why} is not rewritten automatically")
+    if argument(call, params, "shared_name") is not None:
+        raise Blocked("a shared batching queue (`shared_name=`) has no tf.data equivalent")
+    smaller = argument(call, params, "allow_smaller_final_batch")
+    if smaller is not None and not (is_true(smaller) or is_false(smaller)):
+        raise Blocked("`allow_smaller_final_batch` is not a literal True/False")
+    return params, smaller
+
+
+def _batched_names(tensors: cst.BaseExpression | None) -> tuple[list[str], bool]:
+    """The names of the batched tensors, and whether they are batched as a list (`[image, label]`)."""
+    if isinstance(tensors, (cst.List, cst.Tuple)) and all(isinstance(e.value, cst.Name) for e in tensors.elements) and tensors.elements:
+        return [e.value.value for e in tensors.elements], True  # type: ignore[attr-defined]
+    if isinstance(tensors, cst.Name):
+        return [tensors.value], False
+    raise Blocked("the batched tensors are not a list of names (`[image, label]`)")
+
+
+def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseStatement]:
+    """The statements between the producer and the batching call that work on what was read."""
+    body, tainted = batch.body, source.tainted
+    parse: list[cst.BaseStatement] = []
+    for index in range(p + 1, batch.index):
+        current = body[index]
+        if current in source.removed:
+            continue
+        used = _names_in(current)
+        if used & source.consumed:
+            raise Blocked("the input queue or reader is used by another statement")
+        if used & tainted:
+            if not isinstance(current, cst.SimpleStatementLine):
+                raise Blocked("a compound statement (if/for/with) between the read and the batching call")
+            parse.append(current)
+            tainted |= _assigned_names(current)
+    _check_pipeline_uses(batch, source.consumed, tainted)
+    return parse
+
+
+def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str]) -> None:
+    """The parsed tensors only feed the batch, and nothing of the pipeline is used after it."""
+    call, body, b = batch.call, batch.body, batch.index
+    if not set(batch.returned) <= parse_names:
+        raise Blocked("the batched tensors do not all come from the reader or producer")
+    if _names_in(call) & (parse_names - set(batch.returned)) or any(
+        _names_in(arg.value) & parse_names for arg in call.args if arg.value is not batch.tensors
+    ):
+        raise Blocked("the batching arguments depend on the parsed tensors")
+    later = set().union(*(_names_in(s) for s in body[b + 1:])) if b + 1 < len(body) else set()
+    if batch.outputs is not None:
+        rebound = set(_target_names(batch.outputs) or [])
+    else:
+        rebound = set()
+    if later & ((parse_names | consumed) - rebound):
+        raise Blocked("a tensor of the queue pipeline is used after the batching call")
+
 class _Planner:
     def __init__(self, rule: "Rule") -> None:
         self.rule = rule
@@ -284,23 +402,25 @@ class _Planner:
         return items
 
     def _pipeline(self, pipeline: Pipeline, qualified: str) -> None:
-        call = pipeline.batch_call
-        short = qualified.rsplit(".", 1)[1]
-        if qualified not in BATCH_PARAMS:
-            raise Blocked(f"`{short}` has no one-to-one tf.data rewrite here (only `batch` and `shuffle_batch` are rewritten)")
-        params = BATCH_PARAMS[qualified]
-        if has_star_args(call) or unknown_keywords(call, params):
-            raise Blocked("the batching call passes arguments the rewrite cannot map")
-        for flag, why in (("enqueue_many", "`enqueue_many=True` (use `.unbatch()` before `.batch`)"),
-                          ("dynamic_pad", "`dynamic_pad=True` (use `.padded_batch`)")):
-            value = argument(call, params, flag)
-            if value is not None and not is_false(value):
-                raise Blocked(f"{why} is not rewritten automatically")
-        if argument(call, params, "shared_name") is not None:
-            raise Blocked("a shared batching queue (`shared_name=`) has no tf.data equivalent")
-        smaller = argument(call, params, "allow_smaller_final_batch")
-        if smaller is not None and not (is_true(smaller) or is_false(smaller)):
-            raise Blocked("`allow_smaller_final_batch` is not a literal True/False")
+        """Plan the rewrite of one pipeline into ``pipeline``, or raise Blocked with the reason."""
+        batch = self._batch(pipeline.batch_call, qualified)
+        producer = self._producer(batch.body, batch.index)
+        if producer is None:
+            raise Blocked(
+                "the batched tensors are not produced in this function (no `string_input_producer` + reader or "
+                "`slice_input_producer` before it in the same block); build the tf.data pipeline by hand"
+            )
+        p, producer_call, producer_name = producer
+        pipeline.producer_call = producer_call
+        source = self._source(batch.body, p, batch.index, producer_call, producer_name)
+        parse = _parse_statements(batch, source, p)
+        new_statements = self._replacement(batch, source, parse)
+        pipeline.removed = list(source.removed) + parse
+        pipeline.replaced = {id(batch.statement): new_statements}
+
+    def _batch(self, call: cst.Call, qualified: str) -> _Batch:
+        """Check the batching call and its statement, and gather what the rewrite needs of them."""
+        params, smaller = _batch_arguments(call, qualified)
         if id(call) not in self.blocks.of_call:
             raise Blocked("the batching call is not in a statement block")
         body, b = self.blocks.of_call[id(call)]
@@ -314,63 +434,43 @@ class _Planner:
         else:
             raise Blocked("assign or return the batching call on a line of its own")
         tensors = argument(call, params, "tensors")
-        if isinstance(tensors, (cst.List, cst.Tuple)) and all(isinstance(e.value, cst.Name) for e in tensors.elements) and tensors.elements:
-            returned = [e.value.value for e in tensors.elements]  # type: ignore[attr-defined]
-            as_tuple = True
-        elif isinstance(tensors, cst.Name):
-            returned, as_tuple = [tensors.value], False
-        else:
-            raise Blocked("the batched tensors are not a list of names (`[image, label]`)")
+        returned, as_tuple = _batched_names(tensors)
+        return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors, returned, as_tuple)
 
-        producer = self._producer(body, b)
-        if producer is None:
-            raise Blocked(
-                "the batched tensors are not produced in this function (no `string_input_producer` + reader or "
-                "`slice_input_producer` before it in the same block); build the tf.data pipeline by hand"
-            )
-        p, producer_call, producer_name = producer
-        pipeline.producer_call = producer_call
-        source_text, params_of_map, chain, removed, tainted, consumed = self._source(body, p, b, producer_call, producer_name)
-
-        parse: list[cst.BaseStatement] = []
-        for index in range(p + 1, b):
-            current = body[index]
-            if current in removed:
-                continue
-            used = _names_in(current)
-            if used & consumed:
-                raise Blocked("the input queue or reader is used by another statement")
-            if used & tainted:
-                if not isinstance(current, cst.SimpleStatementLine):
-                    raise Blocked("a compound statement (if/for/with) between the read and the batching call")
-                parse.append(current)
-                tainted |= _assigned_names(current)
-        parse_names = tainted
-        if not set(returned) <= parse_names:
-            raise Blocked("the batched tensors do not all come from the reader or producer")
-        if _names_in(call) & (parse_names - set(returned)) or any(
-            _names_in(arg.value) & parse_names for arg in call.args if arg.value is not tensors
-        ):
-            raise Blocked("the batching arguments depend on the parsed tensors")
-        later = set().union(*(_names_in(s) for s in body[b + 1:])) if b + 1 < len(body) else set()
-        if outputs is not None:
-            rebound = set(_target_names(outputs) or [])
-        else:
-            rebound = set()
-        if later & ((parse_names | consumed) - rebound):
-            raise Blocked("a tensor of the queue pipeline is used after the batching call")
-
-        # -- build the replacement --
-        threads = argument(call, params, "num_threads")
+    def _replacement(self, batch: _Batch, source: _Source, parse: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """What replaces the batching statement: [the parse function,] the dataset and its next element."""
+        threads = argument(batch.call, batch.params, "num_threads")
         parse_fn = self._free("_parse")
         dataset = self._free("dataset")
-        needs_map = bool(parse) or returned != params_of_map or not as_tuple
+        needs_map = bool(parse) or batch.returned != source.params or not batch.as_tuple
         if needs_map:
             parallel = ""
             if threads is not None and not (isinstance(threads, cst.Integer) and threads.value == "1"):
                 parallel = f", num_parallel_calls={self.code(threads)}"
-            chain.append(f".map({parse_fn}{parallel})")
-        if qualified == SHUFFLE_BATCH:
+            source.chain.append(f".map({parse_fn}{parallel})")
+        self._batching_chain(batch, source.chain)
+        lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
+        new_statements: list[cst.BaseStatement] = []
+        if needs_map:
+            new_statements.append(self._parse_function(parse_fn, source.params, parse, batch.returned, batch.as_tuple))
+        dataset_statement = cst.parse_statement(f"{dataset} = (\n{lines}\n)\n")
+        if needs_map:
+            dataset_statement = dataset_statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+        iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
+        next_element = f"{iterator}({dataset}).get_next()"
+        if batch.outputs is not None:
+            consume = cst.parse_statement(f"{self.code(batch.outputs)} = {next_element}\n")
+        else:
+            consume = cst.parse_statement(f"return {next_element}\n")
+        consume = consume.with_changes(trailing_whitespace=batch.statement.trailing_whitespace)
+        new_statements += [dataset_statement, consume]
+        new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
+        return new_statements
+
+    def _batching_chain(self, batch: _Batch, chain: list[str]) -> None:
+        """Append the shuffle buffer, the batch and the prefetch to the dataset's ``chain``."""
+        call, params = batch.call, batch.params
+        if batch.qualified == SHUFFLE_BATCH:
             buffer = argument(call, params, "min_after_dequeue")
             if buffer is None:
                 raise Blocked("`shuffle_batch` without `min_after_dequeue`")
@@ -379,27 +479,9 @@ class _Planner:
         batch_size = argument(call, params, "batch_size")
         if batch_size is None:
             raise Blocked("no `batch_size`")
-        drop = "" if is_true(smaller) else ", drop_remainder=True"
+        drop = "" if is_true(batch.smaller) else ", drop_remainder=True"
         chain.append(f".batch({self.code(batch_size)}{drop})")
         chain.append(f".prefetch({self.ref('tensorflow.data.AUTOTUNE')})")
-        lines = "\n".join(f"    {piece}" for piece in [source_text, *chain])
-        new_statements: list[cst.BaseStatement] = []
-        if needs_map:
-            new_statements.append(self._parse_function(parse_fn, params_of_map, parse, returned, as_tuple))
-        dataset_statement = cst.parse_statement(f"{dataset} = (\n{lines}\n)\n")
-        if needs_map:
-            dataset_statement = dataset_statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
-        iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
-        next_element = f"{iterator}({dataset}).get_next()"
-        if outputs is not None:
-            consume = cst.parse_statement(f"{self.code(outputs)} = {next_element}\n")
-        else:
-            consume = cst.parse_statement(f"return {next_element}\n")
-        consume = consume.with_changes(trailing_whitespace=statement.trailing_whitespace)
-        new_statements += [dataset_statement, consume]
-        new_statements[0] = new_statements[0].with_changes(leading_lines=statement.leading_lines)
-        pipeline.removed = list(removed) + parse
-        pipeline.replaced = {id(statement): new_statements}
 
     def _free(self, name: str) -> str:
         candidate, number = name, 2
@@ -421,15 +503,24 @@ class _Planner:
                 raise Blocked(f"`{qualified.rsplit('.', 1)[1]}` has no automatic rewrite (only string and slice producers)")
         return None
 
-    def _source(self, body, p: int, b: int, call: cst.Call, qualified: str):
+    def _source(self, body, p: int, b: int, call: cst.Call, qualified: str) -> _Source:
         """The dataset source and the producer's shuffle/repeat, and what the map receives."""
+        producer = self._producer_args(body[p], call, qualified)
+        removed: list[cst.BaseStatement] = [body[p]]
+        if qualified == SLICE_PRODUCER:
+            return self._slice_source(producer, removed)
+        # string_input_producer: find `k, v = reader.read(queue)` and the reader.
+        return self._files_source(body, p, b, producer, removed)
+
+    def _producer_args(self, statement: cst.BaseStatement, call: cst.Call, qualified: str) -> _ProducerArgs:
+        """Check the producer call's arguments; its target, input, epochs and shuffling."""
         params = PRODUCER_PARAMS[qualified]
         if has_star_args(call) or unknown_keywords(call, params):
             raise Blocked("the producer passes arguments the rewrite cannot map")
         for unsupported in ("shared_name", "cancel_op"):
             if argument(call, params, unsupported) is not None:
                 raise Blocked(f"the producer's `{unsupported}=` has no tf.data equivalent")
-        target, _ = _assign(body[p])  # type: ignore[misc]
+        target, _ = _assign(statement)  # type: ignore[misc]
         source = argument(call, params, params[0])
         if source is None:
             raise Blocked("the producer has no input")
@@ -439,26 +530,50 @@ class _Planner:
         seed = argument(call, params, "seed")
         seed_text = f", seed={self.code(seed)}" if seed is not None else ""
         int64 = self.ref("tensorflow.int64")
+        return _ProducerArgs(target, source, repeat, shuffle, seed_text, int64)
+
+    def _slice_source(self, producer: _ProducerArgs, removed: list[cst.BaseStatement]) -> _Source:
+        """`x, y = slice_input_producer([x, y])`: the tensors' slices, one name per tensor."""
+        target, source, int64 = producer.target, producer.source, producer.int64
         chain: list[str] = []
-        removed: list[cst.BaseStatement] = [body[p]]
-        if qualified == SLICE_PRODUCER:
-            names = _target_names(target)
-            if not isinstance(source, (cst.List, cst.Tuple)) or names is None or len(names) != len(source.elements) or isinstance(target, cst.Name):
-                raise Blocked("unpack `slice_input_producer([x, y])` into one name per tensor")
-            parts = [self.code(e.value) for e in source.elements]
-            source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)},))" if len(parts) == 1 else \
-                f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)}))"
-            if shuffle:
-                chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{seed_text})")
-            chain.append(repeat)
-            return source_text, names, chain, removed, set(names), set()
-        # string_input_producer: find `k, v = reader.read(queue)` and the reader.
+        names = _target_names(target)
+        if not isinstance(source, (cst.List, cst.Tuple)) or names is None or len(names) != len(source.elements) or isinstance(target, cst.Name):
+            raise Blocked("unpack `slice_input_producer([x, y])` into one name per tensor")
+        parts = [self.code(e.value) for e in source.elements]
+        source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)},))" if len(parts) == 1 else \
+            f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)}))"
+        if producer.shuffle:
+            chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{producer.seed_text})")
+        chain.append(producer.repeat)
+        return _Source(source_text, names, chain, removed, set(names), set())
+
+    def _files_source(self, body, p: int, b: int, producer: _ProducerArgs, removed: list[cst.BaseStatement]) -> _Source:
+        """`q = string_input_producer(files)` and its reader: the reader's dataset over the files."""
+        target = producer.target
         if not isinstance(target, cst.Name):
             raise Blocked("assign the filename queue to a name")
         queue = target.value
-        read_index = reader_call = None
-        value_name = None
-        reader_name = None
+        read = self._read(body, p, b, queue)
+        if read is None:
+            raise Blocked("no `reader.read(queue)` of the filename queue in the same block (the reader is in another function?)")
+        removed.append(body[read.index])
+        reader_call, reader_name = read.reader_call, read.reader_name
+        if reader_name is not None:
+            for index in range(read.index - 1, -1, -1):
+                assigned = _assign(body[index])
+                if assigned is not None and isinstance(assigned[0], cst.Name) and assigned[0].value == reader_name and isinstance(assigned[1], cst.Call):
+                    reader_call = assigned[1]
+                    removed.append(body[index])
+                    break
+        if reader_call is None:
+            raise Blocked("the reader is not created in the same block")
+        dataset_class, extra = self._reader_dataset(reader_call)
+        source_text, chain = self._files_chain(producer, dataset_class, extra)
+        consumed = {queue} | ({reader_name} if reader_name else set())
+        return _Source(source_text, [read.value_name], chain, removed, {read.value_name}, consumed)
+
+    def _read(self, body, p: int, b: int, queue: str) -> _Read | None:
+        """The first `key, value = reader.read(queue)` between the producer and the batching call."""
         for index in range(p + 1, b):
             assigned = _assign(body[index])
             if assigned is None or not isinstance(assigned[1], cst.Call):
@@ -470,24 +585,16 @@ class _Planner:
                     raise Blocked("unpack the read into `key, value = reader.read(queue)`")
                 if names[0] != "_" and any(names[0] in _names_in(s) for s in body[index + 1:]):
                     raise Blocked("the record key from `reader.read` is used; tf.data datasets yield the values only")
-                read_index, value_name = index, names[1]
+                reader_call = reader_name = None
                 if isinstance(func.value, cst.Call):
                     reader_call = func.value
                 elif isinstance(func.value, cst.Name):
                     reader_name = func.value.value
-                break
-        if read_index is None:
-            raise Blocked("no `reader.read(queue)` of the filename queue in the same block (the reader is in another function?)")
-        removed.append(body[read_index])
-        if reader_name is not None:
-            for index in range(read_index - 1, -1, -1):
-                assigned = _assign(body[index])
-                if assigned is not None and isinstance(assigned[0], cst.Name) and assigned[0].value == reader_name and isinstance(assigned[1], cst.Call):
-                    reader_call = assigned[1]
-                    removed.append(body[index])
-                    break
-        if reader_call is None:
-            raise Blocked("the reader is not created in the same block")
+                return _Read(index, names[1], reader_call, reader_name)
+        return None
+
+    def _reader_dataset(self, reader_call: cst.Call) -> tuple[str, str]:
+        """The tf.data dataset class that reads what the reader reads, and its extra arguments."""
         reader = self.rule.call_name(reader_call)
         if reader not in READERS:
             short = (reader or "the reader").rsplit(".", 1)[-1]
@@ -507,22 +614,26 @@ class _Planner:
                     extra += f", {keyword}={self.code(value)}"
         elif any(argument(reader_call, reader_params, k) is not None for k in reader_params if k != "name"):
             raise Blocked("the reader's options (`options=`, `skip_header_lines=`) are not rewritten automatically")
+        return dataset_class, extra
+
+    def _files_chain(self, producer: _ProducerArgs, dataset_class: str, extra: str) -> tuple[str, list[str]]:
+        """The dataset over the producer's files, and its shuffle/repeat chain."""
+        chain: list[str] = []
         dataset = self.ref(f"tensorflow.data.{dataset_class}")
-        files = self.code(source)
-        if shuffle:
+        files = self.code(producer.source)
+        if producer.shuffle:
             # The producer reshuffles the file names every epoch and one reader reads them in turn.
             source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({files})"
-            chain.append(f".shuffle({self.ref('tensorflow.size')}({files}, out_type={int64}){seed_text})")
-            chain.append(repeat)
+            chain.append(f".shuffle({self.ref('tensorflow.size')}({files}, out_type={producer.int64}){producer.seed_text})")
+            chain.append(producer.repeat)
             if extra:
                 chain.append(f".flat_map(lambda filename: {dataset}(filename{extra}))")
             else:
                 chain.append(f".flat_map({dataset})")
         else:
             source_text = f"{dataset}({files}{extra})"
-            chain.append(repeat)
-        consumed = {queue} | ({reader_name} if reader_name else set())
-        return source_text, [value_name], chain, removed, {value_name}, consumed
+            chain.append(producer.repeat)
+        return source_text, chain
 
     def _parse_function(self, name, params, parse, returned, as_tuple) -> cst.FunctionDef:
         if len(returned) == 1 and as_tuple:
