@@ -823,19 +823,16 @@ class _Rewrite(cst.CSTTransformer):
             return updated_node.with_changes(test=self.scaffolding.while_tests[id(original_node)])
         return updated_node
 
-    def leave_Finally(self, original_node, updated_node):
-        if self._emptied(updated_node.body):
-            return cst.RemovalSentinel.REMOVE
-        return updated_node
-
     def leave_Try(self, original_node, updated_node):
-        if original_node.finalbody is not None and updated_node.finalbody is None:
-            if not updated_node.handlers:  # try/finally with nothing left in finally: just the body
-                body = list(updated_node.body.body)
-                if body:
-                    body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
-                    return cst.FlattenSentinel(body)
-        return updated_node
+        # An emptied `finally:` goes here, not in leave_Finally: a Try left with neither handlers
+        # nor finally cannot even be built (LibCST validates it), so it becomes its body.
+        if updated_node.finalbody is None or not self._emptied(updated_node.finalbody.body):
+            return updated_node
+        if updated_node.handlers:
+            return updated_node.with_changes(finalbody=None)
+        body = list(updated_node.body.body)
+        body[0] = body[0].with_changes(leading_lines=[*updated_node.leading_lines, *body[0].leading_lines])
+        return cst.FlattenSentinel(body)
 
     def leave_Module(self, original_node, updated_node):
         return updated_node.with_changes(body=self._space_functions(updated_node.body))
