@@ -20,7 +20,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, run_check, run_verify, unsafe_fix
+from tests.conftest import FIXTURES, ROOT, replaced, run_check, run_verify, unsafe_fix
 
 REWRITTEN = [
     "general_cifar_summaries", "general_multigpu_cnn", "general_loss_average_minimize",
@@ -755,13 +755,26 @@ tf = tensorflow.compat.v1
 """
 
 
+CLIPPED_UPDATE = (
+    "        self.train_op = self.opt.apply_gradients(grads, global_step=self.global_step)\n",
+    "        clipped, _ = tf.clip_by_global_norm([g for g, _ in grads], 1e3)\n"
+    "        self.train_op = self.opt.apply_gradients(list(zip(clipped, [v for _, v in grads])),\n"
+    "                                                 global_step=self.global_step)\n",
+)
+
+
 @pytest.mark.tensorflow
-def test_the_global_step_counted_after_the_update_counts_each_step_once_and_trains_the_same(tmp_path):
+@pytest.mark.parametrize("update", ["moved", "wrapped"])
+def test_the_global_step_counted_after_the_update_counts_each_step_once_and_trains_the_same(tmp_path, update):
+    """The moved update (apply_gradients in the replica function) and the wrapped one (a clip
+    after the average: the update stays, its optimizer call runs per replica)."""
     pytest.importorskip("tensorflow")
     np = pytest.importorskip("numpy")
-    legacy = _TWO_CPUS + GLOBAL_STEP_PROGRAM.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
-    fixed_text = unsafe_fix(GLOBAL_STEP_PROGRAM)
+    program = GLOBAL_STEP_PROGRAM if update == "moved" else replaced(GLOBAL_STEP_PROGRAM, CLIPPED_UPDATE)
+    legacy = _TWO_CPUS + program.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+    fixed_text = unsafe_fix(program)
     assert ".assign_add(1).op" in fixed_text
+    assert ("def apply_share():" in fixed_text) == (update == "wrapped")
     # Both programs on the two logical CPUs: the towers, and the strategy's replicas.
     migrated = _TWO_CPUS + fixed_text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
     outputs = []

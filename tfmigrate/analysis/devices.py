@@ -77,13 +77,19 @@ def _device_text(node: cst.CSTNode, imports: ImportTable) -> str:
     return " ".join(string_parts(node)).lower()
 
 
+def is_device_function(node: cst.CSTNode, imports: ImportTable) -> bool:
+    """A call in a device scope that is neither a device string (`'/gpu:{}'.format(i)`) nor a
+    DeviceSpec: a function choosing the device (`assign_to_device(...)`, a device setter)."""
+    return isinstance(node, cst.Call) and not is_device_spec(node, imports) and not _is_string_format(node)
+
+
 def ops_device(node: cst.CSTNode, imports: ImportTable) -> cst.BaseExpression | None:
     """For a device function (`assign_to_device(d, ps_device='/cpu:0')`,
     `replica_device_setter(ps_tasks=1, ps_device='/cpu:0', worker_device=d)`), the expression
     naming where its ops go: the ``worker_device=`` argument, else the first positional one.
     None for anything else (a device string, `'/gpu:{}'.format(i)`, a DeviceSpec) and for a
     device function that names no device for its ops."""
-    if not isinstance(node, cst.Call) or is_device_spec(node, imports) or _is_string_format(node):
+    if not is_device_function(node, imports):
         return None
     for argument in node.args:
         if argument.keyword is not None and argument.keyword.value == "worker_device":

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg, ops_device
+from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg, is_device_function, ops_device
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, find, module_parents, names_used, single_small, walk,
@@ -103,6 +103,7 @@ class _Update:
     note: str = ""
     wrapped: list = field(default_factory=list)  # statements after the loop whose optimizer call each replica runs
     after_run: list = field(default_factory=list)  # statements right after the strategy runs the replica function
+    counted: set = field(default_factory=set)  # ids of `global_step=` arguments now counted once after the update
 
 
 def plan(rule, tower) -> Edit:
@@ -618,9 +619,20 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
     taken: set[str] = set()
     for line in {id(line): line for line, _ in steps}.values():
         calls = [call for at, call in steps if at is line]
-        update.changes[id(line)] = _replica_steps(rule, strategy, tf, region, line, calls, taken)
+        if towers is region:  # a step made outside the scope is counted once, after the update
+            update.counted |= _countable_global_steps(rule, region, line)
+        update.changes[id(line)] = _replica_steps(rule, strategy, tf, region, line, calls, taken, update.counted)
         update.wrapped.append(line)
     return update
+
+
+def _countable_global_steps(rule, region: _Region, line) -> set[int]:
+    """The `global_step=` arguments in ``line`` naming a step made outside the scope, when the
+    line names what it makes (`train_op = ...`): the increment is ordered after that."""
+    small = single_small(line)
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return set()
+    return {id(arg) for _, arg in _global_steps_outside(rule, region, [line])}
 
 
 # --- towers built by a function whose caller updates ---------------------------------------
@@ -685,12 +697,19 @@ def _optimizer_step(call: cst.CSTNode) -> bool:
     return method_call(call, "apply_gradients") or method_call(call, "minimize")
 
 
-def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, calls: list[cst.Call], taken: set[str]):
-    """``line`` with each optimizer call run by the replicas: a function before it per call."""
+def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, calls: list[cst.Call], taken: set[str],
+                   counted: set[int]):
+    """``line`` with each optimizer call run by the replicas: a function before it per call;
+    the global steps in ``counted`` are incremented once after it."""
     before: list[cst.BaseStatement] = []
+    after: list[cst.BaseStatement] = []
     runs = {}
     for call in calls:
-        statements, name = _replica_step(rule, strategy, tf, region, call, taken)
+        steps = [arg for arg in call.args if id(arg) in counted]
+        run = _without_argument(call, steps[0]) if steps else call
+        if steps:
+            after.append(_count_once(code(single_small(line).targets[0].target), code(steps[0].value), tf))
+        statements, name = _replica_step(rule, strategy, tf, region, run, taken)
         before += statements
         # Each replica's step returns its own handle on the one update: group them into one op.
         runs[id(call)] = cst.parse_expression(f"{tf('tensorflow.group')}({strategy}.experimental_local_results(\n"
@@ -702,7 +721,7 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, call
     before[0] = before[0].with_changes(leading_lines=[*line.leading_lines, *([] if first or spaced else blank),
                                                       *before[0].leading_lines])
     replaced = line.visit(ReplaceById(runs)).with_changes(leading_lines=blank)
-    return cst.FlattenSentinel([*before, replaced])
+    return cst.FlattenSentinel([*before, replaced, *after])
 
 
 def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.Call, taken: set[str]):
@@ -842,6 +861,8 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
     if blocker:
         raise StateRefused(blocker)
     for _, arg in _global_steps_outside(rule, region, [*update.statements, *update.wrapped]):
+        if id(arg) in update.counted:
+            continue
         raise StateRefused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
                            "would cover, so it would not be a mirrored variable the replicas can update")
 
@@ -867,17 +888,27 @@ def _increment_global_step_once(rule, region: _Region, update: _Update, tf: TfNa
         if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
             continue  # no handle on the update to order the increment after: refused
         call = next(c for c in find(statement, cst.Call) if any(a is arg for a in c.args))
-        args = [a for a in call.args if a is not arg]
-        args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         update.statements[update.statements.index(statement)] = statement.visit(
-            ReplaceById({id(call): call.with_changes(args=args)}))
-        target, step = code(small.targets[0].target), code(arg.value)
-        increment = cst.parse_statement(
-            f"with {tf('tensorflow.control_dependencies')}([{target}]):\n    {target} = {step}.assign_add(1).op\n")
-        update.after_run.append(increment.with_changes(leading_lines=[
-            cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(f"# `{step}` is made outside the strategy's scope (not a mirrored")),
-            cst.EmptyLine(comment=cst.Comment("# variable): it counts the step once, after the replicas' update.")),
-        ]))
+            ReplaceById({id(call): _without_argument(call, arg)}))
+        update.after_run.append(_count_once(code(small.targets[0].target), code(arg.value), tf))
+        update.counted.add(id(arg))
+
+
+def _without_argument(call: cst.Call, argument: cst.Arg) -> cst.Call:
+    args = [a for a in call.args if a is not argument]
+    args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return call.with_changes(args=args)
+
+
+def _count_once(update: str, step: str, tf: TfNames) -> cst.BaseStatement:
+    """`step += 1` once the replicas' ``update`` ran, where the update's op was."""
+    increment = cst.parse_statement(
+        f"with {tf('tensorflow.control_dependencies')}([{update}]):\n    {update} = {step}.assign_add(1).op\n")
+    return increment.with_changes(leading_lines=[
+        cst.EmptyLine(indent=False),
+        cst.EmptyLine(comment=cst.Comment(f"# `{step}` is made outside the strategy's scope (not a mirrored")),
+        cst.EmptyLine(comment=cst.Comment("# variable): it counts the step once, after the replicas' update.")),
+    ])
 
 
 # Layer arguments whose regularization loss is a tensor on the weights of the first tower that
@@ -1213,7 +1244,7 @@ def _devices(rule, tower) -> str:
     device = _body_value(loop, tower.scopes[0].device)  # `setter = ...; with tf.device(setter):`
     if isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
         device = cst.parse_expression(f"{code(device)}.to_string()")
-    elif isinstance(device, cst.Call):
+    elif is_device_function(device, imports):
         # A device function: `assign_to_device('/gpu:%d' % i, ...)`, `replica_device_setter(worker_device=...)`.
         device = ops_device(device, imports)
         if device is None:
