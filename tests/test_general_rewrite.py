@@ -484,6 +484,16 @@ def test_towers_returned_to_a_caller_are_refused_where_the_caller_cannot_hold_th
     assert not finding.fixable and expected in finding.refusal, finding.refusal
 
 
+@pytest.mark.parametrize("device, devices", [
+    ("'/gpu:{}'.format(i)", "['/gpu:{}'.format(i) for i in range(num_gpus)]"),  # a string, not a device function
+    ("tf.DeviceSpec(device_type='GPU', device_index=i)",
+     "[tf.DeviceSpec(device_type='GPU', device_index=i).to_string() for i in range(num_gpus)]"),
+])
+def test_device_strings_made_by_calls_are_the_strategys_devices(device, devices):
+    out = fixed(GRADIENTS.replace("with tf.device('/gpu:%d' % i):", f"with tf.device({device}):"))
+    assert f"MirroredStrategy(devices={devices})" in out
+
+
 def test_an_imported_device_function_of_the_gpu_number_gives_gpu_names():
     out = fixed(GRADIENTS.replace("with tf.device('/gpu:%d' % i):", "with tf.device(assign_to_gpu(i, '/cpu:0')):")
                 .replace("import tensorflow as tf\n", "import tensorflow as tf\n    from gpu_utils import assign_to_gpu\n"))
