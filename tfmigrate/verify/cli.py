@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -79,6 +80,21 @@ def _side(outcome: RunOutcome, detection) -> dict:
     }
 
 
+@dataclass
+class _Job:
+    """What travels between verify's steps: the programs, how each runs, the options and the console."""
+
+    paths: List[Path]
+    detections: list
+    flags: List[bool]
+    settings: dict          # the options, as the report lists them
+    progress: bool
+    quiet: bool
+    json_path: Optional[str]
+    plot_path: Optional[str]
+    out: Console
+
+
 def verify(
     old: str = typer.Argument(..., help="The legacy program (reference)."),
     new: str = typer.Argument(..., help="The migrated program."),
@@ -98,21 +114,8 @@ def verify(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print the verdict only."),
 ) -> None:
     """Train OLD and NEW side by side; compare loss per step and throughput (exit 0 match, 1 mismatch, 2 error)."""
-    if legacy not in LEGACY_CHOICES:
-        _fail(f"--legacy must be one of {', '.join(LEGACY_CHOICES)}")
-    if loss_regex:
-        import re
-
-        try:
-            re.compile(loss_regex)
-        except re.error as exc:
-            _fail(f"--loss-regex is not a valid regular expression: {exc}")
-    paths = []
-    for label, name in (("OLD", old), ("NEW", new)):
-        path = Path(name)
-        if not path.is_file():
-            _fail(f"{label} program {name}: no such file")
-        paths.append(path.resolve())
+    _check_options(legacy, loss_regex)
+    paths = _program_paths(old, new)
     sources = [p.read_text(errors="replace") for p in paths]
     detections = [detect(s) for s in sources]
     flags = {
@@ -123,43 +126,99 @@ def verify(
                 "legacy": legacy, "loss_regex": loss_regex, "timeout": timeout, "program_args": program_args or []}
     progress = not quiet and sys.stderr.isatty()
     out = Console(soft_wrap=True)
+    job = _Job(paths=paths, detections=detections, flags=flags, settings=settings, progress=progress,
+               quiet=quiet, json_path=json_path, plot_path=plot_path, out=out)
+    outcomes = _run_both(job)
+    report, comparison = _build_report(job, outcomes)
+    _write_outputs(job, report, comparison)
+    raise typer.Exit(report["exit_code"])
 
+
+def _check_options(legacy: str, loss_regex: Optional[str]) -> None:
+    """Fail on a --legacy choice or a --loss-regex that cannot be used."""
+    if legacy not in LEGACY_CHOICES:
+        _fail(f"--legacy must be one of {', '.join(LEGACY_CHOICES)}")
+    if loss_regex:
+        import re
+
+        try:
+            re.compile(loss_regex)
+        except re.error as exc:
+            _fail(f"--loss-regex is not a valid regular expression: {exc}")
+
+
+def _program_paths(old: str, new: str) -> List[Path]:
+    """The resolved paths of OLD and NEW; fail when one is not a file."""
+    paths = []
+    for label, name in (("OLD", old), ("NEW", new)):
+        path = Path(name)
+        if not path.is_file():
+            _fail(f"{label} program {name}: no such file")
+        paths.append(path.resolve())
+    return paths
+
+
+def _run_both(job: _Job) -> List[RunOutcome]:
+    """Run OLD then NEW in a scratch folder (NEW starts from OLD's initial weights); fail on a bad run."""
+    settings = job.settings
     with tempfile.TemporaryDirectory(prefix="tfmigrate-verify-") as tmp:
         workdir = Path(tmp)
         weights = workdir / "old_initial_weights.npz"
         outcomes: list[RunOutcome] = []
         for index, label in enumerate(("OLD", "NEW")):
             spec = RunSpec(
-                label=label, program=paths[index], legacy=flags[index], keras=detections[index].keras,
-                steps=steps, devices=devices, seed=seed, timeout=timeout, workdir=workdir,
+                label=label, program=job.paths[index], legacy=job.flags[index], keras=job.detections[index].keras,
+                steps=settings["steps"], devices=settings["devices"], seed=settings["seed"],
+                timeout=settings["timeout"], workdir=workdir,
                 dump_weights=weights if label == "OLD" else None,
                 load_weights=weights if label == "NEW" else None,
-                loss_regex=loss_regex, program_args=list(program_args or []),
+                loss_regex=settings["loss_regex"], program_args=list(settings["program_args"]),
             )
-            mode = "legacy TF1" if spec.legacy else "TF2"
-            description = f"{label} {spec.program.name} ({mode}, {devices} devices, {steps} steps)"
-            if progress:
-                with _err().status(description) as status:
-                    outcome = run_program(spec, lambda s: status.update(f"{description}: {s:.0f}s"))
-            else:
-                outcome = run_program(spec)
-            if not quiet:
-                _err().print(f"{label}: {spec.program.name} ran in {outcome.seconds:.1f}s", markup=False)
+            outcome = _run_one(job, spec)
             outcomes.append(outcome)
-            partial = {"settings": settings, "old": str(paths[0]), "new": str(paths[1])}
-            if not outcome.ok:
-                _fail(outcome.failure(), outcome, json_path, partial)
-            captured = outcome.result.get("steps") or []
-            if not captured:
-                _fail(f"{label} {spec.program.name}: no training step was captured (no Session.run of a train op, "
-                      f"no Keras fit batch{', no --loss-regex match' if loss_regex else ''}); "
-                      f"try --loss-regex", outcome, json_path, partial)
-            if all(s.get("loss") is None for s in captured):
-                _fail(f"{label} {spec.program.name}: training steps were captured but no loss; "
-                      f"pass --loss-regex to read it from the program's output", outcome, json_path, partial)
+            _check_outcome(job, outcome)
+    return outcomes
 
+
+def _run_one(job: _Job, spec: RunSpec) -> RunOutcome:
+    """Run one program, with a live status line on a terminal, and say how long it took."""
+    label = spec.label
+    mode = "legacy TF1" if spec.legacy else "TF2"
+    description = f"{label} {spec.program.name} ({mode}, {spec.devices} devices, {spec.steps} steps)"
+    if job.progress:
+        with _err().status(description) as status:
+            outcome = run_program(spec, lambda s: status.update(f"{description}: {s:.0f}s"))
+    else:
+        outcome = run_program(spec)
+    if not job.quiet:
+        _err().print(f"{label}: {spec.program.name} ran in {outcome.seconds:.1f}s", markup=False)
+    return outcome
+
+
+def _check_outcome(job: _Job, outcome: RunOutcome) -> None:
+    """Fail when the run did not finish or captured no training step or no loss."""
+    spec = outcome.spec
+    label, loss_regex = spec.label, spec.loss_regex
+    json_path = job.json_path
+    partial = {"settings": job.settings, "old": str(job.paths[0]), "new": str(job.paths[1])}
+    if not outcome.ok:
+        _fail(outcome.failure(), outcome, json_path, partial)
+    captured = outcome.result.get("steps") or []
+    if not captured:
+        _fail(f"{label} {spec.program.name}: no training step was captured (no Session.run of a train op, "
+              f"no Keras fit batch{', no --loss-regex match' if loss_regex else ''}); "
+              f"try --loss-regex", outcome, json_path, partial)
+    if all(s.get("loss") is None for s in captured):
+        _fail(f"{label} {spec.program.name}: training steps were captured but no loss; "
+              f"pass --loss-regex to read it from the program's output", outcome, json_path, partial)
+
+
+def _build_report(job: _Job, outcomes: List[RunOutcome]):
+    """Compare the two runs' steps; the report (verdict, sides, comparison, notes) and the comparison."""
+    settings = job.settings
     old_out, new_out = outcomes
-    comparison = compare(old_out.result["steps"], new_out.result["steps"], rtol=rtol, atol=atol, warmup=warmup)
+    comparison = compare(old_out.result["steps"], new_out.result["steps"], rtol=settings["rtol"],
+                         atol=settings["atol"], warmup=settings["warmup"])
     notes = []
     for outcome in outcomes:
         for note in outcome.result.get("notes", []):
@@ -171,27 +230,32 @@ def verify(
         "devices": old_out.result.get("devices") or {},
         "versions": old_out.result.get("versions") or {},
         "weights_matched": _weights_summary(old_out.result, new_out.result),
-        "old": _side(old_out, detections[0]), "new": _side(new_out, detections[1]),
+        "old": _side(old_out, job.detections[0]), "new": _side(new_out, job.detections[1]),
         "comparison": comparison.to_dict(), "notes": notes,
     }
     report["throughput"] = comparison.throughput
     report["final_loss"] = comparison.final
-    if quiet:
+    return report, comparison
+
+
+def _write_outputs(job: _Job, report: dict, comparison) -> None:
+    """Print the verdict (or the full report), then write the JSON and the plot when asked."""
+    out = job.out
+    if job.quiet:
         out.print(f"{comparison.verdict.upper()}" + (": " + "; ".join(comparison.reasons) if comparison.reasons else ""),
                   highlight=False, markup=False)
     else:
         from tfmigrate.verify.report import render
 
         render(out, report, comparison)
-    if json_path:
+    if job.json_path:
         from tfmigrate.verify.report import write_json
 
-        write_json(Path(json_path), report)
-    if plot_path:
+        write_json(Path(job.json_path), report)
+    if job.plot_path:
         from tfmigrate.verify.report import write_plot
 
-        write_plot(Path(plot_path), report, comparison)
-    raise typer.Exit(exit_code)
+        write_plot(Path(job.plot_path), report, comparison)
 
 
 def register(app: typer.Typer) -> None:

@@ -469,14 +469,8 @@ class Recorder:
         session_lib.BaseSession.run = run
 
     def plan(self, graph, fetches):
-        tf = self.tf
-        flat = tf.nest.flatten(fetches)
-        elements = []
-        for item in flat:
-            try:
-                elements.append(graph.as_graph_element(item, allow_tensor=True, allow_operation=True))
-            except Exception:
-                elements.append(None)
+        """How to read a Session.run's loss and batch size; None when the run is not a training step."""
+        elements = self._fetch_elements(graph, fetches)
         key = (id(graph), tuple(getattr(e, "name", None) for e in elements))
         if key in self.cache:
             return self.cache[key]
@@ -484,15 +478,43 @@ class Recorder:
         upstream = cone(roots)
         recorded = self.apply_ops.get(id(graph), {})
         train_marks = {op for op in recorded if op in upstream}
-        train_collection = set()
-        for item in graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP):
-            op = item if hasattr(item, "node_def") else getattr(item, "op", None)
-            if op is not None and op in upstream:
-                train_collection.add(op)
+        train_collection = self._train_collection(graph, upstream)
         kernels = [op for op in upstream if TRAIN_KERNEL.match(op.type)]
         if not (train_marks or train_collection or kernels):
             self.cache[key] = None
             return None
+        tower_losses, replica = self._tower_losses(train_marks, recorded)
+        candidates = self._loss_candidates(elements, recorded, tower_losses)
+        plan = {"graph": graph, "loss_index": None, "extras": {}, "how": None, "sources": [],
+                "placeholders": {op.name: op.device for op in upstream if op.type in ("Placeholder", "PlaceholderWithDefault")}}
+        self._choose_loss(plan, candidates, tower_losses, replica)
+        self._batch_sources(plan, upstream)
+        self.state.note(f"Session.run training step: loss = {plan['how']}")
+        self.cache[key] = plan
+        return plan
+
+    def _fetch_elements(self, graph, fetches) -> list:
+        """The graph element of each flattened fetch (None where it is not one)."""
+        flat = self.tf.nest.flatten(fetches)
+        elements = []
+        for item in flat:
+            try:
+                elements.append(graph.as_graph_element(item, allow_tensor=True, allow_operation=True))
+            except Exception:
+                elements.append(None)
+        return elements
+
+    def _train_collection(self, graph, upstream) -> set:
+        """The ops of the graph's TRAIN_OP collection that the fetches depend on."""
+        train_collection = set()
+        for item in graph.get_collection(self.tf.compat.v1.GraphKeys.TRAIN_OP):
+            op = item if hasattr(item, "node_def") else getattr(item, "op", None)
+            if op is not None and op in upstream:
+                train_collection.add(op)
+        return train_collection
+
+    def _tower_losses(self, train_marks, recorded):
+        """The losses behind the fetched updates, and whether any was a replica's own loss."""
         tower_losses: list = []
         replica = False
         for op in train_marks:
@@ -500,7 +522,10 @@ class Recorder:
                 if loss not in tower_losses:
                     tower_losses.append(loss)
                 replica = replica or is_replica
-        # the fetched float scalar that is the loss
+        return tower_losses, replica
+
+    def _loss_candidates(self, elements, recorded, tower_losses) -> list:
+        """The fetched float scalars that may be the loss, as (rank, index, element), best first."""
         candidates = []
         for index, element in enumerate(elements):
             if element is None or hasattr(element, "node_def"):
@@ -516,8 +541,10 @@ class Recorder:
             rank = 0 if element in tower_losses else 1 if "loss" in element.name.lower() else 2
             candidates.append((rank, index, element))
         candidates.sort(key=lambda c: (c[0], c[1]))
-        plan = {"graph": graph, "loss_index": None, "extras": {}, "how": None, "sources": [],
-                "placeholders": {op.name: op.device for op in upstream if op.type in ("Placeholder", "PlaceholderWithDefault")}}
+        return candidates
+
+    def _choose_loss(self, plan: dict, candidates: list, tower_losses: list, replica: bool) -> None:
+        """Set in ``plan`` where the step's loss comes from: a fetched scalar or the tower losses."""
         if candidates:
             rank, index, element = candidates[0]
             plan["loss_index"] = index
@@ -534,12 +561,14 @@ class Recorder:
             plan["replica_sum"] = replica
         else:
             plan["how"] = "no loss fetched or found"
-        # batch sources, when nothing is fed
+
+    def _batch_sources(self, plan: dict, upstream) -> None:
+        """Set in ``plan`` the batch sizes of the dataset/queue outputs upstream (for runs with no feed)."""
         sizes = []
         for op in sorted((op for op in upstream if op.type in SOURCE_OPS), key=lambda o: o.name):
             for out in op.outputs:
                 if out.shape.rank is not None and out.shape.rank >= 1:
-                    dim = tf.compat.dimension_value(out.shape[0])  # a v1 Dimension(None) is not None
+                    dim = self.tf.compat.dimension_value(out.shape[0])  # a v1 Dimension(None) is not None
                     if dim is not None:
                         plan["sources"].append(int(dim))
                     else:
@@ -547,9 +576,6 @@ class Recorder:
                     break
         if sizes:
             plan["extras"]["sizes"] = sizes
-        self.state.note(f"Session.run training step: loss = {plan['how']}")
-        self.cache[key] = plan
-        return plan
 
     def loss_of(self, plan, result, extra_values):
         import numpy as np
@@ -967,6 +993,7 @@ def parse_args(argv):
 
 
 def main(argv=None) -> int:
+    """Set the process up, run the program, write what was measured to ``--out`` and end the process."""
     global STATE
     args = parse_args(sys.argv[1:] if argv is None else argv)
     state = STATE = State(args)
@@ -974,69 +1001,9 @@ def main(argv=None) -> int:
               "error": None, "finished": None}
     started = time.perf_counter()
     try:
-        if args.legacy:
-            os.environ["TF_USE_LEGACY_KERAS"] = "1"
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        random.seed(args.seed)
-        import numpy as np
-
-        np.random.seed(args.seed)
-        import tensorflow as tf
-
-        result["devices"] = setup_devices(tf, args.devices)
-        tf.random.set_seed(args.seed)
-        tf.config.experimental.enable_op_determinism()
-        from tensorflow.python.framework import ops
-
-        graph_init = ops.Graph.__init__
-
-        def seeded_graph_init(self, *a, **k):
-            graph_init(self, *a, **k)
-            if type(self) is ops.Graph:
-                self.seed = args.seed
-
-        ops.Graph.__init__ = seeded_graph_init
-        if result["devices"]["rewrite"]:
-            install_device_rewrite(tf, args.devices)
-        keras_module = None
-        if args.legacy:
-            tf.compat.v1.disable_v2_behavior()
-            tf.compat.v1.set_random_seed(args.seed)
-            if args.keras:
-                import tf_keras
-
-                tf_keras.utils.multi_gpu_model = multi_gpu_model
-                keras_module = tf_keras
-            install_tf1_shim(tf, keras_module)
-            say("legacy mode: `import tensorflow` is tensorflow.compat.v1 with v2 behaviour disabled"
-                + ("; Keras is Keras 2 (tf_keras)" if args.keras else ""))
-        recorder = Recorder(tf, state)
-        recorder.install_optimizer()
-        recorder.install_session()
-        if not args.legacy:
-            install_tf_function(tf, state)
-        if args.keras:
-            flavours = ["tf_keras"]
-            if not args.legacy and os.environ.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):
-                flavours.append("keras")
-            install_keras(state, flavours)
-        result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__,
-                              "python": platform.python_version()}
-        if state.regex is not None:
-            sys.stdout = LineWatcher(sys.stdout, state)
-        sys.argv = [args.program] + list(args.program_args)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(args.program)))
+        _set_up(state, result)
         result["setup_s"] = time.perf_counter() - started
-        try:
-            runpy.run_path(args.program, run_name="__main__")
-            result["finished"] = "program ended"
-        except StopRun:
-            result["finished"] = f"stopped after {args.steps} steps"
-        except SystemExit as exc:
-            code = exc.code
-            if code not in (None, 0):
-                raise
-            result["finished"] = "program exited"
+        result["finished"] = _run_program(args)
         result["ok"] = True
     except BaseException as exc:  # noqa: BLE001 - everything is reported
         if isinstance(exc, KeyboardInterrupt):
@@ -1044,6 +1011,100 @@ def main(argv=None) -> int:
         else:
             print_program_traceback(exc)
             result["error"] = f"{type(exc).__name__}: {exc}"
+    _write_result(state, result, started)
+    os._exit(0 if result["ok"] else 1)
+
+
+def _set_up(state: State, result: dict) -> None:
+    """Seeds, devices, the TF1 shim and the capture hooks, before the program imports anything."""
+    args = state.args
+    if args.legacy:
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    random.seed(args.seed)
+    import numpy as np
+
+    np.random.seed(args.seed)
+    import tensorflow as tf
+
+    result["devices"] = setup_devices(tf, args.devices)
+    tf.random.set_seed(args.seed)
+    tf.config.experimental.enable_op_determinism()
+    _seed_new_graphs(args)
+    if result["devices"]["rewrite"]:
+        install_device_rewrite(tf, args.devices)
+    if args.legacy:
+        _enter_legacy_mode(tf, args)
+    _install_capture(tf, state)
+    result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__,
+                          "python": platform.python_version()}
+    if state.regex is not None:
+        sys.stdout = LineWatcher(sys.stdout, state)
+    sys.argv = [args.program] + list(args.program_args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.program)))
+
+
+def _seed_new_graphs(args) -> None:
+    """Give every new ``tf.Graph`` the run's seed as its graph-level seed."""
+    from tensorflow.python.framework import ops
+
+    graph_init = ops.Graph.__init__
+
+    def seeded_graph_init(self, *a, **k):
+        graph_init(self, *a, **k)
+        if type(self) is ops.Graph:
+            self.seed = args.seed
+
+    ops.Graph.__init__ = seeded_graph_init
+
+
+def _enter_legacy_mode(tf, args) -> None:
+    """Turn v2 behaviour off and install the TF1 shim (with Keras 2 for Keras programs)."""
+    keras_module = None
+    tf.compat.v1.disable_v2_behavior()
+    tf.compat.v1.set_random_seed(args.seed)
+    if args.keras:
+        import tf_keras
+
+        tf_keras.utils.multi_gpu_model = multi_gpu_model
+        keras_module = tf_keras
+    install_tf1_shim(tf, keras_module)
+    say("legacy mode: `import tensorflow` is tensorflow.compat.v1 with v2 behaviour disabled"
+        + ("; Keras is Keras 2 (tf_keras)" if args.keras else ""))
+
+
+def _install_capture(tf, state: State) -> None:
+    """Hook the optimizer, Session.run, top-level tf.functions and Keras fit to record steps."""
+    args = state.args
+    recorder = Recorder(tf, state)
+    recorder.install_optimizer()
+    recorder.install_session()
+    if not args.legacy:
+        install_tf_function(tf, state)
+    if args.keras:
+        flavours = ["tf_keras"]
+        if not args.legacy and os.environ.get("TF_USE_LEGACY_KERAS") not in ("1", "true", "True"):
+            flavours.append("keras")
+        install_keras(state, flavours)
+
+
+def _run_program(args) -> str:
+    """Run the program as ``__main__``; how it finished (a nonzero exit status propagates)."""
+    try:
+        runpy.run_path(args.program, run_name="__main__")
+        return "program ended"
+    except StopRun:
+        return f"stopped after {args.steps} steps"
+    except SystemExit as exc:
+        code = exc.code
+        if code not in (None, 0):
+            raise
+        return "program exited"
+
+
+def _write_result(state: State, result: dict, started: float) -> None:
+    """Add the captured steps, notes and weights to ``result`` and write it as JSON to ``--out``."""
+    args = state.args
     steps = state.regex_steps if state.regex is not None else state.steps
     if state.regex is not None and state.steps:
         # timing and batch sizes from the training runs we saw, loss from the printed lines
@@ -1060,7 +1121,6 @@ def main(argv=None) -> int:
     with open(args.out, "w") as handle:
         json.dump(result, handle, indent=1, default=str)
     sys.stderr.flush()
-    os._exit(0 if result["ok"] else 1)
 
 
 if __name__ == "__main__":
