@@ -30,7 +30,7 @@ REWRITTEN = [
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
-    "general_device_setter_split", "general_tower_class",
+    "general_device_setter_split", "general_tower_class", "general_tower_function",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -492,6 +492,38 @@ def test_towers_returned_to_a_caller_are_refused_where_the_caller_cannot_hold_th
 def test_device_strings_made_by_calls_are_the_strategys_devices(device, devices):
     out = fixed(GRADIENTS.replace("with tf.device('/gpu:%d' % i):", f"with tf.device({device}):"))
     assert f"MirroredStrategy(devices={devices})" in out
+
+
+TOWER_FUNCTION = """
+    import tensorflow as tf
+
+    class Model(object):
+        def tower(self, parts, gpu, reuse):
+            with tf.device('/gpu:%d' % gpu), tf.variable_scope('net', reuse=reuse):
+                return tf.reduce_mean(tf.layers.dense(parts[gpu], 1))
+
+        def build(self, opt, parts, num_gpus):
+            losses = []
+            for k in range(num_gpus):
+                losses.append(self.tower(parts, gpu=k, reuse=k > 0))
+            self.train_op = opt.minimize(tf.add_n(losses) / num_gpus)
+"""
+
+
+def test_a_tower_function_loses_its_device_scope_and_its_parameter_gives_the_devices():
+    out = fixed(TOWER_FUNCTION)
+    assert "MirroredStrategy(devices=['/gpu:%d' % k for k in range(num_gpus)])" in out
+    assert "tf.device(" not in out
+    assert "with tf.variable_scope('net', reuse=reuse):\n            return tf.reduce_mean" in out
+    assert "losses.append(self.tower(parts, gpu=k, reuse=k > 0))" in out
+
+
+def test_a_tower_function_also_called_outside_the_loop_is_refused():
+    source = textwrap.dedent(TOWER_FUNCTION.replace(
+        "            self.train_op =", "            self.eval_loss = self.tower(parts, 0, True)\n            self.train_op ="))
+    (finding,) = tower_findings(source.lstrip())
+    assert not finding.fixable
+    assert "`tower`, which is also called outside the tower loop" in finding.refusal, finding.refusal
 
 
 def test_an_imported_device_function_of_the_gpu_number_gives_gpu_names():

@@ -318,10 +318,10 @@ def plan(rule, tower) -> Edit:
     return result.edit
 
 
-def check_tower(context, tower) -> None:
-    """Refused for towers no rewrite takes: built by a function called in the loop, spread over
-    several loops, or inside an Estimator model_fn."""
-    if tower.via:
+def check_tower(context, tower, tower_functions: bool = False) -> None:
+    """Refused for towers no rewrite takes: built by a function called in the loop (unless the
+    rewrite takes ``tower_functions``), spread over several loops, or inside an Estimator model_fn."""
+    if tower.via and not tower_functions:
         names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
         raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
     group = tower_group(context, tower.loop)

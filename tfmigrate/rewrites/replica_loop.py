@@ -62,7 +62,7 @@ import libcst as cst
 from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg, is_device_function, ops_device
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, children, find, module_parents, names_used, single_small, walk,
+    blank_lines_unindented, children, contains, find, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, Refused, StateRefused, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
@@ -110,7 +110,7 @@ def plan(rule, tower) -> Edit:
     """The replica rewrite of ``tower`` (a :class:`tfmigrate.analysis.devices.TowerLoop`)."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
-    check_tower(context, tower)
+    check_tower(context, tower, tower_functions=True)
     _check_body(loop)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     if _may_be_iterator(region, loop.iter) and not isinstance(loop.iter, cst.Call):
@@ -129,7 +129,8 @@ def plan(rule, tower) -> Edit:
             _increment_global_step_once(rule, scope_region, update, tf)
         _check_training_state(rule, scope_region, update)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
-    region_changes = {id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes}
+    region_changes = {id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
+                      **_tower_functions(rule, tower)}
     devices = _devices(rule, tower)
     if caller is not None:
         _check_devices_visible(rule, region, devices)
@@ -146,8 +147,8 @@ def plan(rule, tower) -> Edit:
         changes = {anchor: new_anchor}
     # Edits outside what the strategy scope replaced apply on their own.
     inside = {id(node) for replaced in changes for node in walk(replaced)}
-    nodes = {id(node): node for owner in {id(region.owner): region.owner, id(scope_region.owner): scope_region.owner}.values()
-             for node in walk(owner)}
+    owners = [region.owner, scope_region.owner, *tower.via]
+    nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
@@ -1241,7 +1242,7 @@ def _devices(rule, tower) -> str:
     loop, imports = tower.loop, rule.imports
     if not tower.scopes:
         raise Refused("cannot tell the towers' devices")
-    device = _body_value(loop, tower.scopes[0].device)  # `setter = ...; with tf.device(setter):`
+    device = _body_value(loop, _in_loop_terms(tower, tower.scopes[0].device))  # `setter = ...; with tf.device(setter):`
     if isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
         device = cst.parse_expression(f"{code(device)}.to_string()")
     elif is_device_function(device, imports):
@@ -1265,6 +1266,65 @@ def _devices(rule, tower) -> str:
             and code(loop.target.elements[1].value) == code(device)):
         return code(loop.iter.args[0].value)
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
+    """The tower functions the loop calls (`build_tower(i, ...)` opening `tf.device('/gpu:%d' %
+    gpu_id)` on its parameter) without their device scopes: the strategy places each replica.
+    Only functions that the tower loop alone calls: any other caller would lose its placement."""
+    changes = {}
+    for function in tower.via:
+        name = function.name.value
+        if any(_calls(call, name) and not contains(tower.loop, call) for call in _module_calls(rule)):
+            raise Refused(f"the towers are built by `{name}`, which is also called outside the tower loop: "
+                          "its device scope cannot go")
+        scopes = {id(scope.with_node) for scope in tower.scopes if contains(function, scope.with_node)}
+        changes[id(function)] = function.visit(_ReplicaBody(scopes, {}, rule.imports, set()))
+    return changes
+
+
+def _calls(call: cst.Call, name: str) -> bool:
+    """`name(...)` or `<object>.name(...)`."""
+    func = call.func
+    return (isinstance(func, cst.Name) and func.value == name) or (isinstance(func, cst.Attribute) and func.attr.value == name)
+
+
+def _in_loop_terms(tower, device: cst.BaseExpression) -> cst.BaseExpression:
+    """A tower function's device expression with its parameters replaced by what the loop's call
+    passes (`'/gpu:%d' % gpu_id` of `build_tower(i, ...)` is `'/gpu:%d' % i`)."""
+    function = next((f for f in tower.via if contains(f, device)), None)
+    if function is None:
+        return device
+    call = next(c for c in find(tower.loop.body, cst.Call) if _calls(c, function.name.value))
+    params = [p.name.value for p in function.params.params]
+    if isinstance(call.func, cst.Attribute) and params[:1] == ["self"]:
+        params = params[1:]
+    passed: dict[str, cst.BaseExpression] = {}
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            break
+        if arg.keyword is not None:
+            passed[arg.keyword.value] = arg.value
+        elif position < len(params):
+            passed[params[position]] = arg.value
+    unbound = names_used(device) & ({p.name.value for p in find(function.params, cst.Param)} - set(passed))
+    if unbound:
+        raise Refused(f"cannot tell the towers' devices from `{code(device)}`: `{sorted(unbound)[0]}` is not passed by the loop")
+    return device.visit(_PassedArguments(passed))
+
+
+class _PassedArguments(cst.CSTTransformer):
+    """Parameter names replaced by the arguments passed for them (attribute names stay)."""
+
+    def __init__(self, passed: dict[str, cst.BaseExpression]):
+        super().__init__()
+        self.passed = passed
+
+    def leave_Name(self, original, updated):
+        return self.passed.get(original.value, updated)
+
+    def leave_Attribute(self, original, updated):
+        return updated.with_changes(attr=original.attr)
 
 
 def _is_range_index(loop: cst.For, node: cst.CSTNode) -> bool:
