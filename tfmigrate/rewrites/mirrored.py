@@ -49,19 +49,11 @@ from tfmigrate.analysis.devices import device_scope_arg, mentions_only_cpu, towe
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
 from tfmigrate.rewrites import tower_feeds, tower_input
+from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rule import Edit, FixSafety
 
 # A Python int (not a numpy one): `reuse=i > 0` must stay a real bool for variable_scope.
 REPLICA_INDEX = "int({tf}.get_static_value({tf}.distribute.get_replica_context().replica_id_in_sync_group))"
-
-
-class Refused(Exception):
-    """The loop does not have a shape this rewrite handles; the message says why."""
-
-
-class StateRefused(Refused):
-    """A refusal about what training needs (regularization made by the first tower only, a
-    global step outside the scope), not about the loop's shape: no other rewrite may take it."""
 
 
 @dataclass

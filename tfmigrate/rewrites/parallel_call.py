@@ -81,9 +81,10 @@ from tfmigrate.analysis.devices import device_scope_arg, device_scopes, mentions
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import children, find, module_parents, names_used, walk
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, Refused, assigned_name, comment_lines, device_helpers, devices_argument, loop_index,
+    REPLICA_INDEX, assigned_name, comment_lines, device_helpers, devices_argument, loop_index,
     method_call, TfNames, only_call, place_scope, ReplaceById, references, tf_root,
 )
+from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rule import Edit, FixSafety
 
 __all__ = ["Refused", "plan_helper", "plan_inline"]

@@ -42,6 +42,7 @@ from tfmigrate.cst.traversal import blank_lines_unindented
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
 from tfmigrate.cst.walker import visit_read_only
+from tfmigrate.rewrites.refusal import Refused
 
 if TYPE_CHECKING:
     from tfmigrate.rule import Rule
@@ -198,7 +199,7 @@ class _Survey(cst.CSTVisitor):
 
 # --- the analysis -----------------------------------------------------------------------
 
-class Blocked(Exception):
+class Blocked(Refused):
     """The pipeline does not have a shape the rewrite handles; the text says why."""
 
 

@@ -65,10 +65,11 @@ from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, contains, find, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, Refused, StateRefused, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
+    REPLICA_INDEX, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
     devices_argument, is_reuse_statement, method_call, place_scope, references, ReplaceById,
     strategy_scope_owner, tf_root,
 )
+from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rule import Edit, FixSafety
 
 __all__ = ["plan"]

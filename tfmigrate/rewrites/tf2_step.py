@@ -58,6 +58,7 @@ from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import find, names_used, single_small, walk
 from tfmigrate.rewrites.tower_input import INITIALIZERS
 from tfmigrate.tf_api import tf1_only
+from tfmigrate.rewrites.refusal import Refused
 
 # The v1 optimizers whose Keras counterpart makes the same update, and how their arguments
 # map: positional order of the v1 signature, v1 keyword -> Keras keyword (None: dropped).
@@ -86,7 +87,7 @@ DENIED = {"tensorflow.data.make_initializable_iterator", "tensorflow.data.make_o
           "tensorflow.data.get_output_shapes", "tensorflow.data.get_output_types"}
 
 
-class NotTf2(Exception):
+class NotTf2(Refused):
     """The program's code does not allow the tf2 target; the message says why."""
 
 

@@ -69,6 +69,7 @@ from tfmigrate.cst.names import ImportTable
 from tfmigrate.cst.traversal import children, find, name_nodes, names_used, parents_of, single_small, walk
 from tfmigrate.rule import ImportItem
 from tfmigrate.rewrites.tower_input import DistributedInput, find_initializer
+from tfmigrate.rewrites.refusal import Refused
 
 PLACEHOLDER = "tensorflow.placeholder"
 SPLIT = "tensorflow.split"
@@ -81,7 +82,7 @@ NP_ARRAY_SPLIT = "numpy.array_split"
 TIMERS = {"time.time", "time.perf_counter", "time.monotonic", "time.process_time", "timeit.default_timer"}
 
 
-class Unmatched(Exception):
+class Unmatched(Refused):
     """Per-tower placeholders in a shape this rewrite does not replace; the message says why."""
 
 
