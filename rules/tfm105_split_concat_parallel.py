@@ -166,6 +166,16 @@ class SplitConcatParallel(Rule):
         """,
         """\
         import tensorflow as tf
+        xs = tf.split(images, num_gpus)
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i):
+                grads = opt.compute_gradients(loss_fn(xs[i]))
+                tower_grads.append(grads)
+        # Gradients stacked to be averaged: TFM102's, not the towers' outputs joined.
+        avg = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        """,
+        """\
+        import tensorflow as tf
         groups = tf.split(features, num_gpus, axis=3)
         outs = []
         for i in range(num_gpus):

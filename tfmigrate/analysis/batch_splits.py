@@ -25,7 +25,7 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import argument, is_legacy_split, is_zero, split_arguments
 from tfmigrate.analysis.devices import (
-    TowerLoop, collected_names, device_scopes, enclosing_tower, fixed_gpu, module_tower_loops,
+    TowerLoop, collected_names, device_scopes, enclosing_tower, fixed_gpu, gradient_lists, module_tower_loops,
 )
 from tfmigrate.cst.traversal import children, names_used, walk
 from tfmigrate.cst.traversal import module_parents
@@ -205,7 +205,8 @@ def join_after(context, tower: TowerLoop) -> cst.Call | None:
 
 
 def _join_after(context, tower: TowerLoop) -> cst.Call | None:
-    outputs = collected_names(tower.loop)
+    # Gradients stacked to be averaged (TFM102's) are not the towers' outputs joined.
+    outputs = collected_names(tower.loop) - gradient_lists(tower.loop, context.imports)
     owner = tower.owner if tower.owner is not None else context.module
     stack: list[tuple[cst.CSTNode, frozenset]] = [(owner, frozenset())]
     while stack:
