@@ -30,7 +30,7 @@ REWRITTEN = [
     "general_clip_before_apply", "general_bn_update_block", "general_gradvars_dict",
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
-    "general_device_setter_split", "general_tower_class", "general_tower_function",
+    "general_device_setter_split", "general_tower_class", "general_tower_function", "general_zip_split_pieces",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -130,6 +130,23 @@ def test_names_read_after_the_loop_are_shared_and_the_update_moves():
     # Nothing reads the averaged gradients any more: the helper and the tower list go.
     assert "average_gradients" not in out and "tower_grads" not in out
     assert "devices=['/gpu:%d' % i for i in range(num_gpus)]" in out
+
+
+@pytest.mark.parametrize("extra", [
+    "tf.clip_by_norm(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), 5.0)",
+    "tf.reduce_mean(tf.stack([g for g, _ in gv]), 0) * 0.5",
+    "tf.reduce_mean(tf.stack([g for g, _ in gv]), 0) + tf.random_normal(tf.shape(gv[0][0]))",
+])
+def test_an_average_that_also_changes_the_gradients_is_kept_and_applied_per_replica(extra):
+    """The average is dropped only where it does nothing else (MirroredStrategy's all-reduce
+    does it); a clip, a scale or noise in it would be lost, so it stays as written and each
+    replica applies 1/N of its result (a probe's clipped average lost the clip and trained
+    differently under verify)."""
+    source = GRADIENTS.replace("return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1])",
+                               f"return [({extra}, gv[0][1])")
+    out = fixed(source)
+    assert f"return [({extra}, gv[0][1])" in out  # the helper stays
+    assert "grads = average_gradients(tower_grads)" in out and "def apply_share():" in out
 
 
 def test_a_summing_helper_applies_the_gradients_unscaled():

@@ -143,9 +143,40 @@ def _find_gradients(loop: cst.For) -> _Gradients:
     raise Refused("the loop does not collect `opt.compute_gradients(loss)` with `<list>.append(...)`")
 
 
+# What code that only averages or sums the towers' gradients calls: the rewrites drop that code
+# (MirroredStrategy's all-reduce does it), so anything else in it (a clip, a scale, noise, a
+# summary) would be lost; such code is kept as written instead (the wrapped update).
+_COMBINING_OPS = {
+    "tensorflow.reduce_mean", "tensorflow.math.reduce_mean", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum",
+    "tensorflow.add_n", "tensorflow.math.add_n", "tensorflow.stack", "tensorflow.pack", "tensorflow.concat",
+    "tensorflow.expand_dims", "tensorflow.divide", "tensorflow.div", "tensorflow.truediv", "tensorflow.identity",
+    "tensorflow.convert_to_tensor", "tensorflow.squeeze",
+}
+_COMBINING_BUILTINS = {"zip", "len", "float", "int", "range", "list", "tuple", "enumerate", "isinstance"}
+_COMBINING_METHODS = {"append", "extend"}
+
+
+def only_combines(node: cst.CSTNode, imports) -> bool:
+    """Whether ``node`` does nothing to the gradients but average or sum them: it calls only
+    :data:`_COMBINING_OPS` (and Python's plumbing) and does no arithmetic but `+` and `/`."""
+    for call in find(node, cst.Call):
+        name = imports.resolve(call.func)
+        if name in _COMBINING_OPS:
+            continue
+        if name is None and isinstance(call.func, cst.Name) and call.func.value in _COMBINING_BUILTINS:
+            continue
+        if name is None and isinstance(call.func, cst.Attribute) and call.func.attr.value in _COMBINING_METHODS:
+            continue
+        return False
+    return all(isinstance(b.operator, (cst.Add, cst.Divide)) for b in find(node, cst.BinaryOperation))
+
+
 def averages(node: cst.CSTNode, imports) -> bool | None:
     """Whether code combining tower gradients averages them (True), sums them (False), or
-    neither can be told (None): a mean or a division averages, `add_n`/`reduce_sum` alone sums."""
+    neither can be told (None): a mean or a division averages, `add_n`/`reduce_sum` alone sums;
+    code that also does something else to them (:func:`only_combines`) is neither."""
+    if not only_combines(node, imports):
+        return None
     called = {imports.resolve(c.func) for c in find(node, cst.Call)}
     divides = any(isinstance(b.operator, cst.Divide) for b in find(node, cst.BinaryOperation))
     if called & {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean", "tensorflow.divide",

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg, is_device_function, ops_device
+from tfmigrate.cst.callargs import split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, contains, find, module_parents, names_used, single_small, walk,
@@ -1266,7 +1267,40 @@ def _devices(rule, tower) -> str:
     if (isinstance(loop.iter, cst.Call) and code(loop.iter.func) == "enumerate" and isinstance(loop.target, cst.Tuple)
             and code(loop.target.elements[1].value) == code(device)):
         return code(loop.iter.args[0].value)
+    count = _pieces_count(rule, tower, loop.iter, device)
+    if count is not None:  # `for i, (x, y) in enumerate(zip(x_splits, y_splits))`: one device per piece
+        index = code(loop.target.elements[0].value)
+        return f"[{code(device)} for {index} in range({code(count)})]"
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExpression) -> cst.BaseExpression | None:
+    """How many pieces `enumerate(<pieces>)` walks, when the device reads only the index and
+    the pieces are a batch cut with `tf.split(x, n)` (or a zip of such cuts, or a literal
+    list): ``n``. The strategy is made before the graph, so it must not read the pieces."""
+    if not (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
+            and isinstance(tower.loop.target, cst.Tuple) and len(tower.loop.target.elements) == 2):
+        return None
+    if names_used(device) & names_used(tower.loop.target.elements[1].value):
+        return None
+    owner = tower.owner if tower.owner is not None else rule.context.module
+    pieces = [iterable.args[0].value]
+    while pieces:
+        node = pieces.pop(0)
+        if isinstance(node, cst.Call) and code(node.func) == "zip" and rule.imports.resolve(node.func) is None:
+            pieces += [a.value for a in node.args if not a.star]
+        elif isinstance(node, (cst.List, cst.Tuple)) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
+            return cst.Integer(str(len(node.elements)))
+        elif isinstance(node, cst.Call) and rule.imports.resolve(node.func) == "tensorflow.split":
+            count = split_arguments(node)[1]
+            if count is not None and not isinstance(count, (cst.List, cst.Tuple)):
+                return count
+        elif isinstance(node, cst.Name):
+            bound = [a.value for a in find(owner, cst.Assign)
+                     if len(a.targets) == 1 and code(a.targets[0].target) == node.value]
+            if len(bound) == 1:
+                pieces.append(bound[0])
+    return None
 
 
 def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
