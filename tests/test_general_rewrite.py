@@ -582,6 +582,21 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # Tacotron-2's shape: the towers fill lists on `self`, another method takes the loss and
+    # minimizes it. A rewrite made the towers replicas and left the optimizer outside them.
+    "towers_filling_attribute_lists": ("""
+        import tensorflow as tf
+        class Model(object):
+            def initialize(self, inputs, gpus):
+                self.tower_outputs = []
+                for i in range(len(gpus)):
+                    with tf.device(gpus[i]):
+                        self.tower_outputs.append(tf.layers.dense(inputs[i], 8))
+
+            def add_optimizer(self):
+                loss = tf.add_n([tf.reduce_mean(o) for o in self.tower_outputs])
+                self.optimize = tf.train.AdamOptimizer(0.1).minimize(loss)
+    """, "trains in this module, and the towers' results go where the rewrite cannot follow them"),
     "iterator_loop": ("""
         import tensorflow as tf
         def train(opt, parts, devices):

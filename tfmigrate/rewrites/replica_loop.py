@@ -833,20 +833,33 @@ def _computes_gradients(rule, call: cst.Call) -> bool:
 
 def _results_leave(region: _Region) -> bool:
     """Whether the loop or the code after it stores anything where other functions can read it:
-    an attribute or an item of something (`self.x = ...`, `settings['x'] = ...`), a collection."""
+    an attribute or an item of something (`self.x = ...`, `settings['x'] = ...`), a list that is
+    not the function's own (`self.tower_outputs.append(...)`, a parameter's), a collection."""
     owner = region.owner
     local = set().union(*(_bound_names(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
+
+    def not_local(target: cst.CSTNode) -> bool:
+        base = target
+        while isinstance(base, (cst.Attribute, cst.Subscript)):
+            base = base.value
+        return not (isinstance(base, cst.Name) and base.value in local)  # a local dict's item stays here
+
     for statement in [region.loop.body, *region.following]:
         for node in _own_nodes(statement):
             if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.target, (cst.Attribute, cst.Subscript)):
-                base = node.target
-                while isinstance(base, (cst.Attribute, cst.Subscript)):
-                    base = base.value
-                if not (isinstance(base, cst.Name) and base.value in local):  # a local dict's item stays here
+                if not_local(node.target):
                     return True
             if isinstance(node, cst.Call) and code(node.func).endswith("add_to_collection"):
                 return True
+            if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in _FILLING_METHODS and isinstance(owner, cst.FunctionDef)
+                    and not_local(node.func.value)):
+                return True
     return False
+
+
+# Methods that fill a container in place: a container the function does not own leaves with it.
+_FILLING_METHODS = ("append", "extend", "insert", "update", "add", "setdefault")
 
 
 def _check_training_state(rule, region: _Region, update: _Update) -> None:
