@@ -800,6 +800,7 @@ def _forward_only(rule, region: _Region) -> _Update:
     if filled & returned:  # the caller may train on them, or open its own strategy: neither can be seen here
         raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to the "
                       "caller: build the update (or use the results) in the function with the tower loop")
+    _check_no_foreign_consumer(rule, region, filled)
     # Results can also leave through an argument, a dict, an attribute or a collection: where
     # anything in the module trains, it may train on them outside the replicas.
     trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in _module_calls(rule) if _trains(rule, c)), None))
@@ -808,6 +809,27 @@ def _forward_only(rule, region: _Region) -> _Update:
                       "results go where the rewrite cannot follow them (an update it does not know, or storage other "
                       "functions read): build the update after the tower loop with an optimizer")
     return _Update([], note=" (the towers only compute: nothing to update)")
+
+
+# Libraries whose functions are known not to train a model behind the rewrite's back.
+_KNOWN_LIBRARIES = ("tensorflow", "numpy", "keras", "tf_keras", "math", "os", "sys", "logging", "time", "json")
+
+
+def _check_no_foreign_consumer(rule, region: _Region, filled: set[str]) -> None:
+    """Towers that only compute, whose results (or what is computed from them after the loop)
+    are passed to a function imported from another module of the project: it may train on
+    them (`build_train_op(total_loss)`), outside the replicas, which cannot be seen here."""
+    reached = set(filled)
+    for statement in region.following:
+        for call in find(statement, cst.Call):
+            name = rule.imports.resolve(call.func)
+            if (name is not None and name.split(".")[0] not in _KNOWN_LIBRARIES
+                    and any(names_used(arg.value) & reached for arg in call.args)):
+                raise Refused(f"line {_line(rule, statement)}: the towers' results reach `{code(call.func)}`, "
+                              "imported from another module: whether it trains on them outside the replicas "
+                              "cannot be seen here")
+        if names_used(statement) & reached:
+            reached |= _bound_names(statement)
 
 
 def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset()) -> cst.Call | None:
