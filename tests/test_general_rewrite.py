@@ -582,6 +582,23 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # Keras towers whose outputs make a functional model that is compiled and fit: a rewrite
+    # made replicas of symbolic Keras layers calls and left the training outside them.
+    "keras_outputs_compiled_and_fit": ("""
+        import tensorflow as tf
+        from tensorflow.keras.layers import Input, Dense, concatenate
+        from tensorflow.keras.models import Model
+        def main(x, y, parts, gpus=2):
+            inp = Input(shape=(8,))
+            dense = Dense(1)
+            outs = []
+            for i in range(gpus):
+                with tf.device('/gpu:%d' % i):
+                    outs.append(dense(parts[i]))
+            model = Model(inp, concatenate(outs, axis=0))
+            model.compile(optimizer='sgd', loss='mse')
+            model.fit(x, y, epochs=2)
+    """, "reach `model.compile`"),
     # The towers' mean loss handed to a training helper of the project's own (another module):
     # a rewrite left its optimizer outside the replicas.
     "results_to_an_imported_trainer": ("""

@@ -999,7 +999,9 @@ def _fixed_regularization(rule) -> cst.CSTNode | None:
 
 # What trains: optimizer steps, gradients, and the names projects give their own training helpers
 # (`optimize_loss`, an `Optimizer` class, `register_gradients` / `apply_updates`).
-_TRAINING_METHODS = ("minimize", "apply_gradients", "compute_gradients", "register_gradients", "apply_updates")
+_TRAINING_METHODS = ("minimize", "apply_gradients", "compute_gradients", "register_gradients", "apply_updates",
+                     # Keras trains through the model: a functional model over the towers' outputs.
+                     "compile", "fit", "fit_generator", "train_on_batch")
 
 
 def _trains(rule, call: cst.Call) -> bool:
