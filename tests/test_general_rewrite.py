@@ -31,6 +31,7 @@ REWRITTEN = [
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
     "general_device_setter_split", "general_tower_class", "general_tower_function", "general_zip_split_pieces",
+    "general_monitored_session",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",

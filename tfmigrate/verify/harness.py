@@ -349,6 +349,20 @@ SOURCE_OPS = {
 }
 
 
+def flatten_fetches(tf, structure) -> list:
+    """``tf.nest.flatten`` of Session.run fetches (or of what the run returned), also for a dict
+    whose keys do not sort: MonitoredSession fetches `{'caller': ..., <hook>: ...}`, which
+    nest cannot order; such a dict is read in insertion order, the order its result keeps."""
+    try:
+        return tf.nest.flatten(structure)
+    except TypeError:
+        if isinstance(structure, dict):
+            return [leaf for value in structure.values() for leaf in flatten_fetches(tf, value)]
+        if isinstance(structure, (list, tuple)):
+            return [leaf for value in structure for leaf in flatten_fetches(tf, value)]
+        raise
+
+
 def cone(roots):
     """All ops reachable backwards (data and control inputs) from the given ops."""
     seen, stack = set(), list(roots)
@@ -495,7 +509,7 @@ class Recorder:
 
     def _fetch_elements(self, graph, fetches) -> list:
         """The graph element of each flattened fetch (None where it is not one)."""
-        flat = self.tf.nest.flatten(fetches)
+        flat = flatten_fetches(self.tf, fetches)
         elements = []
         for item in flat:
             try:
@@ -585,7 +599,7 @@ class Recorder:
             values = [float(np.asarray(v).reshape(-1)[0]) for v in towers]
             return sum(values) if plan.get("replica_sum") else sum(values) / len(values)
         if plan["loss_index"] is not None:
-            value = self.tf.nest.flatten(result)[plan["loss_index"]]
+            value = flatten_fetches(self.tf, result)[plan["loss_index"]]
             array = np.asarray(value)
             if array.size == 1:
                 return float(array.reshape(-1)[0])
