@@ -583,6 +583,19 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # The last tower averages and applies: only one replica would reach the update.
+    "update_on_the_last_tower": ("""
+        import tensorflow as tf
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(parts[i])))
+                    if i == num_gpus - 1:
+                        train_op = opt.apply_gradients([(tf.add_n([g for g, _ in gv]) / num_gpus, gv[0][1])
+                                                        for gv in zip(*tower_grads)])
+            return train_op
+    """, "line 8: the towers' gradients `tower_grads` are combined inside the tower loop (by one tower)"),
     # Keras towers whose outputs make a functional model that is compiled and fit: a rewrite
     # made replicas of symbolic Keras layers calls and left the training outside them.
     "keras_outputs_compiled_and_fit": ("""

@@ -66,7 +66,7 @@ from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, contains, find, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
+    REPLICA_INDEX, TfNames, averages, only_call, averaging_helper, check_tower, comment_lines, device_helpers,
     devices_argument, is_reuse_statement, method_call, place_scope, references, ReplaceById,
     strategy_scope_owner, tf_root,
 )
@@ -408,8 +408,19 @@ def _find_average(rule, region: _Region, tower_list: str) -> _Average:
                 return _Average(statement, appended.pop(), _verdict(rule, statement, tower_list), init=init)
         raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is read after the loop other than to "
                       "average or sum the towers' gradients")
+    combining = [s for s in _statements(region.loop.body) if _mentions(s, tower_list) and not _appends_to(s, tower_list)]
+    if combining:
+        raise Refused(f"line {_line(rule, combining[0])}: the towers' gradients `{tower_list}` are combined inside the "
+                      "tower loop (by one tower): average and apply them after the loop")
     raise Refused(f"the tower gradients `{tower_list}` are not averaged after the loop in the same function "
                   "(returned to a caller?): apply them in the function that builds the towers")
+
+
+def _appends_to(statement: cst.CSTNode, target: str) -> bool:
+    """`<target>.append(...)` as the whole statement."""
+    call = only_call(statement)
+    return (call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "append"
+            and code(call.func.value) == target)
 
 
 def _verdict(rule, statement: cst.CSTNode, tower_list: str) -> bool:
