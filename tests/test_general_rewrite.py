@@ -137,6 +137,7 @@ def test_names_read_after_the_loop_are_shared_and_the_update_moves():
     "tf.clip_by_norm(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), 5.0)",
     "tf.reduce_mean(tf.stack([g for g, _ in gv]), 0) * 0.5",
     "tf.reduce_mean(tf.stack([g for g, _ in gv]), 0) + tf.random_normal(tf.shape(gv[0][0]))",
+    "tf.add_n([g for g, _ in gv]) / batch_size",  # a scale, not (only) the mean over the towers
 ])
 def test_an_average_that_also_changes_the_gradients_is_kept_and_applied_per_replica(extra):
     """The average is dropped only where it does nothing else (MirroredStrategy's all-reduce
@@ -148,6 +149,15 @@ def test_an_average_that_also_changes_the_gradients_is_kept_and_applied_per_repl
     out = fixed(source)
     assert f"return [({extra}, gv[0][1])" in out  # the helper stays
     assert "grads = average_gradients(tower_grads)" in out and "def apply_share():" in out
+
+
+@pytest.mark.parametrize("divisor", ["len(gv)", "num_gpus", "float(FLAGS.num_gpus)", "2.0"])
+def test_a_sum_divided_by_the_tower_count_is_an_average_the_strategy_does(divisor):
+    source = GRADIENTS.replace("return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1])",
+                               f"return [(tf.add_n([g for g, _ in gv]) / {divisor}, gv[0][1])")
+    out = fixed(source)
+    assert "average_gradients" not in out and "def apply_share():" not in out
+    assert "grads_share = [(tf.math.scalar_mul(1.0 / strategy.num_replicas_in_sync, g), v)" in out
 
 
 def test_a_summing_helper_applies_the_gradients_unscaled():

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.analysis.devices import device_scope_arg, mentions_only_cpu, tower_group
+from tfmigrate.analysis.devices import device_scope_arg, looks_per_device, mentions_only_cpu, tower_group
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
 from tfmigrate.rewrites import tower_feeds, tower_input
@@ -168,7 +168,21 @@ def only_combines(node: cst.CSTNode, imports) -> bool:
         if name is None and isinstance(call.func, cst.Attribute) and call.func.attr.value in _COMBINING_METHODS:
             continue
         return False
-    return all(isinstance(b.operator, (cst.Add, cst.Divide)) for b in find(node, cst.BinaryOperation))
+    return all(isinstance(b.operator, cst.Add) or (isinstance(b.operator, cst.Divide) and _is_tower_count(b.right))
+               for b in find(node, cst.BinaryOperation))
+
+
+def _is_tower_count(divisor: cst.BaseExpression) -> bool:
+    """A divisor that reads as the number of towers: `len(grads)`, `num_gpus`, `float(FLAGS.num_gpus)`,
+    a literal. Anything else (`/ batch_size`) scales the gradients as well as averaging them."""
+    if isinstance(divisor, (cst.Integer, cst.Float)):
+        return True
+    if isinstance(divisor, cst.Call) and isinstance(divisor.func, cst.Name) and len(divisor.args) == 1:
+        if divisor.func.value == "len":
+            return True
+        if divisor.func.value in ("float", "int"):
+            return _is_tower_count(divisor.args[0].value)
+    return isinstance(divisor, (cst.Name, cst.Attribute)) and looks_per_device(divisor)
 
 
 def averages(node: cst.CSTNode, imports) -> bool | None:
