@@ -546,6 +546,27 @@ def test_a_tower_function_loses_its_device_scope_and_its_parameter_gives_the_dev
     assert "losses.append(self.tower(parts, gpu=k, reuse=k > 0))" in out
 
 
+def test_a_tower_method_reading_its_objects_device_list_gives_that_list():
+    out = fixed("""
+        import tensorflow as tf
+
+        class Model(object):
+            def __init__(self, gpus):
+                self.devices = ['/gpu:%d' % g for g in gpus]
+
+            def tower(self, parts, k):
+                with tf.device(self.devices[k]), tf.variable_scope('net', reuse=k > 0):
+                    return tf.reduce_mean(tf.layers.dense(parts[k], 1))
+
+            def build(self, opt, parts):
+                losses = []
+                for i in range(len(self.devices)):
+                    losses.append(self.tower(parts, i))
+                self.train_op = opt.minimize(tf.add_n(losses) / len(self.devices))
+    """)
+    assert "strategy = tf.distribute.MirroredStrategy(devices=self.devices)" in out and "tf.device(" not in out
+
+
 def test_a_tower_function_also_called_outside_the_loop_is_refused():
     source = textwrap.dedent(TOWER_FUNCTION.replace(
         "            self.train_op =", "            self.eval_loss = self.tower(parts, 0, True)\n            self.train_op ="))

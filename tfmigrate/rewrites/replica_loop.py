@@ -1390,6 +1390,9 @@ def _in_loop_terms(tower, device: cst.BaseExpression) -> cst.BaseExpression:
             passed[arg.keyword.value] = arg.value
         elif position < len(params):
             passed[params[position]] = arg.value
+    receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+    if isinstance(receiver, cst.Name) and params != [p.name.value for p in function.params.params]:
+        passed["self"] = receiver  # `self.build_tower(i)`: the method's `self` is the caller's receiver
     unbound = names_used(device) & ({p.name.value for p in find(function.params, cst.Param)} - set(passed))
     if unbound:
         raise Refused(f"cannot tell the towers' devices from `{code(device)}`: `{sorted(unbound)[0]}` is not passed by the loop")
