@@ -614,6 +614,20 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # The towers' losses read back by a scope spelled out: replica 1's ops are `replica_1/tower_1/...`,
+    # so the rewrite ran into `tf.add_n([])`.
+    "collection_read_by_a_spelled_scope": ("""
+        import tensorflow as tf
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i):
+                    tf.add_to_collection('losses', tf.reduce_mean(parts[i]))
+                    loss = tf.add_n(tf.get_collection('losses', 'tower_%d' % i))
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads)
+    """, "line 7: `tf.get_collection('losses', 'tower_%d' % i)` filters by the scope `'tower_%d' % i`"),
     # The last tower averages and applies: only one replica would reach the update.
     "update_on_the_last_tower": ("""
         import tensorflow as tf

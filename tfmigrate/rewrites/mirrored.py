@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tfmigrate.analysis.devices import device_scope_arg, looks_per_device, mentions_only_cpu, tower_group
+from tfmigrate.cst.callargs import argument, is_none
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
 from tfmigrate.rewrites import tower_feeds, tower_input
@@ -355,6 +356,29 @@ def plan(rule, tower) -> Edit:
     return result.edit
 
 
+# Collection reads that filter by a name scope: (the parameters before and with `scope`).
+_SCOPED_READS = {
+    "tensorflow.get_collection": ("key", "scope"),
+    "tensorflow.losses.get_losses": ("scope",),
+    "tensorflow.losses.get_regularization_losses": ("scope",),
+    "tensorflow.losses.get_regularization_loss": ("scope",),
+}
+
+
+def check_collection_scopes(rule, loop: cst.For) -> None:
+    """A collection read in the body filtered by a scope spelled out (`tf.get_collection('losses',
+    'tower_%d' % i)`): under MirroredStrategy replica k's ops are named `replica_k/tower_k/...`,
+    so the filter finds none of replica k's (the rewrite ran into `add_n([])`). The name scope's
+    own value (`with tf.name_scope(...) as scope:`) is what each replica's ops are named under."""
+    for call in find(loop.body, cst.Call):
+        params = _SCOPED_READS.get(rule.imports.resolve(call.func) or "")
+        scope = argument(call, params, "scope") if params else None
+        if scope is not None and not isinstance(scope, (cst.Name, cst.Attribute)) and not is_none(scope):
+            raise Refused(f"line {rule.position(call).start.line}: `{code(call)}` filters by the scope `{code(scope)}`, which "
+                          "does not name replica k's ops (`replica_k/...`) under MirroredStrategy; read the "
+                          "`with tf.name_scope(...) as scope:` value instead")
+
+
 def check_tower(context, tower, tower_functions: bool = False) -> None:
     """Refused for towers no rewrite takes: built by a function called in the loop (unless the
     rewrite takes ``tower_functions``), spread over several loops, or inside an Estimator model_fn."""
@@ -388,6 +412,7 @@ def _plan(rule, tower) -> Planned:
     context, module = rule.context, rule.context.module
     tf = TfNames(rule)
     check_tower(context, tower)
+    check_collection_scopes(rule, tower.loop)
     found = _region(tower.loop, module_parents(context), rule.imports)
     _find_average_and_apply(found)
     helper_name = code(found.average_call.func)

@@ -66,9 +66,9 @@ from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, contains, find, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, TfNames, averages, only_call, averaging_helper, check_tower, comment_lines, device_helpers,
-    devices_argument, is_reuse_statement, method_call, place_scope, references, ReplaceById,
-    strategy_scope_owner, tf_root,
+    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_collection_scopes, check_tower,
+    comment_lines, device_helpers, devices_argument, is_reuse_statement, method_call, only_call, place_scope,
+    references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rule import Edit, FixSafety
@@ -114,6 +114,7 @@ def plan(rule, tower) -> Edit:
     loop = tower.loop
     check_tower(context, tower, tower_functions=True)
     _check_body(loop)
+    check_collection_scopes(rule, loop)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     if _may_be_iterator(region, loop.iter) and not isinstance(loop.iter, cst.Call):
         raise Refused(f"the tower loop walks `{code(loop.iter)}`, an iterator made before it: the replicas need "
