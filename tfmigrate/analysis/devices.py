@@ -566,27 +566,25 @@ def collected_names(loop: cst.For) -> set[str]:
     return found
 
 
-GRADIENT_CALLS = {"tensorflow.gradients"}
+def computes_gradients(node: cst.CSTNode | None, imports: ImportTable | None) -> bool:
+    """`opt.compute_gradients(...)`, or `tf.gradients(...)` (told only with the module's ``imports``)."""
+    return isinstance(node, cst.Call) and (
+        (isinstance(node.func, cst.Attribute) and node.func.attr.value == "compute_gradients")
+        or (imports is not None and imports.resolve(node.func) == "tensorflow.gradients"))
 
 
 def gradient_lists(loop: cst.For, imports: ImportTable) -> set[str]:
     """The lists a loop collects gradients in: `tower_grads.append(opt.compute_gradients(loss))`,
     or of a name the body binds to such a call (`grads = tf.gradients(loss, params)`). What is
     stacked from them after the loop is an average of gradients, not the towers' outputs joined."""
-
-    def computes(node: cst.CSTNode | None) -> bool:
-        return isinstance(node, cst.Call) and (
-            (isinstance(node.func, cst.Attribute) and node.func.attr.value == "compute_gradients")
-            or imports.resolve(node.func) in GRADIENT_CALLS)
-
-    computed = {code_name for node in walk(loop.body) if isinstance(node, cst.Assign) and computes(node.value)
-                for target in node.targets for code_name in names_used(target.target)}
+    computed = {name for node in walk(loop.body) if isinstance(node, cst.Assign) and computes_gradients(node.value, imports)
+                for target in node.targets for name in names_used(target.target)}
     found: set[str] = set()
     for node in walk(loop.body):
         if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "append"
                 and len(node.args) == 1):
             value = node.args[0].value
-            if computes(value) or (isinstance(value, cst.Name) and value.value in computed):
+            if computes_gradients(value, imports) or (isinstance(value, cst.Name) and value.value in computed):
                 found |= _base_names(node.func.value)
     return found
 

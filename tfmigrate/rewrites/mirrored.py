@@ -365,7 +365,7 @@ _SCOPED_READS = {
 }
 
 
-def check_collection_scopes(rule, loop: cst.For) -> None:
+def _check_collection_scopes(rule, loop: cst.For) -> None:
     """A collection read in the body filtered by a scope spelled out (`tf.get_collection('losses',
     'tower_%d' % i)`): under MirroredStrategy replica k's ops are named `replica_k/tower_k/...`,
     so the filter finds none of replica k's (the rewrite ran into `add_n([])`). The name scope's
@@ -379,9 +379,11 @@ def check_collection_scopes(rule, loop: cst.For) -> None:
                           "`with tf.name_scope(...) as scope:` value instead")
 
 
-def check_tower(context, tower, tower_functions: bool = False) -> None:
+def check_tower(rule, tower, tower_functions: bool = False) -> None:
     """Refused for towers no rewrite takes: built by a function called in the loop (unless the
-    rewrite takes ``tower_functions``), spread over several loops, or inside an Estimator model_fn."""
+    rewrite takes ``tower_functions``), spread over several loops, inside an Estimator model_fn,
+    or reading a collection by a spelled-out scope (:func:`_check_collection_scopes`)."""
+    context = rule.context
     if tower.via and not tower_functions:
         names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
         raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
@@ -391,6 +393,7 @@ def check_tower(context, tower, tower_functions: bool = False) -> None:
     owner = tower.owner
     if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
         raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
+    _check_collection_scopes(rule, tower.loop)
 
 
 @dataclass
@@ -411,8 +414,7 @@ class _Loop:
 def _plan(rule, tower) -> Planned:
     context, module = rule.context, rule.context.module
     tf = TfNames(rule)
-    check_tower(context, tower)
-    check_collection_scopes(rule, tower.loop)
+    check_tower(rule, tower)
     found = _region(tower.loop, module_parents(context), rule.imports)
     _find_average_and_apply(found)
     helper_name = code(found.average_call.func)

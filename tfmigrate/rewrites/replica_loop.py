@@ -59,15 +59,17 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.analysis.devices import DEVICE_SPECS, device_scope_arg, is_device_function, ops_device
+from tfmigrate.analysis.devices import (
+    DEVICE_SPECS, computes_gradients, device_scope_arg, is_device_function, ops_device,
+)
 from tfmigrate.cst.callargs import split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, contains, find, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_collection_scopes, check_tower,
-    comment_lines, device_helpers, devices_argument, is_reuse_statement, method_call, only_call, place_scope,
+    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower,
+    comment_lines, device_helpers, devices_argument, is_reuse_statement, method_call, place_scope,
     references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
@@ -112,9 +114,8 @@ def plan(rule, tower) -> Edit:
     """The replica rewrite of ``tower`` (a :class:`tfmigrate.analysis.devices.TowerLoop`)."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
-    check_tower(context, tower, tower_functions=True)
+    check_tower(rule, tower, tower_functions=True)
     _check_body(loop)
-    check_collection_scopes(rule, loop)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     if _may_be_iterator(region, loop.iter) and not isinstance(loop.iter, cst.Call):
         raise Refused(f"the tower loop walks `{code(loop.iter)}`, an iterator made before it: the replicas need "
@@ -255,18 +256,15 @@ class _Collected:
     compute: cst.Call | None  # `opt.compute_gradients(...)` / `tf.gradients(...)` the value is (or names)
 
 
-def _collected(loop: cst.For, resolve=lambda node: None) -> list[_Collected]:
+def _collected(loop: cst.For, imports=None) -> list[_Collected]:
+    """Every `<list>.append(<value>)` statement of the loop body; ``compute`` is told for
+    `tf.gradients` only with the module's ``imports``."""
     computed: dict[str, cst.Call] = {}
     found = []
-
-    def computes(node) -> bool:
-        return method_call(node, "compute_gradients") or (
-            isinstance(node, cst.Call) and resolve(node.func) == "tensorflow.gradients")
-
     for statement in _statements(loop.body):
         small = single_small(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-            if computes(small.value):
+            if computes_gradients(small.value, imports):
                 computed[small.targets[0].target.value] = small.value
         if not (isinstance(small, cst.Expr) and method_call(small.value, "append") and len(small.value.args) == 1):
             continue
@@ -274,7 +272,7 @@ def _collected(loop: cst.For, resolve=lambda node: None) -> list[_Collected]:
         if not isinstance(holder, (cst.Name, cst.Attribute)):
             continue
         value = small.value.args[0].value
-        compute = value if computes(value) else (
+        compute = value if computes_gradients(value, imports) else (
             computed.get(value.value) if isinstance(value, cst.Name) else None)
         found.append(_Collected(statement, code(holder), value, compute))
     return found
@@ -305,7 +303,7 @@ def _mentions(node: cst.CSTNode, target: str, skipped: frozenset = frozenset()) 
 def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
     """`tower_grads.append(opt.compute_gradients(loss))`, then after the loop the gradients
     averaged (or summed) and `opt.apply_gradients(<them>, ...)`."""
-    collected = [c for c in _collected(region.loop, rule.imports.resolve) if c.compute is not None]
+    collected = [c for c in _collected(region.loop, rule.imports) if c.compute is not None]
     if not collected:
         return None
     if len(collected) > 1:
@@ -409,19 +407,13 @@ def _find_average(rule, region: _Region, tower_list: str) -> _Average:
                 return _Average(statement, appended.pop(), _verdict(rule, statement, tower_list), init=init)
         raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is read after the loop other than to "
                       "average or sum the towers' gradients")
-    combining = [s for s in _statements(region.loop.body) if _mentions(s, tower_list) and not _appends_to(s, tower_list)]
+    appends = {id(c.statement) for c in _collected(region.loop) if c.target == tower_list}
+    combining = [s for s in _statements(region.loop.body) if _mentions(s, tower_list) and id(s) not in appends]
     if combining:
         raise Refused(f"line {_line(rule, combining[0])}: the towers' gradients `{tower_list}` are combined inside the "
                       "tower loop (by one tower): average and apply them after the loop")
     raise Refused(f"the tower gradients `{tower_list}` are not averaged after the loop in the same function "
                   "(returned to a caller?): apply them in the function that builds the towers")
-
-
-def _appends_to(statement: cst.CSTNode, target: str) -> bool:
-    """`<target>.append(...)` as the whole statement."""
-    call = only_call(statement)
-    return (call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "append"
-            and code(call.func.value) == target)
 
 
 def _verdict(rule, statement: cst.CSTNode, tower_list: str) -> bool:
@@ -1137,12 +1129,16 @@ def _device_bindings(tower, loop: cst.For) -> list[cst.BaseStatement]:
         if not isinstance(scope.device, cst.Name):
             continue
         name = scope.device.value
-        binding = [s for s in loop.body.body if isinstance(single_small(s), cst.Assign)
-                   and code(single_small(s).targets[0].target) == name and len(single_small(s).targets) == 1]
+        binding = [s for s in loop.body.body if _assigns(single_small(s), name)]
         reads = sum(1 for node in walk(loop.body) if type(node) is cst.Name and node.value == name)
         if len(binding) == 1 and reads == 2 and binding[0] not in found:
             found.append(binding[0])
     return found
+
+
+def _assigns(small: cst.CSTNode | None, name: str) -> bool:
+    """`<name> = ...`, one target."""
+    return isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
 
 
 def _loop_variables(rule, loop: cst.For, statements, tf: TfNames) -> list[cst.BaseStatement]:
