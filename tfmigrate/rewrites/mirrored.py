@@ -157,7 +157,7 @@ _COMBINING_BUILTINS = {"zip", "len", "float", "int", "range", "list", "tuple", "
 _COMBINING_METHODS = {"append", "extend"}
 
 
-def only_combines(node: cst.CSTNode, imports) -> bool:
+def _only_combines(node: cst.CSTNode, imports) -> bool:
     """Whether ``node`` does nothing to the gradients but average or sum them: it calls only
     :data:`_COMBINING_OPS` (and Python's plumbing) and does no arithmetic but `+` and `/`."""
     for call in find(node, cst.Call):
@@ -189,8 +189,8 @@ def _is_tower_count(divisor: cst.BaseExpression) -> bool:
 def averages(node: cst.CSTNode, imports) -> bool | None:
     """Whether code combining tower gradients averages them (True), sums them (False), or
     neither can be told (None): a mean or a division averages, `add_n`/`reduce_sum` alone sums;
-    code that also does something else to them (:func:`only_combines`) is neither."""
-    if not only_combines(node, imports):
+    code that also does something else to them (:func:`_only_combines`) is neither."""
+    if not _only_combines(node, imports):
         return None
     called = {imports.resolve(c.func) for c in find(node, cst.Call)}
     divides = any(isinstance(b.operator, cst.Divide) for b in find(node, cst.BinaryOperation))
@@ -415,7 +415,8 @@ def _plan(rule, tower) -> Planned:
     context, module = rule.context, rule.context.module
     tf = TfNames(rule)
     check_tower(rule, tower)
-    found = _region(tower.loop, module_parents(context), rule.imports)
+    parents = module_parents(context)
+    found = _region(tower.loop, parents, rule.imports)
     _find_average_and_apply(found)
     helper_name = code(found.average_call.func)
     helper, averages = averaging_helper(helper_name, module, rule.imports)
@@ -438,7 +439,6 @@ def _plan(rule, tower) -> Planned:
         f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n"
     )
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
-    parents = module_parents(context)
     anchor, new_anchor = place_scope(found.outer, parents, rule.imports, region, create, scope_item)
     changes: dict = {anchor: new_anchor}
     changes.update(_unused_helpers(tower, module, found.average, anchor, [(helper_name, helper)]))
