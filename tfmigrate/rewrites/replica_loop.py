@@ -65,7 +65,7 @@ from tfmigrate.analysis.devices import (
 from tfmigrate.cst.callargs import split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, children, contains, find, module_parents, names_used, single_small, walk,
+    blank_lines_unindented, children, concrete_types, contains, find, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower,
@@ -83,6 +83,7 @@ _LOSS_SUMS = {"tensorflow.add_n", "tensorflow.math.add_n", "tensorflow.reduce_su
 _STACKS = {"tensorflow.stack", "tensorflow.concat", "tensorflow.convert_to_tensor"}
 # Nodes that open their own scope: names bound inside them are not the loop body's.
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_SCOPE_TYPES = concrete_types(_SCOPES)
 
 
 @dataclass
@@ -200,7 +201,7 @@ def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes:
         if id(current) in skipped:
             continue
         yield current
-        if current is not node and isinstance(current, _SCOPES) and not into_scopes:
+        if current is not node and type(current) in _SCOPE_TYPES and not into_scopes:
             continue
         stack.extend(reversed(children(current)))
 
@@ -279,7 +280,7 @@ def _collected(loop: cst.For, imports=None) -> list[_Collected]:
 
 
 def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
-    return [n for n in _own_nodes(node) if isinstance(n, cst.SimpleStatementLine)]
+    return [n for n in _own_nodes(node) if type(n) is cst.SimpleStatementLine]
 
 
 def _lines(statements: list[cst.BaseStatement]) -> list[cst.SimpleStatementLine]:
@@ -1231,25 +1232,33 @@ def _bound_names(node: cst.CSTNode, skipped: frozenset = frozenset()) -> set[str
     """Names a statement binds in its own scope (not inside nested functions or comprehensions)."""
     found: set[str] = set()
     for current in _own_nodes(node, skipped):
-        if isinstance(current, cst.AssignTarget):
+        kind = type(current)
+        if kind not in _BINDERS:  # most nodes (tested by type: isinstance on LibCST classes is slow)
+            continue
+        if kind is cst.AssignTarget or kind is cst.AugAssign or kind is cst.AnnAssign:
             found |= _target_names(current.target)
-        elif isinstance(current, (cst.AugAssign, cst.AnnAssign)):
+        elif kind is cst.For:
             found |= _target_names(current.target)
-        elif isinstance(current, cst.For):
-            found |= _target_names(current.target)
-        elif isinstance(current, cst.AsName):
+        elif kind is cst.AsName:
             found |= _target_names(current.name)
-        elif isinstance(current, cst.NamedExpr):
+        elif kind is cst.NamedExpr:
             found |= _target_names(current.target)
-        elif isinstance(current, (cst.FunctionDef, cst.ClassDef)) and current is not node:
-            found.add(current.name.value)
-        elif isinstance(current, (cst.Import, cst.ImportFrom)) and not isinstance(current.names, cst.ImportStar):
+        elif kind is cst.FunctionDef or kind is cst.ClassDef:
+            if current is not node:
+                found.add(current.name.value)
+        elif not isinstance(current.names, cst.ImportStar):  # Import, ImportFrom
             for alias in current.names:
                 name = alias.asname.name if alias.asname else alias.name
                 found.add(code(name).split(".")[0])
     if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
         found.add(node.name.value)
     return found
+
+
+_BINDERS = frozenset({
+    cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.AsName, cst.NamedExpr, cst.FunctionDef,
+    cst.ClassDef, cst.Import, cst.ImportFrom,
+})
 
 
 def _target_names(target: cst.CSTNode) -> set[str]:
