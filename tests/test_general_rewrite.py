@@ -11,6 +11,7 @@ rewrite cannot keep must be refused, and say why.
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +32,7 @@ REWRITTEN = [
     "general_inception_regularized", "general_deepspeech_flags", "general_collection_wiring",
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
     "general_device_setter_split", "general_tower_class", "general_tower_function", "general_zip_split_pieces",
-    "general_monitored_session",
+    "general_monitored_session", "general_first_tower_var_list",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -756,11 +757,70 @@ def test_one_towers_summaries_and_batch_norm_updates_are_read_from_every_replica
                     train_op = opt.apply_gradients(average_gradients(tower_grads))
                 return train_op, tf.summary.merge(summaries), other
     """)
-    # Replica 1's own scope holds neither (TF1 summaries are recorded on replica 0 only, a
-    # merged moving-average update is named under replica 0's scope): the last tower's become all.
+    # Replica 1's own scope holds no summary (TF1 summaries are recorded on replica 0 only):
+    # the last tower's become all.
     assert "summaries = tf.get_collection(tf.GraphKeys.SUMMARIES)\n" in out
-    assert "bn_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS)\n" in out
+    # Each replica's batch-norm updates are its own (one copy of the statistics per replica);
+    # the code after the loop reads every replica's.
+    inside, after = out.split("strategy.extended.call_for_each_replica(tower_fn)\n")
+    assert "bn_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope)\n" in inside
+    assert "bn_updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS)\n" in after
+    assert after.index("bn_updates = tf.get_collection") < after.index("tf.control_dependencies(bn_updates)")
     assert "other = tf.get_collection('my_collection', scope)" in out  # a collection of its own stays scoped
+
+
+BN_FIRST_TOWER_PROGRAM = """\
+import numpy as np
+import tensorflow as tf
+
+with tf.Graph().as_default():
+    x = tf.placeholder(tf.float32, [8, 3])
+    parts = tf.split(x, 2)
+    opt = tf.train.GradientDescentOptimizer(0.1)
+    tower_grads = []
+    for i in range(2):
+        with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+            with tf.variable_scope('net', reuse=i > 0):
+                kernel = tf.constant_initializer([[0.1, 0.2, 0.3, 0.4]] * 3)
+                h = tf.layers.batch_normalization(tf.layers.dense(parts[i], 4, kernel_initializer=kernel), training=True)
+            loss = tf.reduce_mean(tf.square(h - 1.0))
+            if i == 0:
+                updates = tf.get_collection(tf.GraphKeys.UPDATE_OPS, scope)
+            tower_grads.append(opt.compute_gradients(loss))
+    grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+    train_op = tf.group(opt.apply_gradients(grads), *updates)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        batch = np.arange(24, dtype=np.float32).reshape(8, 3) / 10
+        for _ in range(3):
+            sess.run(train_op, feed_dict={x: batch})
+        mean = [v for v in tf.global_variables() if 'moving_mean' in v.name][0]
+        print(repr([sess.run(c).tolist() for c in getattr(mean, 'values', [mean])]))
+"""
+
+
+@pytest.mark.tensorflow
+def test_batch_norm_updates_of_the_first_tower_become_every_replicas_own(tmp_path):
+    """`if i == 0: updates = tf.get_collection(UPDATE_OPS, scope)`: under the strategy each
+    replica has its own copy of the moving statistics (read back as their mean); taken from
+    replica 0 only, the other copy never moved and the mean was half the legacy value."""
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    fixed_text = unsafe_fix(BN_FIRST_TOWER_PROGRAM)
+    assert "if i == 0" not in fixed_text
+    legacy = _TWO_CPUS + BN_FIRST_TOWER_PROGRAM.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+    migrated = _TWO_CPUS + fixed_text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+    outputs = []
+    for name, text in (("legacy.py", legacy), ("migrated.py", migrated)):
+        (tmp_path / name).write_text(text)
+        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(np.array(ast.literal_eval(result.stdout.strip().splitlines()[-1])))
+    (legacy_mean,), (first, second) = outputs
+    assert not np.allclose(legacy_mean, 0.0)
+    assert np.allclose(first, legacy_mean, rtol=1e-5)  # replica 0 is tower 0: same batch, same weights
+    assert not np.allclose(second, 0.0) and not np.allclose(second, first)  # replica 1 updated its own
 
 
 def test_a_model_class_made_twice_into_one_graph_is_refused():

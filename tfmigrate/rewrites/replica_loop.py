@@ -167,12 +167,13 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     """What takes the loop's place: the replica function and the strategy's call of it."""
     loop = region.loop
     step = _fresh(rule.context.module, "tower_fn", "replica_fn")
-    body = _replica_body(rule, tower, region, update, tf)
+    body, rereads = _replica_body(rule, tower, region, update, tf)
     shared, unbound = _shared_names(region, body, update)
     function = _replica_function(region, step, body, shared)
     call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
-    replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank), *update.after_run]
+    replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank),
+                   *(rereads[name] for name in shared if name in rereads), *update.after_run]
     if unbound:
         replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
     replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
@@ -1061,25 +1062,36 @@ def _is_list_of(node: cst.CSTNode, tower_list: str, resolve) -> bool:
 
 class _ReplicaBody(cst.CSTTransformer):
     """The loop body without the tower's device scopes and `reuse_variables()` calls (the
-    strategy places each replica and reuses replica 0's variables), with the update's edits."""
+    strategy places each replica and reuses replica 0's variables), with the update's edits.
 
-    def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str]):
+    Collections read by the tower's scope (`tf.get_collection(UPDATE_OPS, scope)`):
+    - SUMMARIES are widened to every replica's: MirroredStrategy records TF1 summaries on
+      replica 0 only, so another replica's own scope holds none of them.
+    - UPDATE_OPS stay each replica's own: a batch norm's moving statistics are one copy per
+      replica (SyncOnRead, read back as their mean), each updated by its own replica's ops,
+      which are named under `replica_k/<tower scope>`. Taken on the first tower only
+      (`if i == 0:`), they leave the other copies untouched (the mean would drift toward
+      the initial value): the statement leaves that `if` and runs in every replica. Code after
+      the loop reads them again, every replica's (``rereads``).
+    """
+
+    def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str], indices: set[str] = frozenset()):
         super().__init__()
         self.scopes, self.changes, self.imports = scopes, changes, imports
         self.tower_scopes = tower_scopes  # the names of the towers' `name_scope(...) as scope`
+        self.indices = indices  # the loop's index names
         self.widened = False
+        self.rereads: dict[str, cst.SimpleStatementLine] = {}  # name -> its statement, every replica's
+
+    def _tower_collection(self, call: cst.Call, kinds: tuple[str, ...]) -> bool:
+        return (self.imports.resolve(call.func) == "tensorflow.get_collection" and len(call.args) == 2
+                and code(call.args[0].value).endswith(kinds) and code(call.args[1].value) in self.tower_scopes)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
-        """`tf.get_collection(UPDATE_OPS or SUMMARIES, scope)` of one tower's scope reads every
-        replica's: MirroredStrategy records TF1 summaries on replica 0 only, and a batch norm's
-        merged moving-average update is named under replica 0's scope, so the last replica's own
-        scope would hold none of them (the program kept the last tower's)."""
-        if (self.imports.resolve(original.func) != "tensorflow.get_collection" or len(original.args) != 2
-                or not code(original.args[0].value).endswith(("UPDATE_OPS", "SUMMARIES", "UPDATE_OPS_COLLECTION"))
-                or code(original.args[1].value) not in self.tower_scopes):
+        if not self._tower_collection(original, ("SUMMARIES",)):
             return updated
         self.widened = True
-        return updated.with_changes(args=[updated.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+        return _every_replica(updated)
 
     def leave_With(self, original: cst.With, updated: cst.With):
         if id(original) not in self.scopes:
@@ -1098,7 +1110,27 @@ class _ReplicaBody(cst.CSTTransformer):
             note = cst.EmptyLine(comment=cst.Comment(
                 "# Every replica's: under MirroredStrategy these live in replica 0's scope."))
             updated = updated.with_changes(leading_lines=[*updated.leading_lines, note])
+        small = single_small(original)
+        if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                and any(self._tower_collection(call, _UPDATE_OPS) for call in find(small.value, cst.Call))):
+            self.rereads[small.targets[0].target.value] = updated.visit(_EveryReplica(self))
         return self.changes.get(id(original), updated)
+
+    def leave_If(self, original: cst.If, updated: cst.If):
+        """`if i == 0:` around the tower's UPDATE_OPS: they leave it (see the class)."""
+        if original.orelse is not None or not (names_used(original.test) & self.indices):
+            return updated
+        moved = [s for s in updated.body.body if any(
+            self._tower_collection(call, _UPDATE_OPS) for call in find(s, cst.Call))]
+        if not moved:
+            return updated
+        kept = [s for s in updated.body.body if not any(s is m for m in moved)]
+        note = cst.EmptyLine(indent=True, comment=cst.Comment(
+            "# Each replica updates its own copy of the batch-norm statistics (read back as their mean)."))
+        moved[0] = moved[0].with_changes(leading_lines=[*updated.leading_lines, *moved[0].leading_lines, note])
+        if not kept:
+            return cst.FlattenSentinel(moved)
+        return cst.FlattenSentinel([*moved, updated.with_changes(body=updated.body.with_changes(body=kept))])
 
     def leave_IndentedBlock(self, original, updated):
         if not updated.body:  # `if i > 0: reuse_variables()` lost its only statement
@@ -1106,7 +1138,33 @@ class _ReplicaBody(cst.CSTTransformer):
         return updated
 
 
-def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) -> list[cst.BaseStatement]:
+_UPDATE_OPS = ("UPDATE_OPS", "UPDATE_OPS_COLLECTION")
+
+
+def _every_replica(call: cst.Call) -> cst.Call:
+    """`tf.get_collection(KEY, scope)` -> `tf.get_collection(KEY)`."""
+    return call.with_changes(args=[call.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+
+
+class _EveryReplica(cst.CSTTransformer):
+    """A statement's tower-scoped UPDATE_OPS reads widened to every replica's, with a comment."""
+
+    def __init__(self, body: _ReplicaBody):
+        super().__init__()
+        self.body = body
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        return _every_replica(updated) if self.body._tower_collection(original, _UPDATE_OPS) else updated
+
+    def leave_SimpleStatementLine(self, original, updated):
+        note = cst.EmptyLine(indent=True, comment=cst.Comment(
+            "# Every replica's batch-norm updates (each replica updates its own copy of the statistics)."))
+        return updated.with_changes(leading_lines=[note])
+
+
+def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) -> tuple[list, dict]:
+    """The replica function's statements, and the statements that read again after the
+    strategy's call what every replica collected (see _ReplicaBody), by the name they bind."""
     loop = region.loop
     in_body = {k: v for k, v in update.changes.items() if any(id(s) == k for s in _statements(loop.body))}
     for key in in_body:
@@ -1116,10 +1174,11 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) ->
                     if item.asname is not None and isinstance(item.item, cst.Call)
                     and (rule.imports.resolve(item.item.func) or "").endswith("name_scope")}
     in_body.update({id(s): cst.RemovalSentinel.REMOVE for s in _device_bindings(tower, loop)})
-    body = loop.body.visit(_ReplicaBody(scopes, in_body, rule.imports, tower_scopes))
+    replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target))
+    body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf)
-    return [*prelude, *statements]
+    return [*prelude, *statements], replica.rereads
 
 
 def _device_bindings(tower, loop: cst.For) -> list[cst.BaseStatement]:
@@ -1197,9 +1256,39 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
         parameters = {p.name.value for p in find(region.owner.params, cst.Param)}
         bound_outside |= parameters
     # What the moved update binds was bound, or is read (`tf.group(apply_op, ...)`), after the loop.
-    shared = sorted(((bound & (outside | bound_outside)) | update.binds) - loop_targets)
+    shared = sorted(((bound & (outside | bound_outside)) | update.binds | _carried(body)) - loop_targets)
     unbound = set() if isinstance(region.owner, cst.Module) else set(shared) - bound_outside
     return shared, unbound
+
+
+def _carried(body: list[cst.BaseStatement]) -> set[str]:
+    """Names the body binds only under a condition and reads: state one tower leaves for the
+    next (`if gpu == 0: d_vars = [...]`, read by every tower). Iterations of the loop shared
+    them; local to each replica, replica 1 would read an unbound name."""
+    bound = set().union(*(_bound_names(statement) for statement in body))
+    read = set().union(*(names_used(statement) for statement in body))
+    return (bound - _always_bound(body)) & read
+
+
+def _always_bound(statements) -> set[str]:
+    """Names bound whenever ``statements`` run: `with` blocks opened, both branches of an
+    `if`/`else`; loops and `try` count as binding what they bind (not shared: only the
+    `if` on a tower index is the pattern, and sharing more would let replicas overwrite
+    each other's names across a merge point)."""
+    found: set[str] = set()
+    for statement in statements:
+        if isinstance(statement, cst.With):
+            for item in statement.items:
+                found |= _target_names(item.asname.name) if item.asname is not None else set()
+            found |= _always_bound(statement.body.body)
+        elif isinstance(statement, cst.If):
+            if statement.orelse is not None:
+                orelse = statement.orelse
+                other = [orelse] if isinstance(orelse, cst.If) else orelse.body.body  # `elif` or `else`
+                found |= _always_bound(statement.body.body) & _always_bound(other)
+        else:
+            found |= _bound_names(statement)
+    return found
 
 
 def _outside_statements(region: _Region) -> list[cst.CSTNode]:
