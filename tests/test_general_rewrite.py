@@ -1010,3 +1010,65 @@ def test_the_global_step_counted_after_the_update_counts_each_step_once_and_trai
     assert legacy_out.startswith("3 ") and migrated_out.startswith("3 ")
     legacy_w, migrated_w = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
     assert np.allclose(legacy_w, migrated_w, rtol=1e-6) and not np.allclose(legacy_w, 1.0)
+
+
+VARIABLE_PROGRAM = """\
+import numpy as np
+import tensorflow as tf
+
+
+def weight_variable(shape, seed):
+    initial = tf.truncated_normal(shape, stddev=0.5, seed=seed)
+    return tf.Variable(initial)
+
+
+with tf.Graph().as_default():
+    x = tf.placeholder(tf.float32, [8, 3])
+    y = tf.placeholder(tf.float32, [8, 1])
+    xs, ys = tf.split(x, 2), tf.split(y, 2)
+    w = weight_variable([3, 1], seed=1)
+    step = tf.Variable(0, trainable=False)
+    losses = []
+    for i in range(2):
+        with tf.device('/gpu:%d' % i):
+            b = tf.Variable(tf.zeros([1]), name='b_%d' % i) if i == 0 else b
+            losses.append(tf.reduce_mean(tf.square(tf.matmul(xs[i], w) + b - ys[i])))
+    train_op = tf.train.AdagradOptimizer(0.3).minimize(tf.add_n(losses) / 2, global_step=step)
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        batch = np.arange(24, dtype=np.float32).reshape(8, 3) / 10
+        for _ in range(3):
+            sess.run(train_op, feed_dict={x: batch, y: batch[:, :1] * 2})
+        print(repr(sess.run(w).ravel().tolist() + sess.run(b).tolist()))
+"""
+
+
+def test_tf_variables_left_at_the_default_say_trainable_and_stay_otherwise():
+    out = unsafe_fix(VARIABLE_PROGRAM)
+    assert "return tf.Variable(initial, trainable=True)\n" in out  # in a helper the towers' code calls
+    assert "tf.Variable(tf.zeros([1]), name='b_%d' % i, trainable=True)" in out  # in the replica function
+    assert "step = tf.Variable(0, trainable=False)\n" in out
+    kept = ["tf.Variable(initial, False)", "tf.Variable(initial, synchronization=s)", "tf.Variable(**options)"]
+    for call in kept:
+        assert call in unsafe_fix(VARIABLE_PROGRAM.replace("tf.Variable(initial)", call))
+
+
+@pytest.mark.tensorflow
+def test_tf_variables_minimised_through_every_towers_loss_train_like_the_legacy_program(tmp_path):
+    """Left at `trainable=None`, a compat.v1 `tf.Variable` made under MirroredStrategy puts its
+    per-replica copies in TRAINABLE_VARIABLES: each replica minimising the towers' mean loss
+    then differentiated by both copies and the update counted every gradient twice."""
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    legacy = _TWO_CPUS + VARIABLE_PROGRAM.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+    fixed_text = unsafe_fix(VARIABLE_PROGRAM)
+    assert "call_for_each_replica" in fixed_text
+    migrated = _TWO_CPUS + fixed_text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+    outputs = []
+    for name, text in (("legacy.py", legacy), ("migrated.py", migrated)):
+        (tmp_path / name).write_text(text)
+        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(np.array(ast.literal_eval(result.stdout.strip().splitlines()[-1])))
+    legacy_w, migrated_w = outputs
+    assert np.allclose(legacy_w, migrated_w, rtol=1e-5), (legacy_w, migrated_w)

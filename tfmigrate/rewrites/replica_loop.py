@@ -134,7 +134,9 @@ def plan(rule, tower) -> Edit:
             _increment_global_step_once(rule, scope_region, update, tf)
         _check_training_state(rule, scope_region, update)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
-    region_changes = {id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
+    variables = variable_calls(rule)
+    region_changes = {**{key: _trainable(call) for key, call in variables.items()},
+                      id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
                       **_tower_functions(rule, tower)}
     devices = _devices(rule, tower)
     if caller is not None:
@@ -154,6 +156,7 @@ def plan(rule, tower) -> Edit:
     inside = {id(node) for replaced in changes for node in walk(replaced)}
     owners = [region.owner, scope_region.owner, *tower.via]
     nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
+    nodes.update(variables)
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
@@ -161,6 +164,34 @@ def plan(rule, tower) -> Edit:
         title += (" (compat target: the Session program stays; a tf.function step with tf.GradientTape is "
                   "written only for a loop that averages and applies its gradients right after it)")
     return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
+
+
+def variable_calls(rule) -> dict[int, cst.Call]:
+    """The module's `tf.Variable(...)` calls that leave `trainable` to its default, by id.
+
+    TF1's default (None) means trainable. Under MirroredStrategy in graph mode, a compat.v1
+    `tf.Variable` left at None puts its per-replica copies (`w:0`, `w/replica_1:0`) in the
+    TRAINABLE_VARIABLES collection instead of the one mirrored variable (checked on TF 2.21):
+    a replica minimising a loss made of every tower's then differentiates by every copy and
+    the update counts each gradient N times. Said explicitly, the collection holds the
+    mirrored variable, and the legacy program means the same."""
+    return rule.context.memo("replica_loop.variable_calls", lambda: {
+        id(call): call for call in _module_calls(rule)
+        if rule.imports.resolve(call.func) in ("tensorflow.Variable", "tensorflow.compat.v1.Variable")
+        and not any(arg.keyword is not None and arg.keyword.value in ("trainable", "synchronization") for arg in call.args)
+        and call.args and not any(arg.star for arg in call.args)
+        and sum(1 for arg in call.args if arg.keyword is None) < 2  # Variable(initial_value, trainable, ...)
+    })
+
+
+def _trainable(call: cst.Call) -> cst.Call:
+    """``call`` with `trainable=True` added as its last argument."""
+    args = list(call.args)
+    args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    flag = cst.Arg(keyword=cst.Name("trainable"), value=cst.Name("True"),
+                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                         whitespace_after=cst.SimpleWhitespace("")))
+    return call.with_changes(args=[*args, flag])
 
 
 def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str) -> cst.FlattenSentinel:
@@ -1075,9 +1106,11 @@ class _ReplicaBody(cst.CSTTransformer):
       the loop reads them again, every replica's (``rereads``).
     """
 
-    def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str], indices: set[str] = frozenset()):
+    def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str], indices: set[str] = frozenset(),
+                 variables: frozenset[int] = frozenset()):
         super().__init__()
         self.scopes, self.changes, self.imports = scopes, changes, imports
+        self.variables = variables  # ids of the `tf.Variable(...)` calls to say `trainable=True` (see _trainable)
         self.tower_scopes = tower_scopes  # the names of the towers' `name_scope(...) as scope`
         self.indices = indices  # the loop's index names
         self.widened = False
@@ -1088,6 +1121,8 @@ class _ReplicaBody(cst.CSTTransformer):
                 and code(call.args[0].value).endswith(kinds) and code(call.args[1].value) in self.tower_scopes)
 
     def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if id(original) in self.variables:
+            return _trainable(updated)
         if not self._tower_collection(original, ("SUMMARIES",)):
             return updated
         self.widened = True
@@ -1174,7 +1209,8 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) ->
                     if item.asname is not None and isinstance(item.item, cst.Call)
                     and (rule.imports.resolve(item.item.func) or "").endswith("name_scope")}
     in_body.update({id(s): cst.RemovalSentinel.REMOVE for s in _device_bindings(tower, loop)})
-    replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target))
+    replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target),
+                           frozenset(variable_calls(rule)))
     body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf)
@@ -1457,7 +1493,8 @@ def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
             raise Refused(f"the towers are built by `{name}`, which is also called outside the tower loop: "
                           "its device scope cannot go")
         scopes = {id(scope.with_node) for scope in tower.scopes if contains(function, scope.with_node)}
-        changes[id(function)] = function.visit(_ReplicaBody(scopes, {}, rule.imports, set()))
+        replica = _ReplicaBody(scopes, {}, rule.imports, set(), variables=frozenset(variable_calls(rule)))
+        changes[id(function)] = function.visit(replica)
     return changes
 
 
