@@ -45,7 +45,9 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from tfmigrate.analysis.devices import device_scope_arg, looks_per_device, mentions_only_cpu, tower_group
+from tfmigrate.analysis.devices import (
+    device_scope_arg, looks_per_device, mentions_only_cpu, module_tower_loops, tower_group,
+)
 from tfmigrate.cst.callargs import argument, is_none
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
@@ -394,6 +396,50 @@ def check_tower(rule, tower, tower_functions: bool = False) -> None:
     if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
         raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
     _check_collection_scopes(rule, tower.loop)
+    _check_sibling_methods(rule, tower)
+
+
+def _check_sibling_methods(rule, tower) -> None:
+    """Towers built over several methods of one class (Tacotron-2's `initialize`, `add_loss`,
+    `add_optimizer`), each loop reading what another fills on `self` (`self.tower_loss[i]`):
+    one loop rewritten alone reads tensors built outside its strategy (the rewrite crashed on
+    "destinations must be one of a DistributedValues object")."""
+    parents = module_parents(rule.context)
+    home = _enclosing_class(tower.loop, parents)
+    if home is None:
+        return
+    reads = {code(node) for node in find(tower.loop.body, cst.Attribute)}
+    for other in module_tower_loops(rule.context):
+        if other is tower or _enclosing_class(other.loop, parents) is not home:
+            continue
+        shared = sorted(reads & _self_results(other.loop))
+        if shared:
+            raise Refused(f"the towers read `{shared[0]}`, which the tower loop at line "
+                          f"{rule.position(other.loop).start.line} fills: the towers are built across methods, "
+                          "and one loop rewritten alone would read tensors made outside its strategy; "
+                          "build them in one loop first")
+
+
+def _enclosing_class(node: cst.CSTNode, parents: dict) -> cst.ClassDef | None:
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, cst.ClassDef):
+            return node
+    return None
+
+
+def _self_results(loop: cst.For) -> set[str]:
+    """`self.<name>` chains the loop collects its towers' results in (`self.x.append(...)`,
+    `self.x[i] = ...`)."""
+    found = set()
+    for node in find(loop.body, cst.Call, cst.Assign):
+        if isinstance(node, cst.Call):
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend", "insert"):
+                found.add(code(func.value))
+        else:
+            found.update(code(t.target.value) for t in node.targets if isinstance(t.target, cst.Subscript))
+    return {name for name in found if name.startswith("self.")}
 
 
 @dataclass
