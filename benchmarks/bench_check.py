@@ -1,21 +1,26 @@
 """How fast `tfmigrate check` is, next to the tools users already have.
 
-Generates trees of small legacy TensorFlow modules (100, 1,000 and 10,000 files by default;
-~22 lines each on average, the shape of the 400-file / 9k-line tree in DESIGN.md) in a
-temporary folder and times, in one run:
+Generates a tree of legacy and modern TensorFlow modules in a temporary folder and times, in
+one run, each tool as a whole process:
 
 - `tfmigrate check` cold (`--no-cache`), and warm (after a run that filled the cache);
-- `tf_upgrade_v2 --intree ... --outtree ...` and `fixit lint` (on the trees up to
-  --slow-max files: both take minutes on 10,000 files);
+- `tf_upgrade_v2 --intree ... --outtree ...` and `fixit lint` (on trees up to --slow-max files);
+- the parse floor: LibCST's `parse_module` of every file, in this process (what any
+  LibCST-based checker must pay), per file and as wall time spread over tfmigrate's jobs;
 - a one-file `tfmigrate check`, process start to exit, median of 7 runs: cold (`--no-cache`),
-  from the cache, and the pre-commit case (the file changed since the last run: its result is
-  not in the cache, the rule catalog is).
+  from the cache, and the pre-commit case (the file changed since the last run).
 
-A warm run is only valid if nobody edits tfmigrate's or the rules' sources meanwhile (the cache is
-keyed by their hash): the benchmark retries a warm run up to 3 times and, if the cache was still
-invalidated, labels the row INVALID and prints a warning.
+Corpora (`--corpus`): `realistic` (default; ~140-line modules: model, input, utility and
+already-modern code with the legacy patterns inside them, see realistic_corpus.py) or `small`
+(~22-line modules that are almost all legacy pattern, the shape of DESIGN.md's 400-file tree).
 
-Usage: python benchmarks/bench_check.py [--sizes 100,1000,10000] [--skip-slow] [--jobs N]
+Each tool runs `--repeat` times (default 3); the table gives the minimum and the spread (max -
+min), wall seconds and CPU seconds (the process and its children: tfmigrate's workers). Ratios
+use the minima. A warm run is only valid if nobody edits tfmigrate's or the rules' sources
+meanwhile (the cache is keyed by their hash): such rows are labelled INVALID.
+
+Usage: python benchmarks/bench_check.py [--sizes 100,1600] [--corpus realistic] [--repeat 3]
+                                        [--skip-slow] [--jobs N]
 """
 
 from __future__ import annotations
@@ -23,13 +28,18 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import realistic_corpus  # noqa: E402  (the folder of this script)
 
 BIN = Path(sys.executable).parent
 
@@ -202,13 +212,37 @@ def generate(folder: Path, count: int, seed: int = 0) -> int:
 
 
 # --- timing ---------------------------------------------------------------------------------
-def timed(command: list[str], cwd: Path, env: dict | None = None) -> float:
+@dataclass
+class Timing:
+    """One tool's runs: wall and CPU seconds (the process and its children) of each."""
+
+    name: str
+    walls: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
+    valid: bool = True
+
+    @property
+    def wall(self) -> float:
+        return min(self.walls)
+
+    @property
+    def cpu(self) -> float:
+        return min(self.cpus)
+
+    def spread(self, values: list[float]) -> float:
+        return max(values) - min(values)
+
+
+def timed(command: list[str], cwd: Path, env: dict | None = None) -> tuple[float, float]:
+    """Wall and CPU seconds of one run of ``command`` (CPU: user + system of it and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):  # 1: findings, which the trees are full of
         sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr.decode(errors='replace')[-2000:]}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _byte_compile_tfmigrate(env: dict) -> None:
@@ -228,108 +262,144 @@ def _cache_state(cache: Path) -> tuple[int, tuple[str, ...]]:
     return sum(1 for _ in cache.rglob("*.json")), engines
 
 
+def parse_floor(tree: Path, repeat: int) -> float:
+    """CPU seconds of LibCST's parse_module over every file of ``tree`` (minimum of ``repeat``)."""
+    import libcst
+
+    texts = [path.read_text() for path in sorted(tree.rglob("*.py"))]
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.process_time()
+        for text in texts:
+            libcst.parse_module(text)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def measure_tree(tree: Path, size: int, args, tools: dict, env: dict, cache: Path) -> list[Timing]:
+    check = tools["check"]
+    cold = Timing("tfmigrate check (cold)")
+    warm = Timing("tfmigrate check (warm)")
+    for _ in range(args.repeat):
+        for timing, command in ((cold, check + ["--no-cache", "."]),):
+            wall, cpu = timed(command, tree, env)
+            timing.walls.append(wall)
+            timing.cpus.append(cpu)
+        timed(check + ["."], tree, env)  # fills the cache
+        before = _cache_state(cache)
+        wall, cpu = timed(check + ["."], tree, env)
+        warm.walls.append(wall)
+        warm.cpus.append(cpu)
+        # A new engine folder or new entries: the engine's or the rules' sources changed between
+        # the runs (someone is editing the checkout), and the warm run was (partly) cold.
+        warm.valid &= _cache_state(cache) == before
+    results = [cold, warm]
+    if not args.skip_slow and size <= args.slow_max:
+        for name, command in (("tf_upgrade_v2", tools["upgrade"]), ("fixit lint", tools["fixit"])):
+            if command is None:
+                continue
+            timing = Timing(name)
+            for run in range(args.repeat if name == "tf_upgrade_v2" else 1):
+                out = tree.parent / f"out{size}"
+                full = ([command, "--intree", str(tree), "--outtree", str(out), "--reportfile",
+                         str(tree.parent / "report.txt")] if name == "tf_upgrade_v2" else [command, "lint", "."])
+                wall, cpu = timed(full, tree, env)
+                shutil.rmtree(out, ignore_errors=True)
+                timing.walls.append(wall)
+                timing.cpus.append(cpu)
+            results.append(timing)
+    return results
+
+
+def one_file(args, tools: dict, env: dict, temp: Path, cache: Path) -> tuple[float, float, float, bool]:
+    check = tools["check"]
+    one = temp / "one"
+    generate(one, 1, seed=1) if args.corpus == "small" else realistic_corpus.generate(one, 1, seed=3)
+    (path,) = one.rglob("*.py")
+    cold = statistics.median(timed(check + ["--no-cache", str(path)], one, env)[0] for _ in range(7))
+    timed(check + [str(path)], one, env)
+    before = _cache_state(cache)
+    warm = statistics.median(timed(check + [str(path)], one, env)[0] for _ in range(7))
+    valid = _cache_state(cache) == before
+    original = path.read_text()
+    changed = []
+    for edit in range(7):
+        path.write_text(original + f"# edit {edit}\n")  # content the cache has not seen
+        changed.append(timed(check + [str(path)], one, env)[0])
+    return cold, warm, statistics.median(changed), valid
+
+
+def report(rows: list[tuple[int, int, Timing]], floors: dict[int, float], jobs: int) -> None:
+    print("| files | lines | tool | wall s (min) | spread | CPU s (min) | files/s | time vs tfmigrate cold |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    cold_by_size = {size: t.wall for size, _, t in rows if t.name.startswith("tfmigrate check (cold)")}
+    for size, lines, timing in rows:
+        name = timing.name if timing.valid else timing.name + " INVALID: cache invalidated"
+        print(f"| {size:,} | {lines:,} | {name} | {timing.wall:.2f} | {timing.spread(timing.walls):.2f} | "
+              f"{timing.cpu:.2f} | {size / timing.wall:,.0f} | {timing.wall / cold_by_size[size]:.2f}x |")
+    print()
+    for size, lines, timing in rows:
+        if size not in floors:
+            continue
+        floor = floors[size]
+        if timing.name == "tfmigrate check (cold)":
+            print(f"{size:,} files: LibCST parse floor {floor * 1000 / size:.1f} ms CPU per file "
+                  f"({floor / jobs:.2f} s wall over {jobs} jobs); tfmigrate cold {timing.cpu * 1000 / size:.1f} ms "
+                  f"CPU per file = {timing.cpu / floor:.2f}x the floor, {timing.wall / (floor / jobs):.2f}x in wall time")
+        if timing.name == "tf_upgrade_v2":
+            cold = next(t for s, _, t in rows if s == size and t.name == "tfmigrate check (cold)")
+            warm = next(t for s, _, t in rows if s == size and t.name == "tfmigrate check (warm)")
+            print(f"{size:,} files: tfmigrate cold is {timing.wall / cold.wall:.1f}x faster than tf_upgrade_v2 in wall "
+                  f"time ({timing.cpu / cold.cpu:.1f}x in CPU), warm {timing.wall / warm.wall:.0f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="100,1000,10000", help="tree sizes in files (comma-separated)")
+    parser.add_argument("--sizes", default="100,1600", help="tree sizes in files (comma-separated)")
+    parser.add_argument("--corpus", choices=["realistic", "small"], default="realistic")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each tool (min and spread reported)")
     parser.add_argument("--skip-slow", action="store_true", help="do not run tf_upgrade_v2 and fixit")
-    parser.add_argument("--slow-max", type=int, default=1000, help="largest tree to run tf_upgrade_v2 and fixit on")
+    parser.add_argument("--slow-max", type=int, default=1600, help="largest tree to run tf_upgrade_v2 and fixit on")
     parser.add_argument("--jobs", type=int, default=None, help="tfmigrate --jobs (default: one per core)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     tfmigrate = _tool("tfmigrate")
-    upgrade, fixit = _tool("tf_upgrade_v2"), _tool("fixit")
     if tfmigrate is None:
         sys.exit("tfmigrate is not installed in this environment")
-    jobs = ["--jobs", str(args.jobs)] if args.jobs else []
-    check = [tfmigrate, "check", "--quiet", *jobs]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    jobs = args.jobs or cores
+    tools = {"check": [tfmigrate, "check", "--quiet", *(["--jobs", str(args.jobs)] if args.jobs else [])],
+             "upgrade": _tool("tf_upgrade_v2"), "fixit": _tool("fixit")}
 
-    rows: list[tuple] = []
-    growth: list[tuple] = []
-    invalidated: list[int] = []
+    rows: list[tuple[int, int, Timing]] = []
+    floors: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="tfmigrate-bench-") as temp:
         temp_path = Path(temp)
         # pip byte-compiles what it installs, so tf_upgrade_v2 and fixit start from .pyc files;
         # tfmigrate, run from an editable checkout with PYTHONDONTWRITEBYTECODE set (as in some
-        # containers), would compile its ~40 modules from source at every start: compile them
-        # once and let Python use the .pyc files, as a regular install would.
+        # containers), would compile its modules from source at every start: compile them once.
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
         env["TFMIGRATE_CACHE_DIR"] = str(temp_path / "cache")
         _byte_compile_tfmigrate(env)
         for size in sizes:
             tree = temp_path / f"tree{size}"
-            lines = generate(tree, size)
+            if args.corpus == "small":
+                lines = generate(tree, size)
+            else:
+                lines, kinds = realistic_corpus.generate(tree, size)
+                print(f"  kinds: {kinds}", file=sys.stderr, flush=True)
             print(f"{size} files, {lines} lines ...", file=sys.stderr, flush=True)
-            cold = timed(check + ["--no-cache", "."], tree, env)
-            cache = temp_path / "cache"
-            valid = False
-            for _ in range(3):
-                timed(check + ["."], tree, env)  # fills the cache
-                before = _cache_state(cache)
-                warm = timed(check + ["."], tree, env)
-                # A new engine folder or new entries mean the engine's or the rules' sources
-                # changed between the runs (someone is editing the checkout): the warm run was
-                # (partly) cold. Measure again; say so if it never held.
-                if _cache_state(cache) == before:
-                    valid = True
-                    break
-                print("  sources changed during the warm run; again", file=sys.stderr, flush=True)
-            if not valid:
-                invalidated.append(size)
-            warm_name = "tfmigrate check (warm)" if valid else "tfmigrate check (warm, INVALID: cache invalidated)"
-            results = [("tfmigrate check (cold)", cold), (warm_name, warm)]
-            if not args.skip_slow and size <= args.slow_max:
-                if upgrade:
-                    out = temp_path / f"out{size}"
-                    results.append(("tf_upgrade_v2", timed(
-                        [upgrade, "--intree", str(tree), "--outtree", str(out), "--reportfile", str(temp_path / "report.txt")],
-                        temp_path, env)))
-                    shutil.rmtree(out, ignore_errors=True)
-                if fixit:
-                    results.append(("fixit lint", timed([fixit, "lint", "."], tree, env)))
-            for name, seconds in results:
-                rows.append((size, name, seconds, size / seconds, seconds / cold))
-            growth.append((size, cold * 1000 / size, warm * 1000 / size))
+            floors[size] = parse_floor(tree, args.repeat)
+            rows += [(size, lines, t) for t in measure_tree(tree, size, args, tools, env, temp_path / "cache")]
             shutil.rmtree(tree)
+        one_cold, one_warm, one_changed, one_valid = one_file(args, tools, env, temp_path, temp_path / "cache")
 
-        one = temp_path / "one"
-        generate(one, 1, seed=1)
-        (path,) = one.rglob("*.py")
-        one_cold = statistics.median(timed(check + ["--no-cache", str(path)], one, env) for _ in range(7))
-        timed(check + [str(path)], one, env)
-        before = _cache_state(temp_path / "cache")
-        one_warm = statistics.median(timed(check + [str(path)], one, env) for _ in range(7))
-        if _cache_state(temp_path / "cache") != before:
-            invalidated.append(1)
-        original = path.read_text()
-        changed = []
-        for edit in range(7):
-            path.write_text(original + f"# edit {edit}\n")  # content the cache has not seen
-            changed.append(timed(check + [str(path)], one, env))
-        one_changed = statistics.median(changed)
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"\nPython {sys.version.split()[0]}, {cores} cores, tfmigrate --jobs {args.jobs or cores}\n")
-    print("| files | tool | seconds | files/s | time vs tfmigrate cold |")
-    print("|---:|---|---:|---:|---:|")
-    for size, name, seconds, rate, ratio in rows:
-        print(f"| {size:,} | {name} | {seconds:.2f} | {rate:,.0f} | {ratio:.2f}x |")
-    print("\nGrowth (seconds per 1,000 files):\n")
-    print("| files | cold | warm |")
-    print("|---:|---:|---:|")
-    for size, cold_rate, warm_rate in growth:
-        print(f"| {size:,} | {cold_rate:.2f} | {warm_rate:.2f} |")
+    print(f"\nPython {sys.version.split()[0]}, {cores} cores, tfmigrate --jobs {jobs}, corpus {args.corpus}, "
+          f"{args.repeat} runs each\n")
+    report(rows, floors, jobs)
     print(f"\nOne file, process start to exit (median of 7): {one_cold:.3f} s cold (--no-cache), "
-          f"{one_warm:.3f} s from the cache, {one_changed:.3f} s changed since the last run (pre-commit)")
-    if invalidated:
-        print(f"\nWARNING: the cache was invalidated during the warm runs on {', '.join(map(str, invalidated))} "
-              "file(s): tfmigrate's or the rules' sources changed while the benchmark ran, so those warm "
-              "figures include re-checking. Re-run on a checkout nobody is editing.")
-    by = {(size, name): seconds for size, name, seconds, _, _ in rows}
-    for size in sizes:
-        if (size, "tf_upgrade_v2") in by and (size, "tfmigrate check (warm)") in by:
-            base = by[(size, "tf_upgrade_v2")]
-            print(f"{size:,} files: tfmigrate cold is {base / by[(size, 'tfmigrate check (cold)')]:.1f}x and warm "
-                  f"{base / by[(size, 'tfmigrate check (warm)')]:.1f}x faster than tf_upgrade_v2")
+          f"{one_warm:.3f} s from the cache{'' if one_valid else ' (INVALID: cache invalidated)'}, "
+          f"{one_changed:.3f} s changed since the last run (pre-commit)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from tfmigrate.analysis.batch_splits import JOINS, SPLIT, UNSTACKS, along_batch_
 from tfmigrate.cst.callargs import is_legacy_split
 from tfmigrate.analysis.devices import TowerLoop, enclosing_tower, tower_loop_at
 from tfmigrate.cst.traversal import find, names_used
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import DEVICE_WORDS, FixSafety, Invalid, Rule
 
 SPLITS = {SPLIT} | UNSTACKS
 KERAS_LAMBDAS = {"keras.layers.Lambda", "keras.layers.core.Lambda"}
@@ -55,6 +55,7 @@ class SplitConcatParallel(Rule):
     name = "split-concat-parallel"
     summary = "A batch split with tf.split across devices and joined with tf.concat"
     triggers = ("split", "Lambda")
+    requires = (DEVICE_WORDS,)  # a make_parallel places its pieces on devices
     fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """

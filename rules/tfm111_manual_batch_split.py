@@ -26,7 +26,7 @@ class ManualBatchSplit(Rule):
     code = "TFM111"
     name = "manual-batch-split"
     summary = "A batch cut into per-device pieces by hand (tf.split, slicing, unstack, py_func, np.split)"
-    triggers = ("gpu", "GPU", "device", "tower", "parallel_stack", "split")
+    triggers = ("gpu", "GPU", "device", "DEVICE", "tower", "parallel_stack")
     fix_safety = FixSafety.NONE
 
     what_it_finds = """

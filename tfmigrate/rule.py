@@ -33,7 +33,7 @@ class ImportItem:
     obj_name: str | None = None
     alias: str | None = None
 
-__all__ = ["Edit", "Finding", "FixSafety", "ImportItem", "Invalid", "Location", "Replacement", "Rule", "RuleContext"]
+__all__ = ["DEVICE_WORDS", "Edit", "Finding", "FixSafety", "ImportItem", "Invalid", "Location", "Replacement", "Rule", "RuleContext"]
 
 
 Replacement = Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]
@@ -104,6 +104,11 @@ class RuleContext:
 
 def _dedent(text: str) -> str:
     return textwrap.dedent(text).strip("\n") + "\n"
+
+
+#: A ``requires`` pattern for rules about per-device code: a file that names no GPU, device,
+#: replica or tower has none (the words `split` and `shard` alone are in most Python files).
+DEVICE_WORDS = r"gpu|GPU|Gpu|[Dd]evice|DEVICE|tower|replica"
 
 
 class Rule(cst.BatchableCSTVisitor):
