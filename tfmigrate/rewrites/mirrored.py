@@ -367,14 +367,25 @@ _SCOPED_READS = {
 }
 
 
+_VARIABLE_COLLECTIONS = ("VARIABLES", "'variables'", "'trainable_variables'", "'model_variables'",
+                         "'local_variables'", '"variables"', '"trainable_variables"', '"model_variables"',
+                         '"local_variables"')
+
+
 def _check_collection_scopes(rule, loop: cst.For) -> None:
     """A collection read in the body filtered by a scope spelled out (`tf.get_collection('losses',
     'tower_%d' % i)`): under MirroredStrategy replica k's ops are named `replica_k/tower_k/...`,
     so the filter finds none of replica k's (the rewrite ran into `add_n([])`). The name scope's
-    own value (`with tf.name_scope(...) as scope:`) is what each replica's ops are named under."""
+    own value (`with tf.name_scope(...) as scope:`) is what each replica's ops are named under.
+    Variables are not ops: a mirrored variable keeps replica 0's name, so a variable collection
+    read by its variable scope (`tf.get_collection(TRAINABLE_VARIABLES, scope='model/dnn')`)
+    finds the same variables in every replica."""
     for call in find(loop.body, cst.Call):
         params = _SCOPED_READS.get(rule.imports.resolve(call.func) or "")
         scope = argument(call, params, "scope") if params else None
+        key = argument(call, params, "key") if params else None
+        if key is not None and code(key).endswith(_VARIABLE_COLLECTIONS):
+            continue
         if scope is not None and not isinstance(scope, (cst.Name, cst.Attribute)) and not is_none(scope):
             raise Refused(f"line {rule.position(call).start.line}: `{code(call)}` filters by the scope `{code(scope)}`, which "
                           "does not name replica k's ops (`replica_k/...`) under MirroredStrategy; read the "
