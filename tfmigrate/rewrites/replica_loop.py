@@ -55,6 +55,8 @@ the meaning cannot be kept.
 
 from __future__ import annotations
 
+import textwrap
+
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -134,10 +136,15 @@ def plan(rule, tower) -> Edit:
             _increment_global_step_once(rule, scope_region, update, tf)
         _check_training_state(rule, scope_region, update)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
+    initial_values = _initial_values(rule, loop)
     variables = variable_calls(rule)
-    region_changes = {**{key: _trainable(call) for key, call in variables.items()},
-                      id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
-                      **_tower_functions(rule, tower)}
+    region_changes = {
+        **{key: replacement for key, (_, replacement) in initial_values.items()},
+        **{key: _trainable(call.visit(ReplaceById({k: r for k, (_, r) in initial_values.items()})))
+           for key, call in variables.items()},
+        id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
+        **_tower_functions(rule, tower),
+    }
     devices = _devices(rule, tower)
     if caller is not None:
         _check_devices_visible(rule, region, devices)
@@ -157,6 +164,7 @@ def plan(rule, tower) -> Edit:
     owners = [region.owner, scope_region.owner, *tower.via]
     nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
     nodes.update(variables)
+    nodes.update((key, call) for key, (call, _) in initial_values.items())
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
@@ -182,6 +190,39 @@ def variable_calls(rule) -> dict[int, cst.Call]:
         and call.args and not any(arg.star for arg in call.args)
         and sum(1 for arg in call.args if arg.keyword is None) < 2  # Variable(initial_value, trainable, ...)
     })
+
+
+def _initial_values(rule, loop: cst.For) -> dict[int, tuple[cst.Call, cst.Attribute]]:
+    """`v.initialized_value()` -> `v.initial_value`, by id of the call: a mirrored variable
+    raises NotImplementedError for the first (gradient accumulators made with
+    `tf.Variable(tf.zeros_like(v.initialized_value()))` crashed). The same where the value only
+    gives a shape or initializes another variable (legacy code evaluates it at initialization,
+    before any update); anywhere else it reads the trained value, and the rewrite is refused."""
+    found = {}
+    parents = module_parents(rule.context)
+    for call in _module_calls(rule):
+        if not (method_call(call, "initialized_value") and not call.args):
+            continue
+        line = rule.position(call).start.line
+        if contains(loop, call) or not _initializes(rule, call, parents):
+            raise Refused(f"line {line}: `{code(call)}` is not implemented for a mirrored variable, and here it "
+                          "reads more than a shape or an initial value")
+        found[id(call)] = (call, cst.Attribute(value=call.func.value, attr=cst.Name("initial_value")))
+    return found
+
+
+def _initializes(rule, call: cst.Call, parents: dict) -> bool:
+    """Whether ``call`` lies in the arguments of `tf.zeros_like`/`ones_like` (a shape) or of a
+    call that makes a variable (its initial value)."""
+    node = call
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, cst.Call) and (rule.imports.resolve(node.func) or "").rsplit(".", 1)[-1] in (
+                "zeros_like", "ones_like", "Variable", "get_variable", "VariableV1"):
+            return True
+        if isinstance(node, (cst.BaseSmallStatement, cst.BaseCompoundStatement)):
+            return False
+    return False
 
 
 def _trainable(call: cst.Call) -> cst.Call:
@@ -749,7 +790,7 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, call
         run = _without_argument(call, steps[0]) if steps else call
         if steps:
             after.append(_count_once(code(single_small(line).targets[0].target), code(steps[0].value), tf))
-        statements, name = _replica_step(rule, strategy, tf, region, run, taken)
+        statements, name = _replica_step(rule, strategy, tf, region, run, taken, _control_dependencies(rule, region, line))
         before += statements
         # Each replica's step returns its own handle on the one update: group them into one op.
         runs[id(call)] = cst.parse_expression(f"{tf('tensorflow.group')}({strategy}.experimental_local_results(\n"
@@ -764,8 +805,42 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, call
     return cst.FlattenSentinel([*before, replaced, *after])
 
 
-def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.Call, taken: set[str]):
-    """The function each replica runs in place of ``call`` (with what it needs first), and its name."""
+def _control_dependencies(rule, region: _Region, line: cst.CSTNode) -> list[str]:
+    """The `tf.control_dependencies(...)` items of the `with` blocks around ``line``, outermost
+    first. A replica function run by `call_for_each_replica` does not inherit them once the
+    towers' replica function has run (checked on TF 2.21): gradient-accumulation code whose
+    apply reads the accumulators `with tf.control_dependencies(accum_ops):` raced with the
+    accumulation (a probe program: MISMATCH 0.33, and not deterministic)."""
+    found: list[str] = []
+    node = line
+    while node is not region.owner and id(node) in region.parents:
+        node = region.parents[id(node)]
+        if not isinstance(node, cst.With):
+            continue
+        for item in reversed(node.items):
+            call = item.item
+            if isinstance(call, cst.Call) and rule.imports.resolve(call.func) == "tensorflow.control_dependencies":
+                if not all(_reads_only(rule, arg.value) for arg in call.args):
+                    raise Refused(f"line {_line(rule, node)}: the update runs under `{code(call)}`, which makes ops: "
+                                  "entered again in each replica's step, they would run once per replica")
+                found.insert(0, code(call))
+    return found
+
+
+def _reads_only(rule, value: cst.BaseExpression) -> bool:
+    """Names, attributes, lists of them and collection reads: entered again, nothing is made twice."""
+    if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
+        return True
+    if isinstance(value, (cst.List, cst.Tuple)):
+        return all(_reads_only(rule, element.value) for element in value.elements)
+    return isinstance(value, cst.Call) and rule.imports.resolve(value.func) in (
+        "tensorflow.get_collection", "tensorflow.get_collection_ref")
+
+
+def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.Call, taken: set[str],
+                  dependencies: list[str] = ()):
+    """The function each replica runs in place of ``call`` (with what it needs first), and its
+    name; under the ``dependencies`` (see _control_dependencies) when there are some."""
     module = rule.context.module
     first = call.args[0].value if call.args else None
     before: list[cst.BaseStatement] = []
@@ -775,7 +850,7 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.C
             before.append(cst.parse_statement(f"{pairs} = list({code(first)})\n"))
             first = cst.Name(pairs)
         scaled = f"{tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g)"
-        share = f"share = [({scaled}, v)\n             for g, v in {code(first)} if g is not None]\n    "
+        share = f"share = [({scaled}, v)\n         for g, v in {code(first)} if g is not None]\n"
         call = call.with_changes(args=[cst.Arg(cst.Name("share")), *call.args[1:]])
         why = "MirroredStrategy sums what the replicas apply: each applies 1/N of these gradients."
         name = _fresh_unique(module, taken, "apply_share")
@@ -784,7 +859,11 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.C
         why = ("Each replica differentiates the loss by its own copy of the weights;\n"
                "MirroredStrategy sums the copies' gradients into the weight's.")
         name = _fresh_unique(module, taken, "minimize_share")
-    function = cst.parse_statement(f"def {name}():\n    {share}return {_one_line(call)}\n")
+    body = f"{share}return {_one_line(call)}\n"  # unindented; a call over several lines keeps its own
+    if dependencies:
+        body = f"with {', '.join(dependencies)}:\n" + textwrap.indent(body, "    ")
+        why += "\nThe control dependencies around it do not reach a replica function: they are entered again."
+    function = cst.parse_statement(f"def {name}():\n" + textwrap.indent(body, "    "))
     comments = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in why.split("\n")]
     if before:
         before[0] = before[0].with_changes(leading_lines=comments)
