@@ -649,6 +649,23 @@ MORE_REFUSALS = {
                 grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
                 self.optimize = opt.apply_gradients(grads)
     """, "the towers read `self.tower_loss`, which the tower loop at line 5 fills"),
+    # Inception's tower loss keeps a moving average of its losses: each tower makes its own
+    # variables, which replicas after the first cannot (the rewrite failed: "does not exist").
+    "moving_average_in_the_tower_function": ("""
+        import tensorflow as tf
+        def tower_loss(scope, images):
+            total = tf.reduce_mean(model(images))
+            averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
+            with tf.control_dependencies([averages.apply([total])]):
+                return tf.identity(total)
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+                    tower_grads.append(opt.compute_gradients(tower_loss(scope, parts[i])))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads)
+    """, "line 11: the towers make a moving average (`ExponentialMovingAverage`)"),
     # The last tower averages and applies: only one replica would reach the update.
     "update_on_the_last_tower": ("""
         import tensorflow as tf

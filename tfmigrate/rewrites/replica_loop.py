@@ -119,6 +119,7 @@ def plan(rule, tower) -> Edit:
     loop = tower.loop
     check_tower(rule, tower, tower_functions=True)
     _check_body(loop)
+    _check_tower_variables(rule, loop)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     if _may_be_iterator(region, loop.iter) and not isinstance(loop.iter, cst.Call):
         raise Refused(f"the tower loop walks `{code(loop.iter)}`, an iterator made before it: the replicas need "
@@ -263,6 +264,23 @@ def _check_body(loop: cst.For) -> None:
             raise Refused("the tower loop body returns or yields: a replica function cannot do that for the caller")
         if isinstance(node, (cst.Break, cst.Continue)) and not _inside_inner_loop(node, loop):
             raise Refused("the tower loop body uses `break`/`continue` on the tower loop")
+
+
+def _check_tower_variables(rule, loop: cst.For) -> None:
+    """A moving average made in the towers (inception's `_tower_loss`: `ExponentialMovingAverage(0.9,
+    name='avg').apply(losses)`) makes each tower's own variables, named after the tower's ops.
+    Under MirroredStrategy a replica after the first may only reuse replica 0's variables: the
+    rewritten program failed with "Variable replica_1/tower_1/.../avg/ does not exist"."""
+    call = _training_call(rule, loop.body, _makes_moving_average)
+    if call is not None:
+        raise Refused(f"line {_line(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
+                      "each tower its own variables; under MirroredStrategy replicas after the first can only "
+                      "reuse replica 0's: average after the loop instead (over the mean loss)")
+
+
+def _makes_moving_average(rule, call: cst.Call) -> bool:
+    return rule.imports.resolve(call.func) in ("tensorflow.train.ExponentialMovingAverage",
+                                               "tensorflow.compat.v1.train.ExponentialMovingAverage")
 
 
 def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes: bool = False):
