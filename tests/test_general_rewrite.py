@@ -1172,3 +1172,25 @@ def test_an_update_under_control_dependencies_that_make_ops_is_refused():
         "with tf.control_dependencies(accumulate):", "with tf.control_dependencies([a.assign_add(g) for a, g in zip(accumulators, mean_grads)]):")
     (finding,) = tower_findings(program)
     assert not finding.fixable and "which makes ops" in finding.refusal
+
+
+@pytest.mark.parametrize("total, fixable", [
+    ("tf.losses.get_total_loss(scope=scope)", True),  # the tower's own total, as each replica's
+    ("tf.losses.get_total_loss()", False),  # every tower's losses so far: tower 1's total holds tower 0's
+    ("tf.losses.get_total_loss(scope='tower_%d' % i)", False),  # replica k's ops are replica_k/tower_k/...
+])
+def test_get_total_loss_is_rewritten_only_for_the_towers_own_scope(total, fixable):
+    program = textwrap.dedent(f"""
+        import tensorflow as tf
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+                    tf.losses.add_loss(tf.reduce_mean(model(parts[i])))
+                    total_loss = {total}
+                    tower_grads.append(opt.compute_gradients(total_loss))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads)
+    """)
+    (finding,) = tower_findings(program)
+    assert finding.fixable == fixable, finding.refusal

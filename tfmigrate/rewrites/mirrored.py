@@ -364,6 +364,7 @@ _SCOPED_READS = {
     "tensorflow.losses.get_losses": ("scope",),
     "tensorflow.losses.get_regularization_losses": ("scope",),
     "tensorflow.losses.get_regularization_loss": ("scope",),
+    "tensorflow.losses.get_total_loss": ("add_regularization_losses", "name", "scope"),
 }
 
 

@@ -64,7 +64,7 @@ import libcst as cst
 from tfmigrate.analysis.devices import (
     DEVICE_SPECS, computes_gradients, device_scope_arg, is_device_function, ops_device,
 )
-from tfmigrate.cst.callargs import split_arguments
+from tfmigrate.cst.callargs import argument, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, concrete_types, contains, find, module_parents, names_used, single_small, walk,
@@ -1106,6 +1106,8 @@ def _regularization_blocker(rule) -> str:
         if isinstance(node, cst.Arg):
             continue
         name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
+        if name.endswith("get_total_loss") and (isinstance(node, cst.Attribute) or _one_towers_total(node)):
+            continue  # the call is what counts; one tower's total is each replica's own
         if name.endswith("get_total_loss") or (fixed is not None and (
                 name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses")))):
             why = (f"line {_line(rule, fixed)} makes regularization losses from the first tower's weights only"
@@ -1114,6 +1116,14 @@ def _regularization_blocker(rule) -> str:
                     "MirroredStrategy the other replicas would not decay their copies (regularize through "
                     "`tf.get_variable(regularizer=...)`, or add each tower's weight decay from the weights it reads)")
     return ""
+
+
+def _one_towers_total(call: cst.Call) -> bool:
+    """`tf.losses.get_total_loss(scope=scope)` by the tower's name-scope value: that tower's
+    losses and the regularization losses made under its scope (the first tower's, where the
+    variables were made), as each replica's would be (verified on a YOLO-style probe: match)."""
+    scope = argument(call, ("add_regularization_losses", "name", "scope"), "scope")
+    return isinstance(scope, (cst.Name, cst.Attribute))
 
 
 def _fixed_regularization(rule) -> cst.CSTNode | None:
