@@ -82,6 +82,7 @@ __all__ = ["plan"]
 # Reductions of a list of tower losses, and the share of the total each replica minimises.
 _LOSS_MEANS = {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean"}
 _LOSS_SUMS = {"tensorflow.add_n", "tensorflow.math.add_n", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
+_REDUCE_SUMS = {"tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
 _STACKS = {"tensorflow.stack", "tensorflow.concat", "tensorflow.convert_to_tensor"}
 # Nodes that open their own scope: names bound inside them are not the loop body's.
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
@@ -656,7 +657,8 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
             continue
         minimize_statement, minimize_call = _find_call(rule, region, tail, "minimize", total, item.target)
         _check_available(rule, region, minimize_call, upto=minimize_statement, skip=total)
-        share_code = share.format(loss=item.value.value, n=f"{strategy}.num_replicas_in_sync")
+        share_code = share.format(loss=item.value.value, n=f"{strategy}.num_replicas_in_sync",
+                                  mean=tf("tensorflow.reduce_mean"), sum=tf("tensorflow.reduce_sum"))
         moved, binds, changes = _move_call(rule, region, minimize_statement, minimize_call, share_code, "train_op")
         why = ("MirroredStrategy sums the replicas' gradients: each replica minimises its share of the mean loss."
                if share_code != item.value.value else "MirroredStrategy sums the replicas' gradients, as the summed loss did.")
@@ -1178,10 +1180,17 @@ def _find_reduction(rule, region: _Region, tower_list: str):
         if any(a.keyword is not None and a.keyword.value != "axis" for a in value.args[1:]):
             return None
         reducer = resolve(value.func)
+        # Concatenated, the towers' values are per-example losses (a scalar cannot be
+        # concatenated): the mean of the pieces is the mean of their means (the pieces of a
+        # split are equal), the sum the sum of their sums. `minimize` of one piece as it is
+        # would differentiate the sum of its elements (golbin's many-GPUs-MNIST: B times the step).
+        inner = value.args[0].value
+        pieces = isinstance(inner, cst.Call) and resolve(inner.func) == "tensorflow.concat"
         if reducer in _LOSS_MEANS and divisor is None:
-            share = "{loss} / {n}"
-        elif reducer in _LOSS_SUMS:
-            share = "{loss}" if divisor is None else "{loss} / " + code(divisor).replace("{", "{{").replace("}", "}}")
+            share = "{mean}({loss}) / {n}" if pieces else "{loss} / {n}"
+        elif reducer in _LOSS_SUMS and not (pieces and reducer not in _REDUCE_SUMS):
+            loss = "{sum}({loss})" if pieces else "{loss}"
+            share = loss if divisor is None else loss + " / " + code(divisor).replace("{", "{{").replace("}", "}}")
         else:
             return None
         return statement, target, share, inline
