@@ -1195,3 +1195,48 @@ def test_get_total_loss_is_rewritten_only_for_the_towers_own_scope(total, fixabl
     """)
     (finding,) = tower_findings(program)
     assert finding.fixable == fixable, finding.refusal
+
+
+MODULE_WITH_PROGRAM = """\
+import numpy as np
+import tensorflow as tf
+
+NUM_GPUS = 2
+x = tf.placeholder(tf.float32, [8, 3])
+y = tf.placeholder(tf.float32, [8, 1])
+xs, ys = tf.split(x, NUM_GPUS), tf.split(y, NUM_GPUS)
+opt = tf.train.GradientDescentOptimizer(0.1)
+tower_grads = []
+with tf.variable_scope(tf.get_variable_scope()):
+    for i in range(NUM_GPUS):
+        with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i):
+            w = tf.get_variable('w', [3, 1], initializer=tf.constant_initializer(0.5))
+            loss = tf.reduce_mean(tf.square(tf.matmul(xs[i], w) - ys[i]))
+            tf.get_variable_scope().reuse_variables()
+            tower_grads.append(opt.compute_gradients(loss))
+
+grads = [(tf.add_n([g for g, _ in gv]) / NUM_GPUS, gv[0][1]) for gv in zip(*tower_grads)]
+train_op = opt.apply_gradients(grads)
+
+sess = tf.Session()
+sess.run(tf.global_variables_initializer())
+rng = np.random.RandomState(0)
+for step in range(20):
+    bx = rng.normal(size=(8, 3)).astype(np.float32)
+    _, l = sess.run([train_op, loss], {x: bx, y: bx.sum(1, keepdims=True)})
+    print('step', step, l)
+"""
+
+
+def test_a_tower_loop_in_a_module_level_with_goes_under_the_scope_with_it():
+    """A module-level `with tf.variable_scope(tf.get_variable_scope()):` around the loop runs once
+    (RetinaNet and InsightFace training scripts were refused as "may run more than once"):
+    it goes under `strategy.scope()` whole, with the statements around it (this program: match
+    under verify, max rel diff 0)."""
+    out = unsafe_fix(MODULE_WITH_PROGRAM)
+    ast.parse(out)
+    assert "with strategy.scope():\n" in out
+    scope_at = out.index("with strategy.scope():")
+    assert scope_at < out.index("    with tf.variable_scope(tf.get_variable_scope()):\n        def tower_fn():")
+    assert "    sess = tf.Session()" in out  # the statements after it are in the scope too
+    assert unsafe_fix(out) == out

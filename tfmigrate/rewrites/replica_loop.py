@@ -1708,19 +1708,23 @@ def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
     """At module level with no `with` that opens the graph: the run of statements around the
     loop, in its own block, that the strategy scope covers (up to the nearest import, definition,
     docstring or `if __name__ == '__main__':`). The block is the module or the body of a module
-    level `if` (`if __name__ == '__main__':`), which runs once. Empty elsewhere."""
+    level `if` (`if __name__ == '__main__':`), which runs once. A module level `with` runs once
+    too (`with tf.variable_scope(tf.get_variable_scope()):` around the loop): it goes under the
+    scope whole, with the code around it. Empty elsewhere."""
     module = rule.context.module
     if strategy_scope_owner(region.loop, region.parents, rule.imports) is not module:
         return []
-    block = region.parents[id(region.loop)]
-    node = block
+    unit = node = region.loop  # the statement of the block that holds the loop
     while node is not module:
         node = region.parents[id(node)]
-        if not isinstance(node, (cst.If, cst.Else, cst.IndentedBlock, cst.Module)):
+        if isinstance(node, cst.With):
+            unit = node
+        elif not isinstance(node, (cst.If, cst.Else, cst.IndentedBlock, cst.Module)):
             raise Refused(f"line {_line(rule, node)}: the tower loop is inside a block at module level that may run "
                           "more than once: move it into a function so the graph can be built under strategy.scope()")
+    block = region.parents[id(unit)]
     body = list(block.body)
-    at = _index(body, region.loop)
+    at = _index(body, unit)
     start, end = at, at
     while start > 0 and _plain_module_statement(body[start - 1]):
         start -= 1
