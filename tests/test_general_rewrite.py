@@ -1240,3 +1240,24 @@ def test_a_tower_loop_in_a_module_level_with_goes_under_the_scope_with_it():
     assert scope_at < out.index("    with tf.variable_scope(tf.get_variable_scope()):\n        def tower_fn():")
     assert "    sess = tf.Session()" in out  # the statements after it are in the scope too
     assert unsafe_fix(out) == out
+
+
+def test_the_device_lists_own_loop_variable_is_not_read_from_the_code_before_it():
+    """LaneNet's trainer builds its input in an earlier loop over the same `i`; the device list
+    `['/gpu:{:d}'.format(i) for i in ...]` binds its own `i` and needs nothing from that loop
+    (it was refused: "the towers' devices come from TensorFlow code in the graph")."""
+    (finding,) = tower_findings(textwrap.dedent("""
+        import tensorflow as tf
+        def build(images, n, opt):
+            with tf.Graph().as_default():
+                parts = []
+                for i in range(n):
+                    parts.append(tf.identity(images[i]))
+                tower_grads = []
+                for i in range(n):
+                    with tf.device('/gpu:{:d}'.format(i)):
+                        tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(parts[i]))))
+                grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+                return opt.apply_gradients(grads)
+    """))
+    assert finding.fixable, finding.refusal

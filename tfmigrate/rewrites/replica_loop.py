@@ -1769,7 +1769,7 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
     they move up with the strategy, above the scope, which is only safe for plain Python."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else _module_run(rule, region)
-    needed = names_used(create) - {"tf"}
+    needed = _device_list_reads(create) - {"tf"}  # not the comprehension's own `i`
     prelude = []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
         builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
@@ -1782,7 +1782,7 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
         # A call made for its effect on a name the devices read (`parser.add_argument(...)`
         # before `args = parser.parse_args()`) moves up with it, in its place.
         prelude.insert(0, statement)
-        needed |= names_used(statement)
+        needed |= _device_list_reads(statement)
     _check_bound_before(rule, owner, create, prelude, block)
     return prelude
 
