@@ -667,6 +667,18 @@ MORE_REFUSALS = {
             grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
             return opt.apply_gradients(grads)
     """, "line 11: the towers make a moving average (`ExponentialMovingAverage`)"),
+    # A "multi-GPU" trainer whose loop body runs the session under each device scope: the scope
+    # places nothing, the loop runs steps one by one (the rewrite made replicas call sess.run).
+    "session_run_under_each_device": ("""
+        import tensorflow as tf
+        def train(sess, train_op, loss, x, batches, num_gpus, per_gpu):
+            for batch in batches:
+                losses = []
+                for i in range(num_gpus):
+                    with tf.device('/gpu:{}'.format(i)):
+                        _, value = sess.run([train_op, loss], feed_dict={x: batch[i * per_gpu:(i + 1) * per_gpu]})
+                        losses.append(value)
+    """, "the loop body runs the graph (`sess.run(...)`)"),
     # The last tower averages and applies: only one replica would reach the update.
     "update_on_the_last_tower": ("""
         import tensorflow as tf

@@ -265,6 +265,11 @@ def _check_body(loop: cst.For) -> None:
             raise Refused("the tower loop body returns or yields: a replica function cannot do that for the caller")
         if isinstance(node, (cst.Break, cst.Continue)) and not _inside_inner_loop(node, loop):
             raise Refused("the tower loop body uses `break`/`continue` on the tower loop")
+        if type(node) is cst.Call and _runs_the_graph(node):
+            # A device scope around Session.run places nothing: the loop runs steps one after
+            # another (a YOLOv3 "multi-GPU" trainer), and the replicas would call the session.
+            raise Refused(f"the loop body runs the graph (`{code(node.func)}(...)`): its device scope places nothing, "
+                          "and this loop runs training steps one by one, not towers")
 
 
 def _check_tower_variables(rule, loop: cst.For) -> None:
@@ -282,6 +287,11 @@ def _check_tower_variables(rule, loop: cst.For) -> None:
 def _makes_moving_average(rule, call: cst.Call) -> bool:
     return rule.imports.resolve(call.func) in ("tensorflow.train.ExponentialMovingAverage",
                                                "tensorflow.compat.v1.train.ExponentialMovingAverage")
+
+
+def _runs_the_graph(call: cst.Call) -> bool:
+    """`sess.run(...)`, `self._sess.run(...)`, `session.run(...)`."""
+    return method_call(call, "run") and "sess" in code(call.func.value).lower()
 
 
 def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes: bool = False):
