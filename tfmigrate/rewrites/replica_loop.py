@@ -276,7 +276,10 @@ def _check_tower_variables(rule, loop: cst.For) -> None:
     """A moving average made in the towers (inception's `_tower_loss`: `ExponentialMovingAverage(0.9,
     name='avg').apply(losses)`) makes each tower's own variables, named after the tower's ops.
     Under MirroredStrategy a replica after the first may only reuse replica 0's variables: the
-    rewritten program failed with "Variable replica_1/tower_1/.../avg/ does not exist"."""
+    rewritten program failed with "Variable replica_1/tower_1/.../avg/ does not exist". Applied
+    by replica 0 only (summaries are recorded there only), the moving average's own merge call
+    meets the other replicas' optimizer merge call, and the strategy fails ("Values to regroup
+    had different lengths"): refused."""
     call = _training_call(rule, loop.body, _makes_moving_average)
     if call is not None:
         raise Refused(f"line {_line(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
