@@ -4,7 +4,9 @@ import builtins
 
 import libcst as cst
 
-from tfmigrate.analysis.devices import derived_names, device_scope_arg, enclosing_tower, tower_collections
+from tfmigrate.analysis.devices import (
+    derived_names, device_scope_arg, enclosing_tower, module_tower_loops, tower_collections,
+)
 from tfmigrate.cst.traversal import find, names_used
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.rule import FixSafety, Invalid, Rule
@@ -137,6 +139,23 @@ class GradientAveraging(Rule):
         for grads, variables in zip(grad_list, var_list):
             update = tf.reduce_mean(grads)
         """,
+        # Migrated by `tfmigrate fix`: the towers are replicas, and the average kept for a clip
+        # is applied by each replica as its share (nothing left to migrate).
+        """\
+        import tensorflow as tf
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        def train(strategy, opt, parts):
+            tower_grads = []
+            def tower_fn():
+                i = int(tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group))
+                tower_grads.append(opt.compute_gradients(model(parts[i])))
+            strategy.extended.call_for_each_replica(tower_fn)
+            grads = [(tf.clip_by_value(g, -1.0, 1.0), v) for g, v in average_gradients(tower_grads)]
+            def apply_share():
+                return opt.apply_gradients([(g / strategy.num_replicas_in_sync, v) for g, v in grads])
+            return strategy.extended.call_for_each_replica(apply_share)
+        """,
     ]
     invalid = [
         Invalid(
@@ -174,6 +193,15 @@ class GradientAveraging(Rule):
         self.loss_reductions: list[tuple[int, int, cst.Call, str]] = []
         self.differentiations: list[tuple[int, int, set[str], set[int]]] = []
         self.order = 0
+
+    def report(self, node: cst.CSTNode, message: str, **kwargs) -> None:
+        # A module already migrated (its towers are a replica function, no tower loop is left)
+        # keeps an average only where the rewrite applies it per replica: nothing to report,
+        # and `check` after `fix` is clean.
+        migrated = self.context.memo("tfm102.migrated", lambda: (
+            "call_for_each_replica" in self.context.text and not module_tower_loops(self.context)))
+        if not migrated:
+            super().report(node, message, **kwargs)
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.functions.append(node)
