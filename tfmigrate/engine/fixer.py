@@ -20,7 +20,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tfmigrate.engine.config import Config
 from tfmigrate.rule import Edit, Finding, FixSafety, Rule
-from tfmigrate.engine.runner import TOO_DEEP, analyze_source, in_cells, internal_error, is_notebook
+from tfmigrate.engine.runner import (
+    TOO_DEEP, analyze_source, collector_paused, in_cells, internal_error, is_notebook,
+)
 from tfmigrate.engine.source import (
     SourceError, SourceFile, compile_error, compile_failure, decode_source, libcst_parse, read_bytes,
     interrupts_held, write_atomic,
@@ -267,9 +269,10 @@ def _encoded(source: SourceFile, text: str) -> bytes:
 def fix_bytes(path: str, raw: bytes, config: Config, *, unsafe: bool = False) -> FixResult:
     """Fix a file's bytes in memory (read from disk, or standard input); errors in the result."""
     try:
-        if is_notebook(path):
-            return _fix_notebook(path, raw, config, unsafe)
-        return fix_source(decode_source(path, raw), config, unsafe=unsafe)
+        with collector_paused():
+            if is_notebook(path):
+                return _fix_notebook(path, raw, config, unsafe)
+            return fix_source(decode_source(path, raw), config, unsafe=unsafe)
     except SourceError as exc:
         return FixResult(path=path, error=str(exc))
     except RecursionError:
