@@ -19,7 +19,7 @@ min), wall seconds and CPU seconds (the process and its children: tfmigrate's wo
 use the minima. A warm run is only valid if nobody edits tfmigrate's or the rules' sources
 meanwhile (the cache is keyed by their hash): such rows are labelled INVALID.
 
-Usage: python benchmarks/bench_check.py [--sizes 100,1600] [--corpus realistic] [--repeat 3]
+Usage: python benchmarks/bench_check.py [--sizes 400,1600] [--corpus realistic] [--repeat 3]
                                         [--skip-slow] [--jobs N]
 """
 
@@ -355,7 +355,7 @@ def report(rows: list[tuple[int, int, Timing]], floors: dict[int, float], jobs: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="100,1600", help="tree sizes in files (comma-separated)")
+    parser.add_argument("--sizes", default="400,1600", help="tree sizes in files (comma-separated)")
     parser.add_argument("--corpus", choices=["realistic", "small"], default="realistic")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each tool (min and spread reported)")
     parser.add_argument("--skip-slow", action="store_true", help="do not run tf_upgrade_v2 and fixit")
