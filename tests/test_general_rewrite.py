@@ -859,16 +859,8 @@ def test_batch_norm_updates_of_the_first_tower_become_every_replicas_own(tmp_pat
     np = pytest.importorskip("numpy")
     fixed_text = unsafe_fix(BN_FIRST_TOWER_PROGRAM)
     assert "if i == 0" not in fixed_text
-    legacy = _TWO_CPUS + BN_FIRST_TOWER_PROGRAM.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
-    migrated = _TWO_CPUS + fixed_text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
-    outputs = []
-    for name, text in (("legacy.py", legacy), ("migrated.py", migrated)):
-        (tmp_path / name).write_text(text)
-        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
-        assert result.returncode == 0, result.stderr[-2000:]
-        outputs.append(np.array(ast.literal_eval(result.stdout.strip().splitlines()[-1])))
-    (legacy_mean,), (first, second) = outputs
+    outputs = _last_lines_on_two_cpus(tmp_path, BN_FIRST_TOWER_PROGRAM, fixed_text)
+    (legacy_mean,), (first, second) = (np.array(ast.literal_eval(out)) for out in outputs)
     assert not np.allclose(legacy_mean, 0.0)
     assert np.allclose(first, legacy_mean, rtol=1e-5)  # replica 0 is tower 0: same batch, same weights
     assert not np.allclose(second, 0.0) and not np.allclose(second, first)  # replica 1 updated its own
@@ -1029,6 +1021,20 @@ tf = tensorflow.compat.v1
 """
 
 
+def _last_lines_on_two_cpus(tmp_path, legacy_program: str, fixed_text: str) -> list[str]:
+    """Run the legacy program (towers on /cpu:0 and /cpu:1) and its migration (the strategy's
+    replicas on the same two logical CPUs); the last line each prints."""
+    outputs = []
+    for name, text in (("legacy.py", legacy_program), ("migrated.py", fixed_text)):
+        runnable = _TWO_CPUS + text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
+        (tmp_path / name).write_text(runnable)
+        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+        assert result.returncode == 0, result.stderr[-2000:]
+        outputs.append(result.stdout.strip().splitlines()[-1])
+    return outputs
+
+
 CLIPPED_UPDATE = (
     "        self.train_op = self.opt.apply_gradients(grads, global_step=self.global_step)\n",
     "        clipped, _ = tf.clip_by_global_norm([g for g, _ in grads], 1e3)\n"
@@ -1045,18 +1051,10 @@ def test_the_global_step_counted_after_the_update_counts_each_step_once_and_trai
     pytest.importorskip("tensorflow")
     np = pytest.importorskip("numpy")
     program = GLOBAL_STEP_PROGRAM if update == "moved" else replaced(GLOBAL_STEP_PROGRAM, CLIPPED_UPDATE)
-    legacy = _TWO_CPUS + program.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
     fixed_text = unsafe_fix(program)
     assert ".assign_add(1).op" in fixed_text
     assert ("def apply_share():" in fixed_text) == (update == "wrapped")
-    # Both programs on the two logical CPUs: the towers, and the strategy's replicas.
-    migrated = _TWO_CPUS + fixed_text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
-    outputs = []
-    for name, text in (("legacy.py", legacy), ("migrated.py", migrated)):
-        (tmp_path / name).write_text(text)
-        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
-        outputs.append(result.stdout.strip().splitlines()[-1])
+    outputs = _last_lines_on_two_cpus(tmp_path, program, fixed_text)
     legacy_out, migrated_out = outputs
     assert legacy_out.startswith("3 ") and migrated_out.startswith("3 ")
     legacy_w, migrated_w = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
@@ -1111,17 +1109,10 @@ def test_tf_variables_minimised_through_every_towers_loss_train_like_the_legacy_
     then differentiated by both copies and the update counted every gradient twice."""
     pytest.importorskip("tensorflow")
     np = pytest.importorskip("numpy")
-    legacy = _TWO_CPUS + VARIABLE_PROGRAM.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
     fixed_text = unsafe_fix(VARIABLE_PROGRAM)
     assert "call_for_each_replica" in fixed_text
-    migrated = _TWO_CPUS + fixed_text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
-    outputs = []
-    for name, text in (("legacy.py", legacy), ("migrated.py", migrated)):
-        (tmp_path / name).write_text(text)
-        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-2000:]
-        outputs.append(np.array(ast.literal_eval(result.stdout.strip().splitlines()[-1])))
-    legacy_w, migrated_w = outputs
+    legacy_w, migrated_w = (np.array(ast.literal_eval(out))
+                            for out in _last_lines_on_two_cpus(tmp_path, VARIABLE_PROGRAM, fixed_text))
     assert np.allclose(legacy_w, migrated_w, rtol=1e-5), (legacy_w, migrated_w)
 
 
