@@ -963,8 +963,8 @@ def test_a_global_step_made_outside_the_scope_is_counted_once_after_the_replicas
     build = out.split("def build(self):", 1)[1]
     assert "self.train_op = self.opt.apply_gradients(grads_share)\n" in build
     assert ("strategy.extended.call_for_each_replica(tower_fn)\n\n"
-            "            # `self.global_step` is made outside the strategy's scope (not a mirrored\n"
-            "            # variable): it counts the step once, after the replicas' update.\n"
+            "            # The replicas apply without `self.global_step`, which counts the step once, after\n"
+            "            # their update (made outside the strategy's scope, a step is not mirrored).\n"
             "            with tf.control_dependencies([self.train_op]):\n"
             "                self.train_op = self.global_step.assign_add(1).op\n") in build
     assert "global_step=" not in build and "strategy.run(" not in out

@@ -1093,8 +1093,8 @@ def _count_once(update: str, step: str, tf: TfNames) -> cst.BaseStatement:
         f"with {tf('tensorflow.control_dependencies')}([{update}]):\n    {update} = {step}.assign_add(1).op\n")
     return increment.with_changes(leading_lines=[
         cst.EmptyLine(indent=False),
-        cst.EmptyLine(comment=cst.Comment(f"# `{step}` is made outside the strategy's scope (not a mirrored")),
-        cst.EmptyLine(comment=cst.Comment("# variable): it counts the step once, after the replicas' update.")),
+        cst.EmptyLine(comment=cst.Comment(f"# The replicas apply without `{step}`, which counts the step once, after")),
+        cst.EmptyLine(comment=cst.Comment("# their update (made outside the strategy's scope, a step is not mirrored).")),
     ])
 
 
