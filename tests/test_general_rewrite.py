@@ -576,7 +576,8 @@ def test_a_tower_function_also_called_outside_the_loop_is_refused():
         "            self.train_op =", "            self.eval_loss = self.tower(parts, 0, True)\n            self.train_op ="))
     (finding,) = tower_findings(source.lstrip())
     assert not finding.fixable
-    assert "`tower`, which is also called outside the tower loop" in finding.refusal, finding.refusal
+    line = next(n for n, text in enumerate(source.lstrip().splitlines(), 1) if "self.eval_loss = self.tower(" in text)
+    assert f"`tower`, which line {line} also calls outside the tower loop" in finding.refusal, finding.refusal
 
 
 def test_an_imported_device_function_of_the_gpu_number_gives_gpu_names():

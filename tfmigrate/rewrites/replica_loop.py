@@ -1618,9 +1618,10 @@ def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
     changes = {}
     for function in tower.via:
         name = function.name.value
-        if any(_calls(call, name) and not contains(tower.loop, call) for call in _module_calls(rule)):
-            raise Refused(f"the towers are built by `{name}`, which is also called outside the tower loop: "
-                          "its device scope cannot go")
+        outside = next((call for call in _module_calls(rule) if _calls(call, name) and not contains(tower.loop, call)), None)
+        if outside is not None:
+            raise Refused(f"the towers are built by `{name}`, which line {_line(rule, outside)} also calls outside the "
+                          "tower loop: its device scope cannot go (that call would lose its placement)")
         scopes = {id(scope.with_node) for scope in tower.scopes if contains(function, scope.with_node)}
         replica = _ReplicaBody(scopes, {}, rule.imports, set(), variables=frozenset(variable_calls(rule)))
         changes[id(function)] = function.visit(replica)
