@@ -680,6 +680,22 @@ MORE_REFUSALS = {
                         _, value = sess.run([train_op, loss], feed_dict={x: batch[i * per_gpu:(i + 1) * per_gpu]})
                         losses.append(value)
     """, "the loop body runs the graph (`sess.run(...)`)"),
+    # A term added to REGULARIZATION_LOSSES by hand in each tower, read back without a scope
+    # (MobileFaceNet's prelogits norm): tower k's loss holds towers 0..k's terms.
+    "regularization_term_added_by_hand_read_unscoped": ("""
+        import tensorflow as tf
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+                    logits = model(parts[i])
+                    tf.add_to_collection(tf.GraphKeys.REGULARIZATION_LOSSES, tf.reduce_mean(tf.abs(logits)) * 5e-5)
+                    regularization = tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES)
+                    total = tf.add_n([tf.reduce_mean(logits)] + regularization)
+                    tower_grads.append(opt.compute_gradients(total))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads)
+    """, "line 8: the loss reads the regularization losses, and line 7 adds a term to them by hand"),
     # The last tower averages and applies: only one replica would reach the update.
     "update_on_the_last_tower": ("""
         import tensorflow as tf

@@ -1118,19 +1118,27 @@ def _regularization_blocker(rule) -> str:
     :func:`_check_training_state`), or ""."""
     fixed = _fixed_regularization(rule)
     for node in _module_nodes(rule):
-        if isinstance(node, cst.Arg):
-            continue
+        if isinstance(node, cst.Arg) or (fixed is not None and contains(fixed, node)):
+            continue  # the collection written to is not a read of it
         name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
         if name.endswith("get_total_loss") and (isinstance(node, cst.Attribute) or _one_towers_total(node)):
             continue  # the call is what counts; one tower's total is each replica's own
         if name.endswith("get_total_loss") or (fixed is not None and (
                 name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses")))):
-            why = (f"line {_line(rule, fixed)} makes regularization losses from the first tower's weights only"
-                   if fixed is not None else "`get_total_loss()` sums every tower's losses made so far")
-            return (f"line {_line(rule, node)}: the loss reads the regularization losses, and {why}: under "
-                    "MirroredStrategy the other replicas would not decay their copies (regularize through "
-                    "`tf.get_variable(regularizer=...)`, or add each tower's weight decay from the weights it reads)")
+            return f"line {_line(rule, node)}: the loss reads the regularization losses, and {_regularization_why(rule, fixed)}"
     return ""
+
+
+def _regularization_why(rule, fixed: cst.CSTNode | None) -> str:
+    if fixed is None:
+        return ("`get_total_loss()` sums every tower's losses made so far: under MirroredStrategy each replica "
+                "would hold its own only (read them by the tower's scope: `get_total_loss(scope=scope)`)")
+    if isinstance(fixed, cst.Call):  # `tf.add_to_collection(REGULARIZATION_LOSSES, term)`
+        return (f"line {_line(rule, fixed)} adds a term to them by hand: read without a scope, tower k's loss holds "
+                "the terms of towers 0 to k, which replicas cannot reproduce (read them by the tower's scope)")
+    return (f"line {_line(rule, fixed)} makes regularization losses from the first tower's weights only: under "
+            "MirroredStrategy the other replicas would not decay their copies (regularize through "
+            "`tf.get_variable(regularizer=...)`, or add each tower's weight decay from the weights it reads)")
 
 
 def _one_towers_total(call: cst.Call) -> bool:
