@@ -1281,3 +1281,28 @@ def test_the_device_lists_own_loop_variable_is_not_read_from_the_code_before_it(
                 return opt.apply_gradients(grads)
     """))
     assert finding.fixable, finding.refusal
+
+
+def test_two_tower_loops_under_one_strategy_scope_are_refused():
+    """A training loop and a forward-only validation loop in one function: each rewrite opened
+    its own MirroredStrategy, the second inside the first ("Mixing different
+    tf.distribute.Strategy objects"). Snippets one after another at module level nested the same way."""
+    program = textwrap.dedent("""
+        import tensorflow as tf
+        def build(train_parts, val_parts, n, opt):
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(train_parts[i]))))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            train_op = opt.apply_gradients(grads)
+            correct = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    correct.append(tf.reduce_mean(model(val_parts[i])))
+            return train_op, tf.add_n(correct)
+    """)
+    findings = tower_findings(program)
+    assert len(findings) == 2 and not any(f.fixable for f in findings)
+    assert "the tower loop at line 10 builds towers under the same graph" in findings[0].refusal
+    # (The validation loop is refused for its own reason first: its results go to the caller.)

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tfmigrate.analysis.devices import (
-    DEVICE_SPECS, computes_gradients, device_scope_arg, is_device_function, ops_device,
+    DEVICE_SPECS, computes_gradients, device_scope_arg, is_device_function, module_tower_loops, ops_device, tower_group,
 )
 from tfmigrate.cst.callargs import argument, split_arguments
 from tfmigrate.cst.codegen import code
@@ -1708,6 +1708,7 @@ def _check_one_strategy(rule, region: _Region) -> None:
     variables) would make one strategy per call, and the second would find the first's
     variables mirrored onto other devices."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    _check_other_towers(rule, region, owner)
     if not isinstance(owner, cst.FunctionDef):
         return  # a `with` that opens a graph of its own, or the module
     name, parent = owner.name.value, region.parents.get(id(owner))
@@ -1724,6 +1725,22 @@ def _check_one_strategy(rule, region: _Region) -> None:
         lines = ", ".join(str(_line(rule, c)) for c in uses)
         raise Refused(f"`{wanted}` runs {len(uses)} times (lines {lines}) into one graph: each run would make its "
                       "own MirroredStrategy over the same variables; make one strategy where the graph is built")
+
+
+def _check_other_towers(rule, region: _Region, owner: cst.CSTNode) -> None:
+    """Another tower loop (not one of this loop's group) under the same strategy scope: each
+    rewrite would open its own MirroredStrategy, one inside the other (a training loop and a
+    forward-only validation loop in one function crashed: "Mixing different tf.distribute.Strategy
+    objects"). One strategy must run both; that is left to a person."""
+    group = {id(t.loop) for t in tower_group(rule.context, region.loop)} | {id(region.loop)}
+    # At module level the scope covers the run of statements around the loop only.
+    covered = _module_run(rule, region) if isinstance(owner, cst.Module) else [owner]
+    for other in module_tower_loops(rule.context):
+        if id(other.loop) in group or not any(contains(node, other.loop) for node in covered):
+            continue
+        if strategy_scope_owner(other.loop, region.parents, rule.imports) is owner:
+            raise Refused(f"the tower loop at line {_line(rule, other.loop)} builds towers under the same graph: "
+                          "each would get its own MirroredStrategy, one inside the other; one strategy must run both")
 
 
 def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
