@@ -281,10 +281,9 @@ def measure_tree(tree: Path, size: int, args, tools: dict, env: dict, cache: Pat
     cold = Timing("tfmigrate check (cold)")
     warm = Timing("tfmigrate check (warm)")
     for _ in range(args.repeat):
-        for timing, command in ((cold, check + ["--no-cache", "."]),):
-            wall, cpu = timed(command, tree, env)
-            timing.walls.append(wall)
-            timing.cpus.append(cpu)
+        wall, cpu = timed(check + ["--no-cache", "."], tree, env)
+        cold.walls.append(wall)
+        cold.cpus.append(cpu)
         timed(check + ["."], tree, env)  # fills the cache
         before = _cache_state(cache)
         wall, cpu = timed(check + ["."], tree, env)
@@ -314,7 +313,10 @@ def measure_tree(tree: Path, size: int, args, tools: dict, env: dict, cache: Pat
 def one_file(args, tools: dict, env: dict, temp: Path, cache: Path) -> tuple[float, float, float, bool]:
     check = tools["check"]
     one = temp / "one"
-    generate(one, 1, seed=1) if args.corpus == "small" else realistic_corpus.generate(one, 1, seed=3)
+    if args.corpus == "small":
+        generate(one, 1, seed=1)
+    else:
+        realistic_corpus.generate(one, 1, seed=3)
     (path,) = one.rglob("*.py")
     cold = statistics.median(timed(check + ["--no-cache", str(path)], one, env)[0] for _ in range(7))
     timed(check + [str(path)], one, env)

@@ -139,11 +139,11 @@ def plan(rule, tower) -> Edit:
         _check_training_state(rule, scope_region, update)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
     initial_values = _initial_values(rule, loop)
-    variables = variable_calls(rule)
+    initial_value_changes = {key: replacement for key, (_, replacement) in initial_values.items()}
+    variables = _variable_calls(rule)
     region_changes = {
-        **{key: replacement for key, (_, replacement) in initial_values.items()},
-        **{key: _trainable(call.visit(ReplaceById({k: r for k, (_, r) in initial_values.items()})))
-           for key, call in variables.items()},
+        **initial_value_changes,
+        **{key: _trainable(call.visit(ReplaceById(initial_value_changes))) for key, call in variables.items()},
         id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
         **_tower_functions(rule, tower),
     }
@@ -176,7 +176,7 @@ def plan(rule, tower) -> Edit:
     return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
 
 
-def variable_calls(rule) -> dict[int, cst.Call]:
+def _variable_calls(rule) -> dict[int, cst.Call]:
     """The module's `tf.Variable(...)` calls that leave `trainable` to its default, by id.
 
     TF1's default (None) means trainable. Under MirroredStrategy in graph mode, a compat.v1
@@ -1347,7 +1347,7 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) ->
                     and (rule.imports.resolve(item.item.func) or "").endswith("name_scope")}
     in_body.update({id(s): cst.RemovalSentinel.REMOVE for s in _device_bindings(tower, loop)})
     replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target),
-                           frozenset(variable_calls(rule)))
+                           frozenset(_variable_calls(rule)))
     body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf)
@@ -1631,7 +1631,7 @@ def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
             raise Refused(f"the towers are built by `{name}`, which line {_line(rule, outside)} also calls outside the "
                           "tower loop: its device scope cannot go (that call would lose its placement)")
         scopes = {id(scope.with_node) for scope in tower.scopes if contains(function, scope.with_node)}
-        replica = _ReplicaBody(scopes, {}, rule.imports, set(), variables=frozenset(variable_calls(rule)))
+        replica = _ReplicaBody(scopes, {}, rule.imports, set(), variables=frozenset(_variable_calls(rule)))
         changes[id(function)] = function.visit(replica)
     return changes
 
