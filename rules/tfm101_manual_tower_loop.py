@@ -3,7 +3,8 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.devices import describe_device, tower_group, tower_loop_at
-from tfmigrate.rewrites import mirrored
+from tfmigrate.analysis.tower_forms import module_tower_forms
+from tfmigrate.rewrites import loop_forms, mirrored
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
 
@@ -177,6 +178,17 @@ class ManualTowerLoop(Rule):
                 edit = None
                 message += f" (no automatic fix: {reason})"
             self.report(node, message, edit=edit)
+        for form in module_tower_forms(self.context):
+            device = describe_device(form.device, self.context.module)
+            via = ", ".join(f"`{f.name.value}`" for f in form.via)
+            message = (
+                f"tower loop: one model replica per device under `tf.device({device})`"
+                f"{f' (opened in {via}, called once per device)' if via else ''}; "
+                "use tf.distribute.MirroredStrategy, which replicates the model, splits "
+                "the batch and all-reduces the gradients"
+            )
+            message, edit = loop_forms.plan(self, form, message)
+            self.report(form.statement, message, edit=edit)
 
 
 def _where_else(rule: Rule, tower, group) -> str:

@@ -7,7 +7,7 @@ import libcst as cst
 from tfmigrate.analysis.devices import (
     derived_names, device_scope_arg, enclosing_tower, module_tower_loops, tower_collections,
 )
-from tfmigrate.cst.traversal import find, names_used
+from tfmigrate.cst.traversal import find, free_names, names_used
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.rule import FixSafety, Invalid, Rule
 
@@ -521,7 +521,7 @@ def _parameter_data(function: cst.FunctionDef) -> set[str]:
     while changed:
         changed = False
         for target, value in assignments:
-            free = _free_names(value) - _BUILTINS
+            free = free_names(value) - _BUILTINS
             if free and free <= data and not names_used(target) <= data:
                 data |= names_used(target)
                 changed = True
@@ -547,14 +547,6 @@ def _divides(node: cst.CSTNode) -> bool:
     return any(isinstance(op.operator, cst.Divide) for op in find(node, cst.BinaryOperation)) or any(
         isinstance(aug.operator, cst.DivideAssign) for aug in find(node, cst.AugAssign)
     )
-
-
-def _free_names(expr: cst.BaseExpression) -> set[str]:
-    """Names an expression reads, less those its own comprehensions bind."""
-    bound: set[str] = set()
-    for comp in find(expr, cst.CompFor):
-        bound |= names_used(comp.target)
-    return names_used(expr) - bound
 
 
 def _all_params(params: cst.Parameters) -> list[cst.Param]:

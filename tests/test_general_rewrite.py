@@ -33,7 +33,7 @@ REWRITTEN = [
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
     "general_device_setter_split", "general_tower_class", "general_tower_function", "general_zip_split_pieces",
     "general_monitored_session", "general_first_tower_var_list", "general_accumulated_gradients",
-    "general_concat_example_losses",
+    "general_concat_example_losses", "general_while_counter", "general_comprehension_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -1306,3 +1306,28 @@ def test_two_tower_loops_under_one_strategy_scope_are_refused():
     assert len(findings) == 2 and not any(f.fixable for f in findings)
     assert "the tower loop at line 10 builds towers under the same graph" in findings[0].refusal
     # (The validation loop is refused for its own reason first: its results go to the caller.)
+
+
+def test_two_tower_loops_under_one_scope_are_refused_by_the_textbook_rewrite_too():
+    """The general rewrite refused the training loop for the second loop, and the textbook
+    `strategy.run` rewrite, tried next, took it: the strategies nested all the same."""
+    program = textwrap.dedent("""
+        import tensorflow as tf
+        def train(opt, parts, num_gpus):
+            tower_grads = []
+            for gpu in range(num_gpus):
+                with tf.device('/gpu:%d' % gpu):
+                    loss = tf.reduce_mean(model(parts[gpu]))
+                    tower_grads.append(opt.compute_gradients(loss))
+            train_op = opt.apply_gradients(average_gradients(tower_grads))
+            for k in range(num_gpus):
+                with tf.device('/gpu:%d' % k):
+                    tf.summary.histogram('out', model(parts[k]))
+            return train_op
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+    """)
+    for config in ({}, {"tower_input": "dataset"}):
+        first, second = [f for f in run_check(program, **config) if f.code == "TFM101"]
+        assert not first.fixable and "the tower loop at line 9 builds towers" in first.refusal, (config, first.refusal)
+        assert not second.fixable

@@ -230,7 +230,7 @@ def _builds_something(with_node: cst.With) -> bool:
 
 
 @dataclass
-class _Walk:
+class ModuleWalk:
     """What one walk of the module collects for the tower analysis."""
 
     scopes: list[tuple[DeviceScope, list[cst.For]]] = field(default_factory=list)
@@ -239,6 +239,12 @@ class _Walk:
     loop_calls: list[tuple[cst.Call, str, list[cst.For]]] = field(default_factory=list)
     functions: dict[str, list[cst.FunctionDef]] = field(default_factory=dict)
     owner: dict[int, cst.CSTNode] = field(default_factory=dict)  # id(for) -> function or module
+    # `while` loops, with the function (or module) they are in: towers are sometimes built by a
+    # counter loop (analysis.tower_forms).
+    whiles: list[tuple[cst.While, cst.CSTNode]] = field(default_factory=list)
+    # Functions that open a device scope outside any loop of theirs: the tower functions a
+    # comprehension may call once per device are among them.
+    scoped_functions: list[cst.FunctionDef] = field(default_factory=list)
 
 
 def _names_a_listing(text: str) -> bool:
@@ -248,13 +254,13 @@ def _names_a_listing(text: str) -> bool:
     return any(name.rsplit(".", 1)[1] in text for name in DEVICE_LISTINGS)
 
 
-def _device_withs(module: cst.Module, imports: ImportTable, may_list_devices: bool = True) -> _Walk:
+def _device_withs(module: cst.Module, imports: ImportTable, may_list_devices: bool = True) -> ModuleWalk:
     """One walk of the module: each device scope with the ``for`` loops around it (in the
     same function, outermost first), the names bound to a TF2 device listing, the calls
     made in loops and the functions they may call, and the function each loop is in."""
     loops: list[list[cst.For]] = [[]]  # a stack of enclosing loops per function
     owners: list[cst.CSTNode] = [module]
-    walked = _Walk()
+    walked = ModuleWalk()
     # `events(module)`, with two savings: a leave step only for the two node types that need
     # one, and no walk into an expression outside a loop (an expression holds no statement,
     # and its calls matter only in a loop).
@@ -283,11 +289,17 @@ def _device_withs(module: cst.Module, imports: ImportTable, may_list_devices: bo
                 loops[-1].pop()
         elif not entering:
             continue
+        elif kind is cst.While:
+            walked.whiles.append((node, owners[-1]))
         elif kind is cst.With and loops[-1]:
             for item in node.items:
                 device = device_scope_arg(item.item, imports)
                 if device is not None:
                     walked.scopes.append((DeviceScope(node, device), list(loops[-1])))
+        elif kind is cst.With and type(owners[-1]) is cst.FunctionDef:
+            if any(device_scope_arg(item.item, imports) is not None for item in node.items):
+                if not walked.scoped_functions or walked.scoped_functions[-1] is not owners[-1]:
+                    walked.scoped_functions.append(owners[-1])
         elif kind is cst.Call and loops[-1] and node.args:
             func = node.func
             if isinstance(func, cst.Name):
@@ -326,7 +338,7 @@ def _parameters(function: cst.FunctionDef) -> set[str]:
     return {p.name.value for p in found} - {"self", "cls"}
 
 
-def _tower_function(function: cst.FunctionDef, imports: ImportTable) -> tuple[set[str], list[DeviceScope]] | None:
+def tower_function(function: cst.FunctionDef, imports: ImportTable) -> tuple[set[str], list[DeviceScope]] | None:
     """(parameter-derived names, scopes) when ``function`` opens a device scope computed from
     its parameters and builds ops in it (`def tower(i): with tf.device('/gpu:%d' % i): ...`)."""
     scopes = device_scopes(function, imports)
@@ -368,7 +380,7 @@ def tower_loops(module: cst.Module, imports: ImportTable, text: str | None = Non
 
 
 def classified_loops(module: cst.Module, imports: ImportTable, text: str | None = None):
-    """(tower loops, per-device plumbing loops) of the module: see :func:`tower_loops`."""
+    """(tower loops, per-device plumbing loops, the walk) of the module: see :func:`tower_loops`."""
     walked = _device_withs(module, imports, may_list_devices=text is None or _names_a_listing(text))
     listing_names = walked.listing_names
     candidates: dict[int, tuple[cst.For, list[DeviceScope]]] = {}
@@ -408,7 +420,7 @@ def classified_loops(module: cst.Module, imports: ImportTable, text: str | None 
     nested = {id(loop) for tower in ordered for loop in find(tower.loop.body, cst.For)}
     for loop in plumbing:
         loop.owner = walked.owner.get(id(loop.loop))
-    return [tower for tower in ordered if id(tower.loop) not in nested], plumbing
+    return [tower for tower in ordered if id(tower.loop) not in nested], plumbing, walked
 
 
 # What a per-device loop may call and still only move data or updates between devices: apply
@@ -443,7 +455,7 @@ def is_plumbing(loop: cst.For, imports: ImportTable) -> bool:
     return True
 
 
-def _add_tower_function_loops(walked: _Walk, imports: ImportTable, towers: dict[int, TowerLoop], derived) -> None:
+def _add_tower_function_loops(walked: ModuleWalk, imports: ImportTable, towers: dict[int, TowerLoop], derived) -> None:
     """`for i in range(num_gpus): towers.append(build_tower(i))`, where `build_tower` opens
     `tf.device('/gpu:%d' % i)` on its parameter: a tower loop through a tower function."""
     analysed: dict[int, tuple[set[str], list[DeviceScope]] | None] = {}
@@ -453,7 +465,7 @@ def _add_tower_function_loops(walked: _Walk, imports: ImportTable, towers: dict[
             continue
         for function in functions:
             if id(function) not in analysed:
-                analysed[id(function)] = _tower_function(function, imports)
+                analysed[id(function)] = tower_function(function, imports)
             found = analysed[id(function)]
             if found is None:
                 continue
@@ -499,6 +511,11 @@ def module_tower_loops(context) -> list[TowerLoop]:
 def module_plumbing_loops(context) -> list[TowerLoop]:
     """The per-device loops of the module that are not tower loops (:func:`is_plumbing`)."""
     return _module_loops(context)[1]
+
+
+def module_walk(context) -> ModuleWalk:
+    """The walk the tower analysis made of the module (while loops, tower functions, ...)."""
+    return _module_loops(context)[2]
 
 
 def _module_loops(context):

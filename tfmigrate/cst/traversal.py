@@ -161,6 +161,12 @@ def names_used(node: cst.CSTNode, *, keywords: bool = True) -> set[str]:
     return found
 
 
+def free_names(node: cst.CSTNode) -> set[str]:
+    """Names ``node`` reads, less those its own comprehensions bind (`[g for g, v in pairs]`
+    reads `pairs`, not `g`)."""
+    return names_used(node) - set().union(*(names_used(comp.target) for comp in find(node, cst.CompFor)))
+
+
 def identifiers(node: cst.CSTNode) -> set[str]:
     """Every name and attribute name in an expression (``FLAGS.num_gpus`` gives both)."""
     return {n.value for n in find(node, cst.Name)}

@@ -233,7 +233,10 @@ def internal_error(exc: BaseException) -> str:
             code = owner.code
         tb = tb.tb_next
     where = f" in {code}" if code else ""
-    return f"internal error{where} ({type(exc).__name__}: {exc}); please report it"
+    # One line: an exception about a syntax tree node prints the whole node.
+    detail = " ".join(str(exc).split())
+    detail = detail if len(detail) <= 200 else detail[:197] + "..."
+    return f"internal error{where} ({type(exc).__name__}: {detail}); please report it"
 
 
 def is_notebook(path: str) -> bool:

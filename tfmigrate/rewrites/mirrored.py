@@ -324,6 +324,10 @@ def planned(rule, tower) -> Planned:
     def compute() -> Planned:
         from tfmigrate.rewrites import replica_loop
 
+        try:
+            replica_loop.check_other_towers(rule, tower)
+        except StateRefused as reason:
+            return Planned(None, refused=str(reason))
         textbook_first = rule.context.target == "tf2" or rule.context.tower_input == "dataset"
         if not textbook_first:
             # The general rewrite first: it keeps the program's own input (feeds, splits, queues)

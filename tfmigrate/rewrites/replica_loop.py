@@ -64,10 +64,11 @@ import libcst as cst
 from tfmigrate.analysis.devices import (
     DEVICE_SPECS, computes_gradients, device_scope_arg, is_device_function, module_tower_loops, ops_device, tower_group,
 )
+from tfmigrate.analysis.tower_forms import module_tower_forms
 from tfmigrate.cst.callargs import argument, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, children, concrete_types, contains, find, module_parents, names_used, single_small, walk,
+    blank_lines_unindented, children, concrete_types, contains, find, free_names, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower,
@@ -791,17 +792,12 @@ def _caller_update(rule, region: _Region, caller: _Region, strategy: str, tf: Tf
     return update
 
 
-def _device_list_reads(expression: cst.BaseExpression) -> set[str]:
-    """The names a device list reads from around it (not its comprehension's own targets)."""
-    return names_used(expression) - set().union(*(names_used(f.target) for f in find(expression, cst.CompFor)))
-
-
 def _check_devices_visible(rule, region: _Region, devices: str) -> None:
     """The strategy is made by the caller: its device list must not read the tower function's names."""
     owner = region.owner
     local = {p.name.value for p in find(owner.params, cst.Param)} | set().union(
         *(_bound_names(s) for s in owner.body.body))
-    hidden = sorted(_device_list_reads(cst.parse_expression(devices)) & local)
+    hidden = sorted(free_names(cst.parse_expression(devices)) & local)
     if hidden:
         raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
                       f"`{owner.name.value}`, but the strategy must be made by its caller")
@@ -1727,19 +1723,29 @@ def _check_one_strategy(rule, region: _Region) -> None:
                       "own MirroredStrategy over the same variables; make one strategy where the graph is built")
 
 
+def check_other_towers(rule, tower) -> None:
+    """StateRefused when another tower loop builds under the strategy scope this loop's rewrite
+    would open (asked before any rewrite of the loop: each would open its own strategy)."""
+    owner = tower.owner if tower.owner is not None else rule.context.module
+    region = _region(rule.context, tower.loop, owner, rule.imports)
+    _check_other_towers(rule, region, strategy_scope_owner(region.loop, region.parents, rule.imports))
+
+
 def _check_other_towers(rule, region: _Region, owner: cst.CSTNode) -> None:
     """Another tower loop (not one of this loop's group) under the same strategy scope: each
     rewrite would open its own MirroredStrategy, one inside the other (a training loop and a
     forward-only validation loop in one function crashed: "Mixing different tf.distribute.Strategy
-    objects"). One strategy must run both; that is left to a person."""
+    objects"). One strategy must run both; that is left to a person, and no other rewrite of
+    the loop may take it (each opens a strategy of its own)."""
     group = {id(t.loop) for t in tower_group(rule.context, region.loop)} | {id(region.loop)}
     # At module level the scope covers the run of statements around the loop only.
     covered = _module_run(rule, region) if isinstance(owner, cst.Module) else [owner]
-    for other in module_tower_loops(rule.context):
-        if id(other.loop) in group or not any(contains(node, other.loop) for node in covered):
+    others = [t.loop for t in module_tower_loops(rule.context)] + [f.statement for f in module_tower_forms(rule.context)]
+    for other in others:
+        if id(other) in group or not any(contains(node, other) for node in covered):
             continue
-        if strategy_scope_owner(other.loop, region.parents, rule.imports) is owner:
-            raise Refused(f"the tower loop at line {_line(rule, other.loop)} builds towers under the same graph: "
+        if strategy_scope_owner(other, region.parents, rule.imports) is owner:
+            raise StateRefused(f"the tower loop at line {_line(rule, other)} builds towers under the same graph: "
                           "each would get its own MirroredStrategy, one inside the other; one strategy must run both")
 
 
@@ -1808,7 +1814,7 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
     they move up with the strategy, above the scope, which is only safe for plain Python."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else _module_run(rule, region)
-    needed = _device_list_reads(create) - {"tf"}  # not the comprehension's own `i`
+    needed = free_names(create) - {"tf"}  # not the comprehension's own `i`
     prelude = []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
         builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
@@ -1821,7 +1827,7 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
         # A call made for its effect on a name the devices read (`parser.add_argument(...)`
         # before `args = parser.parse_args()`) moves up with it, in its place.
         prelude.insert(0, statement)
-        needed |= _device_list_reads(statement)
+        needed |= free_names(statement)
     _check_bound_before(rule, owner, create, prelude, block)
     return prelude
 
@@ -1849,7 +1855,7 @@ def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, pre
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else block
     moved = {id(s) for s in prelude}
     covered = [s for s in block if id(s) not in moved]
-    late = _device_list_reads(create.body[0].value) & set().union(*(_bound_names(s) for s in covered))
+    late = free_names(create.body[0].value) & set().union(*(_bound_names(s) for s in covered))
     if late:
         binding = next(s for s in _statements(owner) if _bound_names(s) & late and id(s) not in moved)
         raise Refused(f"line {_line(rule, binding)}: the towers' devices read "
