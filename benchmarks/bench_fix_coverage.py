@@ -30,6 +30,7 @@ CODE = "TFM101"
 def reason_key(reason: str) -> str:
     """A refusal reason without what varies from file to file (line numbers, quoted names)."""
     reason = re.sub(r"^line \d+: ", "", reason)
+    reason = re.sub(r"\b(lines?) \d+(?:(?:, | and )\d+)*", r"\1 N", reason)
     reason = re.sub(r"`[^`]*`", "`…`", reason)
     return re.sub(r"\[[^\]]*\]", "[…]", reason)
 
