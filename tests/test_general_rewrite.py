@@ -33,7 +33,7 @@ REWRITTEN = [
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
     "general_device_setter_split", "general_tower_class", "general_tower_function", "general_zip_split_pieces",
     "general_monitored_session", "general_first_tower_var_list", "general_accumulated_gradients",
-    "general_concat_example_losses", "general_while_counter", "general_comprehension_towers",
+    "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -1331,3 +1331,24 @@ def test_two_tower_loops_under_one_scope_are_refused_by_the_textbook_rewrite_too
         first, second = [f for f in run_check(program, **config) if f.code == "TFM101"]
         assert not first.fixable and "the tower loop at line 9 builds towers" in first.refusal, (config, first.refusal)
         assert not second.fixable
+
+
+def test_loop_variables_read_after_the_loop_are_left_by_the_last_replica():
+    """`for k, (device, part) in enumerate(zip(DEVICES, parts))` with `part` and `k` read after
+    the loop (the last tower's piece, as improved-WGAN's sample code reads it): the replica
+    function bound them locally and the code after the loop met a NameError."""
+    result = fixed("""
+        import tensorflow as tf
+        DEVICES = ['/gpu:0', '/gpu:1']
+        def build(images, opt):
+            parts = tf.split(images, len(DEVICES))
+            losses = []
+            for k, (device, part) in enumerate(zip(DEVICES, parts)):
+                with tf.device(device):
+                    losses.append(tf.reduce_mean(model(part)))
+            train_op = opt.minimize(tf.add_n(losses) / len(DEVICES))
+            return train_op, part, k
+    """)
+    assert "MirroredStrategy(devices=DEVICES)" in result  # the zip's device list, not a comprehension over it
+    assert "nonlocal k, part, train_op" in result and "k = part = train_op = None" in result
+    assert "(device, part) = list(zip(DEVICES, parts))[k]" in result

@@ -1346,8 +1346,16 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) ->
                            frozenset(_variable_calls(rule)))
     body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
-    prelude = _loop_variables(rule, loop, statements, tf)
+    prelude = _loop_variables(rule, loop, statements, tf, _targets_read_after(region))
     return [*prelude, *statements], replica.rereads
+
+
+def _targets_read_after(region: _Region) -> set[str]:
+    """Loop variables the code after the loop reads (the last tower's piece, its index): the
+    replica function binds and shares them, and the last replica leaves them as the last
+    iteration did."""
+    targets = names_used(region.loop.target)
+    return targets & set().union(set(), *(free_names(s) for s in region.following))
 
 
 def _device_bindings(tower, loop: cst.For) -> list[cst.BaseStatement]:
@@ -1370,9 +1378,10 @@ def _assigns(small: cst.CSTNode | None, name: str) -> bool:
     return isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
 
 
-def _loop_variables(rule, loop: cst.For, statements, tf: TfNames) -> list[cst.BaseStatement]:
-    """The loop target, bound to this replica's index (and element) where the body reads it."""
-    used = set().union(*(names_used(s) for s in statements))
+def _loop_variables(rule, loop: cst.For, statements, tf: TfNames, read_after: set[str]) -> list[cst.BaseStatement]:
+    """The loop target, bound to this replica's index (and element) where the body, or the code
+    after the loop (``read_after``), reads it."""
+    used = set().union(read_after, *(names_used(s) for s in statements))
     index_expression = REPLICA_INDEX.format(tf=tf_root(tf))
     target, iterable = loop.target, loop.iter
     lines: list[str] = []
@@ -1425,7 +1434,8 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
         parameters = {p.name.value for p in find(region.owner.params, cst.Param)}
         bound_outside |= parameters
     # What the moved update binds was bound, or is read (`tf.group(apply_op, ...)`), after the loop.
-    shared = sorted(((bound & (outside | bound_outside)) | update.binds | _carried(body)) - loop_targets)
+    shared = sorted((((bound & (outside | bound_outside)) | update.binds | _carried(body)) - loop_targets)
+                    | _targets_read_after(region))
     unbound = set() if isinstance(region.owner, cst.Module) else set(shared) - bound_outside
     return shared, unbound
 
@@ -1579,11 +1589,30 @@ def _devices(rule, tower) -> str:
     if (isinstance(loop.iter, cst.Call) and code(loop.iter.func) == "enumerate" and isinstance(loop.target, cst.Tuple)
             and code(loop.target.elements[1].value) == code(device)):
         return code(loop.iter.args[0].value)
+    zipped = _zipped_devices(loop, device)
+    if zipped is not None:  # `for i, (device, x) in enumerate(zip(DEVICES, x_parts))`
+        return zipped
     count = _pieces_count(rule, tower, loop.iter, device)
     if count is not None:  # `for i, (x, y) in enumerate(zip(x_splits, y_splits))`: one device per piece
         index = code(loop.target.elements[0].value)
         return f"[{code(device)} for {index} in range({code(count)})]"
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _zipped_devices(loop: cst.For, device: cst.BaseExpression) -> str | None:
+    """The device list a loop over `zip(DEVICES, pieces)` (or `enumerate` of it) takes its
+    device from: that argument of the zip, when the device is its element's name."""
+    target, iterable = loop.target, loop.iter
+    if (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
+            and isinstance(target, cst.Tuple) and len(target.elements) == 2):
+        target, iterable = target.elements[1].value, iterable.args[0].value
+    if not (isinstance(iterable, cst.Call) and code(iterable.func) == "zip" and isinstance(target, cst.Tuple)
+            and len(target.elements) == len(iterable.args) and not any(a.star or a.keyword for a in iterable.args)):
+        return None
+    for element, argument in zip(target.elements, iterable.args):
+        if isinstance(element.value, cst.Name) and isinstance(device, cst.Name) and element.value.value == device.value:
+            return _indexable(argument.value)
+    return None
 
 
 def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExpression) -> cst.BaseExpression | None:
