@@ -1352,3 +1352,33 @@ def test_loop_variables_read_after_the_loop_are_left_by_the_last_replica():
     assert "MirroredStrategy(devices=DEVICES)" in result  # the zip's device list, not a comprehension over it
     assert "nonlocal k, part\n" in result and "k = part = None" in result
     assert "(device, part) = list(zip(DEVICES, parts))[k]" in result
+
+
+def test_a_device_count_set_from_a_flag_inside_the_scope_is_read_from_the_flag():
+    """BERT-GPU: `n_gpus = FLAGS.n_gpus` inside `if FLAGS.do_train:`, below code the scope
+    covers. The strategy is made above it, so its device list reads `FLAGS.n_gpus`; a count
+    computed by a call stays refused (it could differ between the two places)."""
+    program = """
+        import tensorflow as tf
+        FLAGS = tf.flags.FLAGS
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        def main(_):
+            tf.logging.set_verbosity(tf.logging.INFO)
+            config = load_config()
+            if FLAGS.do_train:
+                n_gpus = FLAGS.n_gpus
+                parts = tf.split(make_batch(config), n_gpus)
+                opt = tf.train.AdamOptimizer(0.1)
+                tower_grads = []
+                for k in range(n_gpus):
+                    with tf.device('/gpu:%d' % k):
+                        tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(parts[k]))))
+                train_op = opt.apply_gradients(average_gradients(tower_grads))
+                run(train_op)
+    """
+    result = fixed(program)
+    assert "MirroredStrategy(devices=['/gpu:%d' % k for k in range(FLAGS.n_gpus)])" in result
+    assert "        n_gpus = FLAGS.n_gpus\n" in result  # the program's own line stays where it was
+    (finding,) = tower_findings(textwrap.dedent(program).replace("n_gpus = FLAGS.n_gpus", "n_gpus = count_gpus()"))
+    assert "the towers' devices read `n_gpus`, set inside the code the strategy scope must cover" in finding.refusal

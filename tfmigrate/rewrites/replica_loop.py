@@ -148,7 +148,7 @@ def plan(rule, tower) -> Edit:
         id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
         **_tower_functions(rule, tower),
     }
-    devices = _devices(rule, tower)
+    devices = _settings_inlined(rule, scope_region, _devices(rule, tower))
     if caller is not None:
         _check_devices_visible(rule, region, devices)
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
@@ -1876,6 +1876,45 @@ _DEVICE_QUERIES = ("tensorflow.python.client.device_lib", "tensorflow.config", "
 def _builds_graph(rule, node: cst.CSTNode) -> bool:
     name = rule.imports.resolve(node) or ""
     return name.startswith("tensorflow") and not name.startswith(_DEVICE_QUERIES)
+
+
+def _settings_inlined(rule, region: _Region, devices: str) -> str:
+    """The device list, reading `FLAGS.n_gpus` itself where it read `n_gpus` set from it by
+    `n_gpus = FLAGS.n_gpus` inside the code the scope covers (BERT-GPU's `if FLAGS.do_train:`
+    block): the strategy is made above that code. Only for a name bound once, to a read of
+    names the function does not bind, without a call: it has the same value in both places."""
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    if not isinstance(owner, cst.FunctionDef):
+        return devices  # at module level the statements setting it move up (_device_prelude)
+    expression = cst.parse_expression(devices)
+    statements = _statements(owner)
+    bound_in_owner = {p.name.value for p in find(owner.params, cst.Param)} | _bound_names(owner)
+    # Names bound other than by a plain assignment (loop targets, `as` names, `+=`): not settings.
+    other_binders = set().union(set(), *(_target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
+                                *(_target_names(n.name) for n in find(owner, cst.AsName)))
+    values: dict[str, cst.BaseExpression] = {}
+    for name in (free_names(expression) & bound_in_owner) - other_binders:
+        bindings = [s for s in statements if name in _bound_names(s)]
+        small = single_small(bindings[0]) if len(bindings) == 1 else None
+        if (_assigns(small, name) and isinstance(small.value, (cst.Name, cst.Attribute))
+                and not names_used(small.value) & bound_in_owner):
+            values[name] = small.value
+    reads = {id(node): values[node.value] for node in _free_name_nodes(expression) if node.value in values}
+    return code(expression.visit(ReplaceById(reads))) if reads else devices
+
+
+def _free_name_nodes(expression: cst.CSTNode) -> list[cst.Name]:
+    """The Name nodes of the names an expression reads (not attribute names)."""
+    found, stack = [], [expression]
+    while stack:
+        node = stack.pop()
+        if type(node) is cst.Name:
+            found.append(node)
+        elif type(node) is cst.Attribute:
+            stack.append(node.value)
+        else:
+            stack.extend(children(node))
+    return found
 
 
 def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, prelude: list, block: list) -> None:
