@@ -1881,9 +1881,10 @@ def _builds_graph(rule, node: cst.CSTNode) -> bool:
 def _settings_inlined(rule, region: _Region, devices: str) -> str:
     """The device list, reading `FLAGS.n_gpus` itself where it read `n_gpus` set from it by
     `n_gpus = FLAGS.n_gpus` inside the code the scope covers (BERT-GPU's `if FLAGS.do_train:`
-    block): the strategy is made above that code. Only for a name bound once, to a read of
-    names the function does not bind, without a call: it has the same value in both places."""
-    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    block): the strategy is made above that code. Only for a name bound once, to a plain
+    reading of settings the function does not bind (:func:`_plain_setting`): it has the same
+    value in both places."""
+    owner = region.owner
     if not isinstance(owner, cst.FunctionDef):
         return devices  # at module level the statements setting it move up (_device_prelude)
     expression = cst.parse_expression(devices)
@@ -1896,11 +1897,28 @@ def _settings_inlined(rule, region: _Region, devices: str) -> str:
     for name in (free_names(expression) & bound_in_owner) - other_binders:
         bindings = [s for s in statements if name in _bound_names(s)]
         small = single_small(bindings[0]) if len(bindings) == 1 else None
-        if (_assigns(small, name) and isinstance(small.value, (cst.Name, cst.Attribute))
-                and not names_used(small.value) & bound_in_owner):
+        if _assigns(small, name) and _plain_setting(small.value) and not names_used(small.value) & bound_in_owner:
             values[name] = small.value
     reads = {id(node): values[node.value] for node in _free_name_nodes(expression) if node.value in values}
     return code(expression.visit(ReplaceById(reads))) if reads else devices
+
+
+# Calls that only read a setting: `len(cfgs.GPU_GROUP.strip().split(','))` (FPN_Tensorflow).
+_PLAIN_FUNCTIONS = {"len", "int", "str", "list", "tuple", "range", "sorted"}
+_PLAIN_METHODS = {"split", "strip", "lstrip", "rstrip", "lower", "upper", "replace"}
+
+
+def _plain_setting(value: cst.BaseExpression) -> bool:
+    """Names, attributes, literals and calls of ``_PLAIN_FUNCTIONS`` or string methods on them."""
+    for node in walk(value):
+        if type(node) is cst.Call:
+            func = node.func
+            if not ((type(func) is cst.Name and func.value in _PLAIN_FUNCTIONS)
+                    or (type(func) is cst.Attribute and func.attr.value in _PLAIN_METHODS)):
+                return False
+        elif isinstance(node, (cst.Lambda, cst.BaseComp, cst.NamedExpr, cst.Await, cst.Yield)):
+            return False
+    return True
 
 
 def _free_name_nodes(expression: cst.CSTNode) -> list[cst.Name]:
