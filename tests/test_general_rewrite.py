@@ -1382,3 +1382,29 @@ def test_a_device_count_set_from_a_flag_inside_the_scope_is_read_from_the_flag()
     assert "        n_gpus = FLAGS.n_gpus\n" in result  # the program's own line stays where it was
     (finding,) = tower_findings(textwrap.dedent(program).replace("n_gpus = FLAGS.n_gpus", "n_gpus = count_gpus()"))
     assert "the towers' devices read `n_gpus`, set inside the code the strategy scope must cover" in finding.refusal
+
+
+def test_a_device_count_read_from_a_config_string_inside_the_graph_block():
+    """FPN_Tensorflow: `num_gpu = len(cfgs.GPU_GROUP.strip().split(','))` inside a
+    `with tf.name_scope('get_batch'):` in the graph's block: plain Python on a setting, so the
+    strategy made above the graph reads it the same way."""
+    result = fixed("""
+        import tensorflow as tf
+        import cfgs
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        def train():
+            with tf.Graph().as_default(), tf.device('/cpu:0'):
+                opt = tf.train.MomentumOptimizer(0.01, 0.9)
+                with tf.name_scope('get_batch'):
+                    num_gpu = len(cfgs.GPU_GROUP.strip().split(','))
+                    images = next_batch(cfgs.BATCH_SIZE * num_gpu)
+                parts = tf.split(images, num_gpu)
+                tower_grads = []
+                for i in range(num_gpu):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(parts[i]))))
+                train_op = opt.apply_gradients(average_gradients(tower_grads))
+                run(train_op)
+    """)
+    assert "devices=['/gpu:%d' % i for i in range(len(cfgs.GPU_GROUP.strip().split(',')))]" in result
