@@ -33,7 +33,7 @@ REWRITTEN = [
     "general_flat_script", "general_main_block_pose", "general_gan_two_optimizers",
     "general_device_setter_split", "general_tower_class", "general_tower_function", "general_zip_split_pieces",
     "general_monitored_session", "general_first_tower_var_list", "general_accumulated_gradients",
-    "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices",
+    "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices", "general_trainer_sibling_methods",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -1408,3 +1408,77 @@ def test_a_device_count_read_from_a_config_string_inside_the_graph_block():
                 run(train_op)
     """)
     assert "devices=['/gpu:%d' % i for i in range(len(cfgs.GPU_GROUP.strip().split(',')))]" in result
+
+
+SIBLING_METHODS_PROGRAM = """\
+import numpy as np
+import tensorflow as tf
+
+
+class Trainer(object):
+    def __init__(self, num_gpus):
+        self.num_gpus = num_gpus
+        # one device per tower
+        self.devices = ['/gpu:%d' % i for i in range(self.num_gpus)]
+        self.global_step = tf.Variable(0, trainable=False, name='global_step')
+        self.opt = tf.train.MomentumOptimizer(0.1, 0.9)
+        self.tower_grads = []
+        self.tower_losses = []
+        self.x = tf.placeholder(tf.float32, [4, 3])
+        self._build_towers()
+        self._build_update()
+
+    def _build_towers(self):
+        xs = tf.split(self.x, self.num_gpus)
+        for i, dev in enumerate(self.devices):
+            with tf.device(dev), tf.variable_scope('model', reuse=i > 0):
+                w = tf.get_variable('w', [3, 1], initializer=tf.ones_initializer())
+                loss = tf.reduce_mean(tf.square(tf.matmul(xs[i], w) - 1.0))
+                self.tower_grads.append(self.opt.compute_gradients(loss))
+                self.tower_losses.append(loss)
+        self.w = w
+
+    def _average_gradients(self):
+        return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*self.tower_grads)]
+
+    def _build_update(self):
+        grads, params = zip(*self._average_gradients())
+        clipped, _ = tf.clip_by_global_norm(grads, 1e3)
+        self.train_op = self.opt.apply_gradients(zip(clipped, params), global_step=self.global_step)
+        self.loss = tf.add_n(self.tower_losses) / self.num_gpus
+
+
+trainer = Trainer(2)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    batch = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    for _ in range(3):
+        sess.run(trainer.train_op, feed_dict={trainer.x: batch})
+    print(sess.run(trainer.global_step), repr(sess.run(trainer.w).ravel().tolist()))
+"""
+
+
+def test_a_trainer_whose_update_is_built_by_a_sibling_method_is_rewritten():
+    """A class trainer: `__init__` calls `_build_towers()` (the loop, results on `self`) then
+    `_build_update()` (average, clip, apply): the strategy is made in `__init__` after the
+    statements its device list reads (`self.devices`), the towers run through the current
+    strategy, and the sibling method's optimizer call runs once per replica."""
+    fixed_text = unsafe_fix(SIBLING_METHODS_PROGRAM)
+    init = fixed_text[fixed_text.index("def __init__"):fixed_text.index("def _build_towers")]
+    assert init.index("self.devices = [") < init.index("strategy = tf.distribute.MirroredStrategy(devices=self.devices)")
+    assert "            self._build_towers()\n            self._build_update()\n" in init  # under the scope
+    assert "tf.distribute.get_strategy().extended.call_for_each_replica(tower_fn)" in fixed_text
+    update = fixed_text[fixed_text.index("def _build_update"):]
+    assert "def apply_share():" in update and "tf.distribute.get_strategy().num_replicas_in_sync" in update
+    assert "strategy." not in update.replace("get_strategy().", "")  # `strategy` is __init__'s local
+
+
+@pytest.mark.tensorflow
+def test_the_sibling_method_trainer_trains_like_the_original_and_counts_each_step_once(tmp_path):
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    outputs = _last_lines_on_two_cpus(tmp_path, SIBLING_METHODS_PROGRAM, unsafe_fix(SIBLING_METHODS_PROGRAM))
+    legacy_out, migrated_out = outputs
+    assert legacy_out.startswith("3 ") and migrated_out.startswith("3 "), outputs
+    legacy_w, migrated_w = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    assert np.allclose(legacy_w, migrated_w, rtol=1e-6) and not np.allclose(legacy_w, 1.0)

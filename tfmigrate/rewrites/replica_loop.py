@@ -99,6 +99,9 @@ class _Region:
     parents: dict
     following: list[cst.BaseStatement]  # statements after the loop, in the blocks up to the owner
     preceding: list[cst.BaseStatement]  # statements before it, same blocks, nearest last
+    # Methods whose bodies ``following`` also holds: they run after the loop, called by the
+    # method that called the one with the loop (a trainer's `_build_update()`).
+    reaches: list[cst.FunctionDef] = field(default_factory=list)
 
 
 @dataclass
@@ -128,7 +131,7 @@ def plan(rule, tower) -> Edit:
                       "a list they can index (`list(...)`)")
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
-    caller = _caller(rule, region)
+    caller = _caller(rule, region) or _method_caller(rule, region)
     if caller is None:
         update = _update(rule, region, strategy, tf)
     else:
@@ -164,7 +167,7 @@ def plan(rule, tower) -> Edit:
         changes = {anchor: new_anchor}
     # Edits outside what the strategy scope replaced apply on their own.
     inside = {id(node) for replaced in changes for node in walk(replaced)}
-    owners = [region.owner, scope_region.owner, *tower.via]
+    owners = [region.owner, scope_region.owner, *tower.via, *scope_region.reaches]
     nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
     nodes.update(variables)
     nodes.update((key, call) for key, (call, _) in initial_values.items())
@@ -736,7 +739,9 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
         calls = [call for at, call in steps if at is line]
         if towers is region:  # a step made outside the scope is counted once, after the update
             update.counted |= _countable_global_steps(rule, region, line)
-        update.changes[id(line)] = _replica_steps(rule, strategy, tf, region, line, calls, taken, update.counted)
+        # In a method the caller calls after the towers, the caller's strategy is the current one.
+        run_by = strategy if not _method_of(region, line) else f"{tf('tensorflow.distribute.get_strategy')}()"
+        update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted)
         update.wrapped.append(line)
     return update
 
@@ -783,13 +788,77 @@ def _caller(rule, region: _Region) -> _Region | None:
     return _region(rule.context, statement, caller, rule.imports)
 
 
+def _method_caller(rule, region: _Region) -> _Region | None:
+    """A trainer class whose one method builds the towers into `self` (`self.tower_grads.append(
+    ...)`) and whose other methods combine and apply them, all called in turn by one method::
+
+        def __init__(self, ...):                 def _build_towers(self):
+            self.devices = [...]                     for i, dev in enumerate(self.devices):
+            self._build_towers()                         ... self.tower_grads.append(grads)
+            self._build_update()                 def _build_update(self):
+                                                     ... opt.apply_gradients(average(self.tower_grads))
+
+    The region around that call (``__init__``'s), its code followed into the methods it calls
+    after it on `self` (``reaches``), as the loop's region would be; else None."""
+    owner, parents = region.owner, region.parents
+    holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
+    if not isinstance(holder, cst.ClassDef) or _first_parameter(owner) != "self":
+        return None
+    if not any(c.target.startswith("self.") for c in _collected(region.loop)):
+        return None  # the results do not stay on the object
+    if any(_optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
+        return None  # the method updates itself
+    methods = {s.name.value: s for s in holder.body.body if isinstance(s, cst.FunctionDef)}
+    calls = [c for c in find(holder, cst.Call) if _self_method(c) == owner.name.value]
+    if len(calls) != 1 or references(rule.context.module, owner.name.value) != 2:
+        return None
+    statement = parents[id(calls[0])]
+    statement = parents.get(id(statement)) if isinstance(statement, cst.Expr) else None
+    caller = statement
+    while caller is not None and not isinstance(caller, cst.FunctionDef):
+        caller = parents.get(id(caller))
+    if not isinstance(statement, cst.SimpleStatementLine) or caller is None or caller is owner or methods.get(caller.name.value) is not caller:
+        return None
+    found = _region(rule.context, statement, caller, rule.imports)
+    pending, seen = list(found.following), {id(owner), id(caller)}
+    while pending:  # the methods called after it on self, and those they call
+        for call in find(pending.pop(0), cst.Call):
+            method = methods.get(_self_method(call) or "")
+            if method is not None and id(method) not in seen:
+                seen.add(id(method))
+                found.reaches.append(method)
+                found.following += list(method.body.body)
+                pending += list(method.body.body)
+    return found if found.reaches else None
+
+
+def _first_parameter(function: cst.FunctionDef) -> str | None:
+    params = function.params.params
+    return params[0].name.value if params else None
+
+
+def _self_method(call: cst.Call) -> str | None:
+    """`m` of a call `self.m(...)`."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
+        return func.attr.value
+    return None
+
+
 def _caller_update(rule, region: _Region, caller: _Region, strategy: str, tf: TfNames) -> _Update:
     update = _wrapped_update(rule, caller, strategy, tf, towers=region)
     if update is None:
         raise Refused(f"the towers' results go back to `{caller.owner.name.value}`, which does not update the model "
                       "through an optimizer: build the update in the function with the tower loop")
-    update.note = f" (the update stays in `{caller.owner.name.value}`; each replica runs its optimizer call)"
+    where = {_method_of(caller, line) or caller.owner for line in update.wrapped}
+    names = ", ".join(sorted(f"`{owner.name.value}`" for owner in where))
+    update.note = f" (the update stays in {names}; each replica runs its optimizer call)"
     return update
+
+
+def _method_of(region: _Region, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """The method of ``region.reaches`` that holds ``node``, else None."""
+    return next((method for method in region.reaches if contains(method, node)), None)
 
 
 def _check_devices_visible(rule, region: _Region, devices: str) -> None:
@@ -797,6 +866,7 @@ def _check_devices_visible(rule, region: _Region, devices: str) -> None:
     owner = region.owner
     local = {p.name.value for p in find(owner.params, cst.Param)} | set().union(
         *(_bound_names(s) for s in owner.body.body))
+    local.discard("self")  # a method of the caller's own object (_method_caller): the same `self`
     hidden = sorted(free_names(cst.parse_expression(devices)) & local)
     if hidden:
         raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
@@ -1843,11 +1913,13 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
     they move up with the strategy, above the scope, which is only safe for plain Python."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else _module_run(rule, region)
-    needed = free_names(create) - {"tf"}  # not the comprehension's own `i`
+    # Not the comprehension's own `i`; `self` is a parameter: its attributes are followed instead.
+    needed = free_names(create) - {"tf", "self"}
+    needed_attributes = _self_attributes(create)  # `self.devices`, set in `__init__` above the loop
     prelude = []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
         builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
-        if _bound_names(statement) & needed:
+        if _bound_names(statement) & needed or _assigned_attributes(statement) & needed_attributes:
             if builds_graph:
                 raise Refused(f"line {_line(rule, statement)}: the towers' devices come from TensorFlow code in the "
                               "graph; name the device list before the graph is built")
@@ -1856,9 +1928,19 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
         # A call made for its effect on a name the devices read (`parser.add_argument(...)`
         # before `args = parser.parse_args()`) moves up with it, in its place.
         prelude.insert(0, statement)
-        needed |= free_names(statement)
+        needed |= free_names(statement) - {"self"}
+        needed_attributes |= _self_attributes(statement)
     _check_bound_before(rule, owner, create, prelude, block)
     return prelude
+
+
+def _self_attributes(node: cst.CSTNode) -> set[str]:
+    """The `self.x` an expression or statement reads (or writes)."""
+    return {code(n) for n in find(node, cst.Attribute) if isinstance(n.value, cst.Name) and n.value.value == "self"}
+
+
+def _assigned_attributes(statement: cst.CSTNode) -> set[str]:
+    return {code(t.target) for t in find(statement, cst.AssignTarget) if isinstance(t.target, cst.Attribute)}
 
 
 def _call_for_effect(statement: cst.CSTNode) -> bool:
