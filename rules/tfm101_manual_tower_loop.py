@@ -22,6 +22,9 @@ class ManualTowerLoop(Rule):
         f-strings, `'/device:GPU:%d'`, `'/gpu:' + str(i)`, `tf.DeviceSpec(device_type='GPU',
         device_index=i)`, a list of device names, and device functions such as
         `assign_to_device('/gpu:%d' % i, ps_device='/cpu:0')`.
+        The same towers built by a `while` counter loop (`gpu = 0; while gpu < n: ...; gpu += 1`)
+        or by a comprehension that calls a tower function once per device
+        (`[tower(i, x_parts[i]) for i in range(n)]`) are reported too.
         A loop that only lists GPUs, or places everything on one fixed device, is not reported.
     """
     why = """
@@ -73,6 +76,12 @@ class ManualTowerLoop(Rule):
         refuses, naming the line, what would change the meaning: gradients computed after the
         loop, regularization losses collected once by the first tower, a global step made
         outside the strategy scope, a loop in a module-level block that may run more than once.
+        A `while` counter loop or a comprehension is first rewritten as the `for` loop it
+        means (`for gpu in range(n):`; `towers = []` and `towers.append(...)` in the loop),
+        and only where the tower rewrite then takes that loop; otherwise the finding gives the
+        tower rewrite's reason. Towers built by one method of a class into `self` and updated
+        by a sibling method (both called in turn by a third, e.g. `__init__`) are rewritten
+        where they are: the strategy is made in the calling method.
 
         With `tower-input = "dataset"` (pyproject.toml, or `fix --tower-input dataset`), the
         textbook shape is rewritten as a step a TF2 program can take over: `strategy.run` of a
@@ -144,6 +153,27 @@ class ManualTowerLoop(Rule):
                     out = model(x)
             """,
             line=2,
+        ),
+        Invalid(
+            """\
+            import tensorflow as tf
+            gpu = 0
+            while gpu < num_gpus:
+                with tf.device('/gpu:%d' % gpu):
+                    out = model(x[gpu])
+                gpu += 1
+            """,
+            line=3,
+        ),
+        Invalid(
+            """\
+            import tensorflow as tf
+            def tower(i, x):
+                with tf.device('/gpu:%d' % i):
+                    return model(x)
+            outs = [tower(i, parts[i]) for i in range(num_gpus)]
+            """,
+            line=5,
         ),
     ]
 
