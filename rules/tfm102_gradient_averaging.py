@@ -7,6 +7,7 @@ import libcst as cst
 from tfmigrate.analysis.devices import (
     derived_names, device_scope_arg, enclosing_tower, module_tower_loops, tower_collections,
 )
+from tfmigrate.analysis.tower_forms import module_tower_forms
 from tfmigrate.cst.traversal import find, free_names, names_used
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.rule import FixSafety, Invalid, Rule
@@ -199,7 +200,8 @@ class GradientAveraging(Rule):
         # keeps an average only where the rewrite applies it per replica: nothing to report,
         # and `check` after `fix` is clean.
         migrated = self.context.memo("tfm102.migrated", lambda: (
-            "call_for_each_replica" in self.context.text and not module_tower_loops(self.context)))
+            "call_for_each_replica" in self.context.text and not module_tower_loops(self.context)
+            and not module_tower_forms(self.context)))
         if not migrated:
             super().report(node, message, **kwargs)
 
