@@ -110,6 +110,19 @@ def name_nodes(root: cst.CSTNode) -> dict[str, list[cst.Name]]:
     return index
 
 
+def fresh_name(module: cst.Module, name: str, taken: set[str] | None = None) -> str:
+    """``name``, or ``name_2``, ``name_3``...: the first that the module does not use and that is
+    not in ``taken`` (to which it is then added)."""
+    taken = taken if taken is not None else set()
+    used = name_nodes(module)
+    candidate, n = name, 1
+    while candidate in taken or candidate in used:
+        n += 1
+        candidate = f"{name}_{n}"
+    taken.add(candidate)
+    return candidate
+
+
 def parents_of(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
     """id(node) -> its parent, for every node under ``root`` that can hold code."""
     parents: dict[int, cst.CSTNode] = {}

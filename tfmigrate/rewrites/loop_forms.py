@@ -29,7 +29,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tfmigrate.analysis.tower_forms import TowerForm, counter_of
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import children, free_names, module_parents, name_nodes, names_used, single_small, walk
+from tfmigrate.cst.traversal import children, free_names, fresh_name, module_parents, names_used, single_small, walk
 from tfmigrate.engine.config import Config
 from tfmigrate.engine.fixer import apply_edits
 from tfmigrate.engine.runner import analyze_module
@@ -77,8 +77,10 @@ def _as_for_while(rule, form: TowerForm):
     if not (isinstance(step, cst.AugAssign) and code(step).replace(" ", "") == f"{counter}+=1"):
         raise Refused(f"the counter `{counter}` is not stepped by `{counter} += 1` at the end of the loop body")
     for node in walk(cst.IndentedBlock(body=body[:-1])):
-        if _binds(node) & ({counter} | names_used(bound)):
-            raise Refused(f"line {_line(rule, node)}: the loop body changes `{code(node).strip()}`")
+        changed = _binds(node) & ({counter} | names_used(bound))
+        if changed:
+            raise Refused(f"line {_line(rule, node)}: the loop body rebinds `{sorted(changed)[0]}`, which the loop "
+                          "test reads")
     if _continues(body[:-1]):
         raise Refused("a `continue` in the loop body would skip the counter's step")
     block, index = _place(rule, loop)
@@ -102,13 +104,10 @@ def _as_for_while(rule, form: TowerForm):
 
 
 def _binds(node: cst.CSTNode) -> set[str]:
-    if isinstance(node, cst.AssignTarget) or isinstance(node, (cst.AugAssign, cst.AnnAssign)):
-        return names_used(node.target)
-    if isinstance(node, (cst.For, cst.CompFor)):
-        return names_used(node.target)
+    """Names ``node`` itself binds (an assignment target, a loop or `as` target, `:=`)."""
     if isinstance(node, cst.AsName):
         return names_used(node.name)
-    if isinstance(node, cst.NamedExpr):
+    if isinstance(node, (cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.CompFor, cst.NamedExpr)):
         return names_used(node.target)
     return set()
 
@@ -128,21 +127,14 @@ def _continues(statements) -> bool:
 def _start(rule, loop: cst.While, counter: str) -> cst.BaseStatement | None:
     """The `counter = 0` the loop starts from: the last statement before it (in its block, then
     in the blocks around it, up to its function) that mentions the counter, else None."""
-    parents = module_parents(rule.context)
-    current = loop
-    while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
-        parent = parents.get(id(current))
-        block = getattr(parent, "body", None)
-        if isinstance(block, (list, tuple)) and any(s is current for s in block):
-            index = next(i for i, s in enumerate(block) if s is current)
-            for statement in reversed(block[:index]):
-                if counter in names_used(statement):
-                    small = single_small(statement)
-                    starts = (isinstance(small, cst.Assign) and len(small.targets) == 1
-                              and code(small.targets[0].target) == counter
-                              and isinstance(small.value, cst.Integer) and int(small.value.value, 0) == 0)
-                    return statement if starts else None
-        current = parent
+    for block, index in _blocks_around(rule, loop):
+        for statement in reversed(block[:index]):
+            if counter in names_used(statement):
+                small = single_small(statement)
+                starts = (isinstance(small, cst.Assign) and len(small.targets) == 1
+                          and code(small.targets[0].target) == counter
+                          and isinstance(small.value, cst.Integer) and int(small.value.value, 0) == 0)
+                return statement if starts else None
     return None
 
 
@@ -158,13 +150,13 @@ def _as_for_comprehension(rule, form: TowerForm):
     small = single_small(statement)
     if small is None or not isinstance(statement, cst.SimpleStatementLine):
         raise Refused("the comprehension is not in a statement of its own")
-    block, _ = _place(rule, statement)
+    _place(rule, statement)  # a statement of a block (not a one-line `if x: y = [...]` body)
     reader = _read_after(rule, statement, names_used(comp.target))
     if reader is not None:
         raise Refused(f"line {_line(rule, reader)} reads `{code(comp.target)}`, which a `for` loop would leave bound")
     whole = (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
              and small.value is comprehension and isinstance(comprehension, cst.ListComp))
-    results = small.targets[0].target.value if whole else _fresh_name(rule.context.module, "tower_results")
+    results = small.targets[0].target.value if whole else fresh_name(rule.context.module, "tower_results")
     loop = cst.parse_statement(f"for {code(comp.target)} in {code(comp.iter)}:\n    {results}.append({code(comprehension.elt)})\n")
     # A blank line above it: the tower rewrite puts a function in the loop's place.
     loop = loop.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
@@ -176,49 +168,44 @@ def _as_for_comprehension(rule, form: TowerForm):
     return {statement: cst.FlattenSentinel(lines)}, loop, f"build the towers with `for {code(comp.target)} in {code(comp.iter)}`"
 
 
-def _fresh_name(module: cst.Module, base: str) -> str:
-    taken = name_nodes(module)
-    name, number = base, 1
-    while name in taken:
-        number += 1
-        name = f"{base}_{number}"
-    return name
-
-
 # --- where the statement is, and who reads what after it ----------------------------------------
+
+
+def _blocks_around(rule, statement: cst.BaseStatement):
+    """(The statements of a block, the index there of ``statement`` or of the statement holding
+    it), for its own block and each block around it, out to its function's."""
+    parents = module_parents(rule.context)
+    current = statement
+    while current is not None and not isinstance(current, (cst.FunctionDef, cst.Module)):
+        parent = parents.get(id(current))
+        block = getattr(parent, "body", None)
+        if isinstance(block, (list, tuple)):
+            index = next((i for i, s in enumerate(block) if s is current), None)
+            if index is not None:
+                yield list(block), index
+        current = parent
 
 
 def _place(rule, statement: cst.BaseStatement):
     """(The statements of the block ``statement`` is in, its index there)."""
-    parent = module_parents(rule.context).get(id(statement))
-    block = getattr(parent, "body", None)
-    if not isinstance(block, (list, tuple)) or not any(s is statement for s in block):
+    found = next(_blocks_around(rule, statement), None)
+    if found is None or found[0][found[1]] is not statement:
         raise Refused("the loop is not in a block of statements")
-    return list(block), next(i for i, s in enumerate(block) if s is statement)
+    return found
 
 
 def _read_after(rule, statement: cst.BaseStatement, names: set[str]) -> cst.CSTNode | None:
     """The first statement after ``statement`` (in its block, then in the blocks around it up
     to its function) that reads one of ``names`` before binding it again, else None."""
-    parents = module_parents(rule.context)
-    current = statement
     names = set(names)
-    while current is not None and names and not isinstance(current, (cst.FunctionDef, cst.Module)):
-        parent = parents.get(id(current))
-        block = getattr(parent, "body", None)
-        if isinstance(block, (list, tuple)) and any(s is current for s in block):
-            after = block[next(i for i, s in enumerate(block) if s is current) + 1:]
-            for following in after:
-                used = free_names(following) & names
-                if not used:
-                    continue
-                rebound = _rebinds(following)
-                if used - rebound:
-                    return following
-                names -= rebound
-                if not names:
-                    return None
-        current = parent
+    for block, index in _blocks_around(rule, statement):
+        for following in block[index + 1:]:
+            used = free_names(following) & names
+            if used - _rebinds(following):
+                return following
+            names -= used
+            if not names:
+                return None
     return None
 
 

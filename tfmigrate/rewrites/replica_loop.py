@@ -68,7 +68,7 @@ from tfmigrate.analysis.tower_forms import module_tower_forms
 from tfmigrate.cst.callargs import argument, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, children, concrete_types, contains, find, free_names, module_parents, names_used, single_small, walk,
+    blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower,
@@ -1616,12 +1616,7 @@ def _fresh(module: cst.Module, *names: str) -> str:
 
 def _fresh_unique(module: cst.Module, taken: set[str], name: str) -> str:
     """A name unused in the module and not yet ``taken`` by this rewrite (which it then is)."""
-    candidate, n = name, 1
-    while candidate in taken or references(module, candidate):
-        n += 1
-        candidate = f"{name}_{n}"
-    taken.add(candidate)
-    return candidate
+    return fresh_name(module, name, taken)
 
 
 def _line(rule, node: cst.CSTNode) -> int:
