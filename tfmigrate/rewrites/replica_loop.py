@@ -694,11 +694,26 @@ def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
         update, moved_refusal = None, refusal
     else:
         moved_refusal = None
+    if update is not None and _steps_left_behind(region, update):
+        # One update moved, another optimizer step left after the loop, where it would run in
+        # the cross-replica context and fail (a GAN's generator moved, its critic left): the
+        # updates stay as written instead, each optimizer call run by the replicas.
+        update = None
     if update is None:
         update = _wrapped_update(rule, region, strategy, tf)
     if update is None and moved_refusal is not None:
         raise moved_refusal
     return update or _forward_only(rule, region)
+
+
+def _steps_left_behind(region: _Region, update: _Update) -> bool:
+    """Whether an optimizer step after the loop lies in nothing ``update`` moves or changes."""
+    for line in _lines(region.following):
+        changed = [node for node in walk(line) if id(node) in update.changes]
+        for call in find(line, cst.Call):
+            if _optimizer_step(call) and not any(contains(node, call) for node in changed):
+                return True
+    return False
 
 
 # What computes gradients: after the loop, outside the replicas, it would see one replica's weights.
