@@ -1497,8 +1497,10 @@ for i in range(2):
         with tf.variable_scope('Discriminator', reuse=tf.AUTO_REUSE):
             d = tf.get_variable('d', [3, 1], initializer=tf.constant_initializer(0.2))
         fake = tf.matmul(xs[i], g)
-        gen_costs.append(-tf.reduce_mean(tf.matmul(fake, d)))
-        disc_costs.append(tf.reduce_mean(tf.matmul(fake, d)) - tf.reduce_mean(tf.matmul(xs[i], d)))
+        gen_cost = -tf.reduce_mean(tf.matmul(fake, d))
+        disc_cost = tf.reduce_mean(tf.matmul(fake, d)) - tf.reduce_mean(tf.matmul(xs[i], d))
+        gen_costs.append(gen_cost)
+        disc_costs.append(disc_cost)
 gen_cost = tf.add_n(gen_costs) / 2
 disc_cost = tf.add_n(disc_costs) / 2
 gen_train_op = tf.train.GradientDescentOptimizer(0.1).minimize(gen_cost, var_list=[g])
