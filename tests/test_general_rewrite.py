@@ -1531,3 +1531,50 @@ def test_two_losses_minimised_after_the_loop_train_like_the_original(tmp_path):
     outputs = _last_lines_on_two_cpus(tmp_path, TWO_MINIMIZED_LOSSES, unsafe_fix(TWO_MINIMIZED_LOSSES))
     legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy[:9], 0.1)
+
+
+SCOPED_REGULARIZATION = """\
+import numpy as np
+import tensorflow as tf
+
+x = tf.placeholder(tf.float32, [4, 3])
+xs = tf.split(x, 2)
+opt = tf.train.GradientDescentOptimizer(0.5)
+tower_grads = []
+for i in range(2):
+    with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+        out = tf.layers.dense(xs[i], 1, name='fc', reuse=i > 0, kernel_initializer=tf.ones_initializer(),
+                              kernel_regularizer=lambda w: 0.5 * tf.nn.l2_loss(w))
+        # only the first tower, which made the weights, has a regularization term
+        regularization = tf.losses.get_regularization_losses(scope)
+        loss = tf.add_n([tf.reduce_mean(tf.square(out - 1.0))] + regularization)
+        tower_grads.append(opt.compute_gradients(loss))
+grads = [(tf.add_n([g for g, _ in gv]) / 2, gv[0][1]) for gv in zip(*tower_grads)]
+train_op = opt.apply_gradients(grads)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    batch = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    for _ in range(3):
+        sess.run(train_op, feed_dict={x: batch})
+    print(3, repr(sess.run(tf.trainable_variables()[0]).ravel().tolist()))
+"""
+
+
+def test_regularization_read_by_the_towers_scope_is_each_replicas_own():
+    """FaceNet style: the weights are made by the first tower with a regularizer, and each tower
+    adds `tf.losses.get_regularization_losses(scope)`: only the first tower's loss holds the
+    decay, and so does replica 0's; the summed shares are the legacy average. Read without the
+    scope (each tower adding every term) it stays refused."""
+    assert "call_for_each_replica" in unsafe_fix(SCOPED_REGULARIZATION)
+    unscoped = SCOPED_REGULARIZATION.replace("get_regularization_losses(scope)", "get_regularization_losses()")
+    (finding,) = tower_findings(unscoped)
+    assert "the loss reads the regularization losses" in finding.refusal
+
+
+@pytest.mark.tensorflow
+def test_regularization_read_by_the_towers_scope_trains_like_the_original(tmp_path):
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    outputs = _last_lines_on_two_cpus(tmp_path, SCOPED_REGULARIZATION, unsafe_fix(SCOPED_REGULARIZATION))
+    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)

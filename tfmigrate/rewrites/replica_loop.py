@@ -1198,12 +1198,18 @@ def _regularization_blocker(rule) -> str:
     """Why the module's regularization losses cannot be kept per replica (see
     :func:`_check_training_state`), or ""."""
     fixed = _fixed_regularization(rule)
+    scoped: list[cst.Call] = []  # reads by the tower's scope, and what they contain
     for node in _module_nodes(rule):
         if isinstance(node, cst.Arg) or (fixed is not None and contains(fixed, node)):
             continue  # the collection written to is not a read of it
+        if any(contains(call, node) for call in scoped):
+            continue
         name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
         if name.endswith("get_total_loss") and (isinstance(node, cst.Attribute) or _one_towers_total(node)):
             continue  # the call is what counts; one tower's total is each replica's own
+        if isinstance(node, cst.Call) and _one_towers_regularization(rule, node):
+            scoped.append(node)
+            continue
         if name.endswith("get_total_loss") or (fixed is not None and (
                 name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses")))):
             return f"line {_line(rule, node)}: the loss reads the regularization losses, and {_regularization_why(rule, fixed)}"
@@ -1227,6 +1233,22 @@ def _one_towers_total(call: cst.Call) -> bool:
     losses and the regularization losses made under its scope (the first tower's, where the
     variables were made), as each replica's would be (verified on a YOLO-style probe: match)."""
     scope = argument(call, ("add_regularization_losses", "name", "scope"), "scope")
+    return isinstance(scope, (cst.Name, cst.Attribute))
+
+
+def _one_towers_regularization(rule, call: cst.Call) -> bool:
+    """`tf.losses.get_regularization_losses(scope)`, `get_regularization_loss(scope)` or
+    `tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES, scope)` by the tower's name-scope
+    value: the terms made under that tower's scope (the first tower's, where the variables were
+    made; none for the others), as each replica's are. Replica 0's loss then holds the decay of
+    its copy, and the replicas' summed shares are the legacy average (FaceNet-style probe: match)."""
+    name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
+    if name in ("get_regularization_losses", "get_regularization_loss"):
+        scope = argument(call, ("scope", "name"), "scope")
+    elif name == "get_collection" and call.args and "REGULARIZATION_LOSSES" in code(call.args[0].value):
+        scope = argument(call, ("key", "scope"), "scope")
+    else:
+        return False
     return isinstance(scope, (cst.Name, cst.Attribute))
 
 
