@@ -1578,3 +1578,27 @@ def test_regularization_read_by_the_towers_scope_trains_like_the_original(tmp_pa
     outputs = _last_lines_on_two_cpus(tmp_path, SCOPED_REGULARIZATION, unsafe_fix(SCOPED_REGULARIZATION))
     legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)
+
+
+def test_pieces_built_by_a_comprehension_over_split_batches_give_the_device_count():
+    """Show-and-Tell style: `shards = [dict(zip(keys, values)) for values in zip(*[tf.split(
+    features[k], num_gpus) for k in keys])]`, then `for i, shard in enumerate(shards):` on
+    `'/gpu:%d' % i`: the strategy, made before the graph, counts `num_gpus` devices."""
+    result = fixed("""
+        import tensorflow as tf
+        def average_gradients(tower_grads):
+            return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        def train(make_features, num_gpus):
+            with tf.Graph().as_default():
+                features = make_features()
+                keys = sorted(features)
+                shards = [dict(zip(keys, values)) for values in zip(*[tf.split(features[k], num_gpus) for k in keys])]
+                opt = tf.train.GradientDescentOptimizer(0.1)
+                tower_grads = []
+                for i, shard in enumerate(shards):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(opt.compute_gradients(model(shard)))
+                return opt.apply_gradients(average_gradients(tower_grads))
+    """)
+    assert "MirroredStrategy(devices=['/gpu:%d' % i for i in range(num_gpus)])" in result
+    assert "shard = shards[i]" in result

@@ -1719,8 +1719,9 @@ def _zipped_devices(loop: cst.For, device: cst.BaseExpression) -> str | None:
 
 def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExpression) -> cst.BaseExpression | None:
     """How many pieces `enumerate(<pieces>)` walks, when the device reads only the index and
-    the pieces are a batch cut with `tf.split(x, n)` (or a zip of such cuts, or a literal
-    list): ``n``. The strategy is made before the graph, so it must not read the pieces."""
+    the pieces are a batch cut with `tf.split(x, n)` (or a zip of such cuts, a comprehension
+    over them, or a literal list): ``n``. The strategy is made before the graph, so it must
+    not read the pieces."""
     if not (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
             and isinstance(tower.loop.target, cst.Tuple) and len(tower.loop.target.elements) == 2):
         return None
@@ -1732,6 +1733,11 @@ def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExp
         node = pieces.pop(0)
         if isinstance(node, cst.Call) and code(node.func) == "zip" and rule.imports.resolve(node.func) is None:
             pieces += [a.value for a in node.args if not a.star]
+            # `zip(*[tf.split(x, n) for x in xs])`: as many as each zipped list has
+            pieces += [a.value.elt for a in node.args if a.star == "*" and isinstance(a.value, (cst.ListComp, cst.GeneratorExp))]
+        elif (isinstance(node, (cst.ListComp, cst.GeneratorExp)) and node.for_in.inner_for_in is None
+              and not node.for_in.ifs):
+            pieces.append(node.for_in.iter)  # one piece per element it walks (Show-and-Tell's dict per shard)
         elif isinstance(node, (cst.List, cst.Tuple)) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
             return cst.Integer(str(len(node.elements)))
         elif isinstance(node, cst.Call) and rule.imports.resolve(node.func) == "tensorflow.split":
