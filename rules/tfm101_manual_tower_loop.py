@@ -5,7 +5,7 @@ import libcst as cst
 from tfmigrate.analysis.devices import describe_device, tower_group, tower_loop_at
 from tfmigrate.analysis.tower_forms import module_tower_forms
 from tfmigrate.rewrites import loop_forms, mirrored
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import DEVICE_SCOPE, FixSafety, Invalid, Rule
 
 
 class ManualTowerLoop(Rule):
@@ -13,6 +13,7 @@ class ManualTowerLoop(Rule):
     name = "manual-tower-loop"
     summary = "A loop builds one model replica ('tower') per GPU under tf.device"
     triggers = ("device",)
+    requires = (DEVICE_SCOPE,)
     fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """

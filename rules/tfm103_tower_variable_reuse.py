@@ -5,7 +5,7 @@ import libcst as cst
 from tfmigrate.analysis.devices import enclosing_tower, per_device_names
 from tfmigrate.cst.traversal import names_used
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import PER_DEVICE, FixSafety, Invalid, Rule
 
 
 class TowerVariableReuse(Rule):
@@ -13,6 +13,7 @@ class TowerVariableReuse(Rule):
     name = "tower-variable-reuse"
     summary = "Variables shared between towers with reuse_variables() / reuse=..."
     triggers = ("reuse", "make_template", "keras", "layers")
+    requires = (PER_DEVICE,)  # every finding is in a tower loop or a loop over the devices
     fix_safety = FixSafety.NONE
 
     what_it_finds = """

@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.devices import tower_loop_at
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import DEVICE_SCOPE, FixSafety, Invalid, Rule
 
 ESTIMATORS = {
     "tensorflow.estimator.Estimator",
@@ -21,6 +21,7 @@ class EstimatorTowers(Rule):
     name = "estimator-tower-model-fn"
     summary = "An Estimator model_fn builds one tower per GPU itself"
     triggers = ("device",)  # a model_fn is only reported when it builds towers (TFM101 needs tf.device)
+    requires = (DEVICE_SCOPE,)
     fix_safety = FixSafety.NONE
 
     what_it_finds = """

@@ -7,7 +7,7 @@ from tfmigrate.cst.traversal import contains, find, names_used
 from tfmigrate.analysis.devices import (
     enclosing_tower, loop_derived_names, looks_per_device, module_tower_loops,
 )
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import PER_DEVICE, FixSafety, Invalid, Rule
 
 NUMPY_SPLITS = {"numpy.split", "numpy.array_split"}
 UNSTACKS = {"tensorflow.unstack", "tensorflow.unpack", "tensorflow.split"}
@@ -27,6 +27,9 @@ class ManualBatchSplit(Rule):
     name = "manual-batch-split"
     summary = "A batch cut into per-device pieces by hand (tf.split, slicing, unstack, py_func, np.split)"
     triggers = ("gpu", "GPU", "device", "DEVICE", "tower", "parallel_stack")
+    # Pieces read per device (in a tower loop, a loop over the devices, under fixed GPU scopes),
+    # stacked with `tf.parallel_stack`, or a split by a device count (`np.split(x, num_gpus)`).
+    requires = (PER_DEVICE + r"|parallel_stack|split\s*\([^)\n]*(?i:gpu|device|tower|replica)",)
     fix_safety = FixSafety.NONE
 
     what_it_finds = """

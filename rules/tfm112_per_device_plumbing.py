@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.devices import module_plumbing_loops
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import DEVICE_SCOPE, FixSafety, Invalid, Rule
 
 
 class PerDevicePlumbing(Rule):
@@ -11,6 +11,7 @@ class PerDevicePlumbing(Rule):
     name = "per-device-plumbing"
     summary = "A per-device loop that moves data or updates between GPUs, not a model replica"
     triggers = ("gpu", "GPU", "device")
+    requires = (DEVICE_SCOPE,)
     fix_safety = FixSafety.NONE
     informational = True
 

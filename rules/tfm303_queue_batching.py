@@ -15,10 +15,13 @@ class QueueBatching(Rule):
     # Every spelling is a call: `tf.train.batch(`, `shuffle_batch(`, `maybe_batch(`, `batch(` after a
     # from-import; only the *_join variants do not end in "batch(".
     triggers = ("batch(", "batch_join")
-    # They all live in `tf.train`, and names resolve from the text: any spelling of them has the
-    # word `train` somewhere (`tf.train.batch`, `from tensorflow.compat.v1.train import batch`,
-    # `from tensorflow.compat.v1 import train`). tf.data's `.batch(` alone does not.
-    requires = (r"\btrain\b",)
+    # They all live in `tf.train`, and names resolve from the text: a spelling of them is a call
+    # on the module (`tf.train.shuffle_batch(`), a bare call of an imported name (`batch_join(`),
+    # or goes through an alias of the module (`batching = tf.train`, `from tensorflow.compat.v1
+    # import train as queues`). tf.data's `dataset.batch(` in a TF1 module, which names
+    # `tf.train` for its optimizers and schedules, is none of these.
+    requires = (r"(?m)\btrain\s*\.\s*\w*batch|(?<![.\w])\w*batch(?:_join)?\s*\(|\btrain\s*$"
+                r"|\bimport\s[^\n]*\btrain\b",)
     fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """

@@ -4,7 +4,7 @@ import libcst as cst
 
 from tfmigrate.analysis.devices import enclosing_tower, per_device_names
 from tfmigrate.cst.traversal import names_used
-from tfmigrate.rule import DEVICE_WORDS, FixSafety, Invalid, Rule
+from tfmigrate.rule import PER_DEVICE, FixSafety, Invalid, Rule
 
 
 def _shard_arguments(call: cst.Call) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
@@ -25,7 +25,7 @@ class PerDeviceShard(Rule):
     name = "per-device-shard"
     summary = "dataset.shard(n, i) builds one input pipeline per device"
     triggers = ("shard",)
-    requires = (DEVICE_WORDS,)  # sharded per device: the file names its devices or towers
+    requires = (PER_DEVICE,)  # sharded per device: in a tower loop or a loop over the devices
     fix_safety = FixSafety.NONE
 
     what_it_finds = """

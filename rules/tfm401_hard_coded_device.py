@@ -3,7 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.devices import device_scope_arg, enclosing_tower, fixed_gpu
-from tfmigrate.rule import FixSafety, Invalid, Rule
+from tfmigrate.rule import FIXED_GPU, FixSafety, Invalid, Rule
 
 
 class HardCodedDevice(Rule):
@@ -11,6 +11,7 @@ class HardCodedDevice(Rule):
     name = "hard-coded-device"
     summary = "Ops pinned to fixed GPUs outside a tower loop (model parallelism)"
     triggers = ("gpu", "GPU", "Gpu")
+    requires = (FIXED_GPU,)
     fix_safety = FixSafety.NONE
     informational = True
 

@@ -33,7 +33,7 @@ class ImportItem:
     obj_name: str | None = None
     alias: str | None = None
 
-__all__ = ["DEVICE_WORDS", "Edit", "Finding", "FixSafety", "ImportItem", "Invalid", "Location", "Replacement", "Rule", "RuleContext"]
+__all__ = ["DEVICE_SCOPE", "DEVICE_WORDS", "FIXED_GPU", "PER_DEVICE", "Edit", "Finding", "FixSafety", "ImportItem", "Invalid", "Location", "Replacement", "Rule", "RuleContext"]
 
 
 Replacement = Union[cst.CSTNode, cst.FlattenSentinel, cst.RemovalSentinel]
@@ -109,6 +109,23 @@ def _dedent(text: str) -> str:
 #: A ``requires`` pattern for rules about per-device code: a file that names no GPU, device,
 #: replica or tower has none (the words `split` and `shard` alone are in most Python files).
 DEVICE_WORDS = r"gpu|GPU|Gpu|[Dd]evice|DEVICE|tower|replica"
+
+#: A ``requires`` pattern for rules about device scopes that are not a CPU pin: the word
+#: `device` (`tf.device(...)`, `device_scope`, an imported or aliased `device`, `var.device`)
+#: other than in a call on a CPU literal. Most modules of a TF1 project pin their input or
+#: variables with `tf.device('/cpu:0')` and define a `num_gpus` flag; none of that can be a
+#: tower loop, and such a module is not parsed for those rules.
+DEVICE_SCOPE = r"device(?:_scope)?\b(?!\s*\(\s*['\"][^'\"]*cpu:\d+['\"]\s*\))"
+
+#: A ``requires`` pattern for code run once per device without a device scope of its own: a
+#: `for` header (loop or comprehension) whose iterable names a device, GPU, tower or replica
+#: (`for i in range(FLAGS.num_gpus)`, also broken over lines inside brackets), or a device
+#: scope (a tower loop). A module that only defines a `num_gpus` flag has neither.
+PER_DEVICE = DEVICE_SCOPE + r"|\bfor\b[^\n]*?\bin\b[^:]*?(?i:gpu|device|tower|replica)"
+
+#: A ``requires`` pattern for a fixed GPU: a device string with an index (`'/gpu:1'`,
+#: `'/device:GPU:1'`) or a `DeviceSpec(device_index=1)`.
+FIXED_GPU = r"(?i:gpu:\d)|device_index\s*=\s*\d"
 
 
 class Rule(cst.BatchableCSTVisitor):
