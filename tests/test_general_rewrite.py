@@ -1602,3 +1602,48 @@ def test_pieces_built_by_a_comprehension_over_split_batches_give_the_device_coun
     """)
     assert "MirroredStrategy(devices=['/gpu:%d' % i for i in range(num_gpus)])" in result
     assert "shard = shards[i]" in result
+
+
+def test_a_name_the_code_after_the_loop_binds_afresh_is_not_shared():
+    """Blog-style multigpu_cnn: the towers bind `grads`, and the averaging loop after them
+    starts its own `grads = []`. Shared, `grads` was overwritten by replica 1 while replica 0
+    waited in `tf.metrics.accuracy`, and both towers appended replica 1's gradients
+    (MISMATCH from step 1). The `reuse_vars` flag the body reads before setting stays shared."""
+    result = fixed("""
+        import tensorflow as tf
+        def build(opt, xs, ys, n):
+            tower_grads = []
+            reuse_vars = False
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    with tf.variable_scope('net', reuse=reuse_vars):
+                        logits = model(xs[i])
+                    loss = tf.losses.sparse_softmax_cross_entropy(ys[i], logits)
+                    grads = opt.compute_gradients(loss)
+                    acc, acc_op = tf.metrics.accuracy(ys[i], tf.argmax(logits, 1))
+                    reuse_vars = True
+                    tower_grads.append(grads)
+            average_grads = []
+            for grad_and_vars in zip(*tower_grads):
+                grads = [g for g, _ in grad_and_vars]
+                average_grads.append((tf.add_n(grads) / n, grad_and_vars[0][1]))
+            return opt.apply_gradients(average_grads)
+    """)
+    assert "nonlocal reuse_vars\n" in result and "nonlocal grads" not in result and "grads = None" not in result
+
+
+def test_a_shared_name_read_after_a_metric_the_replicas_wait_at_is_refused():
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        def build(opt, xs, ys, n):
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    logits = model(xs[i])
+                    loss = tf.losses.sparse_softmax_cross_entropy(ys[i], logits)
+                    acc, acc_op = tf.metrics.accuracy(ys[i], tf.argmax(logits, 1))
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads), loss
+    """)
+    assert finding.refusal.startswith("line 8: `tf.metrics.accuracy` makes the replicas wait for each other, and `loss`")

@@ -67,6 +67,7 @@ from tfmigrate.analysis.devices import (
 from tfmigrate.analysis.tower_forms import module_tower_forms
 from tfmigrate.cst.callargs import argument, split_arguments
 from tfmigrate.cst.codegen import code
+from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, names_used, single_small, walk,
 )
@@ -247,6 +248,7 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     step = _fresh(rule.context.module, "tower_fn", "replica_fn")
     body, rereads = _replica_body(rule, tower, region, update, tf)
     shared, unbound = _shared_names(region, body, update)
+    _check_waits(rule, region, set(shared) - update.binds)
     function = _replica_function(region, step, body, shared)
     call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
@@ -256,6 +258,30 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
         replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
     replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
     return cst.FlattenSentinel(replacement)
+
+
+def _check_waits(rule, region: _Region, shared: set[str]) -> None:
+    """A name shared with the code around the loop, bound in the body before a step where the
+    replicas wait for each other (`tf.metrics.*` aggregates across them) and read after it:
+    while one replica waits there, the next runs its body and binds the name to its own
+    value, so the first would read the other's (the loop's iterations never interleaved)."""
+    statements = _statements(region.loop.body)  # the simple statements, in the order they run
+    for at, statement in enumerate(statements):
+        wait = next((c for c in find(statement, cst.Call) if _waits(rule, c)), None)
+        if wait is None:
+            continue
+        before = set().union(set(), *(_bound_names(s) for s in statements[:at + 1])) & shared
+        after = set().union(set(), *(free_names(s) for s in statements[at + 1:])) & before
+        if after:
+            raise Refused(f"line {_line(rule, wait)}: `{code(wait.func)}` makes the replicas wait for each other, "
+                          f"and `{sorted(after)[0]}`, shared with the code after the loop, is read after it: "
+                          "another replica would have changed it by then (read it before, or collect it in a list)")
+
+
+def _waits(rule, call: cst.Call) -> bool:
+    """A cross-replica step inside the replica function: TF1's metrics aggregate across replicas."""
+    name = rule.imports.resolve(call.func) or ""
+    return name.startswith(("tensorflow.metrics.", "tensorflow.compat.v1.metrics."))
 
 
 # --- the shape ------------------------------------------------------------------------------
@@ -1528,23 +1554,38 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
     for statement in body:
         bound |= _bound_names(statement)
     loop_targets = names_used(region.loop.target)
-    outside = set()
     bound_outside = set()
     # What moved into the replica function, or went, binds nothing outside any more.
     removed = frozenset(key for key, change in update.changes.items() if change is cst.RemovalSentinel.REMOVE)
     for statement in _outside_statements(region):
-        if id(statement) in removed:
-            continue
-        outside |= names_used(statement)
-        bound_outside |= _bound_names(statement, removed)
+        if id(statement) not in removed:
+            bound_outside |= _bound_names(statement, removed)
     if isinstance(region.owner, cst.FunctionDef):
         parameters = {p.name.value for p in find(region.owner.params, cst.Param)}
         bound_outside |= parameters
-    # What the moved update binds was bound, or is read (`tf.group(apply_op, ...)`), after the loop.
-    shared = sorted((((bound & (outside | bound_outside)) | update.binds | _carried(body)) - loop_targets)
-                    | _targets_read_after(region))
+    # Shared: what the code after the loop reads of the towers' names before binding them again
+    # (not `grads` that an averaging loop after it starts afresh: a shared name can be changed
+    # by another replica while this one waits at a cross-replica step), what functions of the
+    # owner may read when they run, and what the moved update binds (`tf.group(apply_op, ...)`).
+    # And what the body reads before it binds it: state a tower leaves for the next (`reuse =
+    # True` at the end of the first, `reuse = False` before the loop).
+    following = [s for s in region.following if id(s) not in removed]
+    read_later = reads_first(following, bound) | (bound & _read_by_functions(region, removed))
+    carried = reads_first(body, bound) | _carried(body)
+    shared = sorted(((read_later | update.binds | carried) - loop_targets) | _targets_read_after(region))
     unbound = set() if isinstance(region.owner, cst.Module) else set(shared) - bound_outside
     return shared, unbound
+
+
+def _read_by_functions(region: _Region, removed: frozenset) -> set[str]:
+    """Names the functions and classes defined in the owner outside the loop read: at module
+    level, any function of the module may run after the loop and read its globals."""
+    found: set[str] = set()
+    for statement in _outside_statements(region):
+        if id(statement) not in removed:
+            for definition in find(statement, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+                found |= free_names(definition)
+    return found
 
 
 def _carried(body: list[cst.BaseStatement]) -> set[str]:
