@@ -1647,3 +1647,22 @@ def test_a_shared_name_read_after_a_metric_the_replicas_wait_at_is_refused():
             return opt.apply_gradients(grads), loss
     """)
     assert finding.refusal.startswith("line 8: `tf.metrics.accuracy` makes the replicas wait for each other, and `loss`")
+
+
+def test_towers_that_update_a_variable_themselves_are_refused():
+    """A2C style: each worker bumps a shared `episodes` counter with `tf.assign_add`, and the
+    session reads it to set the entropy bonus. Rewritten, the replicas updated their own copies
+    and the program trained differently from step 1."""
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        def build(opt, xs, n, episodes):
+            tower_grads, counters = [], []
+            for gpu in range(n):
+                with tf.device('/gpu:%d' % gpu):
+                    loss = tf.reduce_mean(model(xs[gpu]))
+                    counters.append(tf.assign_add(episodes, tf.shape(xs[gpu])[0]))
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads), tf.group(*counters)
+    """)
+    assert finding.refusal.startswith("line 7: the towers update a variable themselves (`tf.assign_add`)")

@@ -126,6 +126,7 @@ def plan(rule, tower) -> Edit:
     check_tower(rule, tower, tower_functions=True)
     _check_body(loop)
     _check_tower_variables(rule, loop)
+    _check_variable_updates(rule, tower)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
     if _may_be_iterator(region, loop.iter) and not isinstance(loop.iter, cst.Call):
         raise Refused(f"the tower loop walks `{code(loop.iter)}`, an iterator made before it: the replicas need "
@@ -315,6 +316,31 @@ def _check_tower_variables(rule, loop: cst.For) -> None:
         raise Refused(f"line {_line(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
                       "each tower its own variables; under MirroredStrategy replicas after the first can only "
                       "reuse replica 0's: average after the loop instead (over the mean loss)")
+
+
+def _check_variable_updates(rule, tower) -> None:
+    """A tower that updates a variable itself (`tf.assign_add(episodes, n)` counting what each
+    worker consumed, a word counter setting the learning rate, a hand-written moving average):
+    the towers updated one variable in turn; under MirroredStrategy each replica updates its
+    own copy, or the update needs an aggregation the program does not say. An A2C-style and a
+    word2vec-style probe trained differently from step 1 and 2: refused."""
+    for node in [tower.loop.body, *(function.body for function in tower.via)]:
+        call = _training_call(rule, node, _updates_variable)
+        if call is not None:
+            raise Refused(f"line {_line(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
+                          "under MirroredStrategy each replica would update its own copy of it; update it once "
+                          "after the loop (from the towers' results)")
+
+
+_VARIABLE_UPDATES = ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_add", "scatter_sub",
+                     "scatter_nd_update", "scatter_nd_add", "count_up_to")
+
+
+def _updates_variable(rule, call: cst.Call) -> bool:
+    name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
+    if name and (rule.imports.resolve(call.func) or "").startswith("tensorflow"):
+        return name in _VARIABLE_UPDATES or name == "assign_moving_average"
+    return any(method_call(call, method) for method in _VARIABLE_UPDATES)
 
 
 def _makes_moving_average(rule, call: cst.Call) -> bool:
