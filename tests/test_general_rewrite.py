@@ -1666,3 +1666,48 @@ def test_towers_that_update_a_variable_themselves_are_refused():
             return opt.apply_gradients(grads), tf.group(*counters)
     """)
     assert finding.refusal.startswith("line 7: the towers update a variable themselves (`tf.assign_add`)")
+
+
+def test_a_name_a_later_function_binds_for_itself_is_neither_shared_nor_left_unbound():
+    """BERT with gradient accumulation: the towers bind `grads`; after the loop a `tf.cond`
+    branch function binds its own `grads`. The rewrite declared `nonlocal grads` with no binding
+    of `grads` in the enclosing function (its only other binding was the branch function's):
+    "no binding for nonlocal 'grads' found", and the fix was dropped as an internal error."""
+    result = fixed("""
+        import tensorflow as tf
+        def build(opt, xs, n, accum_vars, apply_now):
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    grads = [g for g, _ in opt.compute_gradients(tf.reduce_mean(model(xs[i])))]
+                    tower_grads.append(grads)
+            accum_ops = [a.assign_add(tf.add_n([grads[j] for grads in tower_grads]) / n)
+                         for j, a in enumerate(accum_vars)]
+            def _apply():
+                grads = [tf.identity(a) for a in accum_vars]
+                return opt.apply_gradients(zip(grads, tf.trainable_variables()))
+            with tf.control_dependencies(accum_ops):
+                return tf.cond(apply_now, _apply, tf.no_op)
+    """)
+    assert "call_for_each_replica(tower_fn)" in result and "nonlocal" not in result
+
+
+def test_a_variable_set_with_load_is_refused():
+    """`kl_weight.load(value, sess)` on a `tf.Variable` the strategy mirrors: a MirroredVariable
+    has no working `load` (IndexError at the first step of a VAE-style probe)."""
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        def main(xs, n, steps):
+            kl_weight = tf.Variable(0.0, trainable=False, name='kl_weight')
+            opt = tf.train.AdamOptimizer(1e-3)
+            losses = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(tf.reduce_mean(model(xs[i])) + kl_weight * kl(xs[i]))
+            train_op = opt.minimize(tf.add_n(losses) / n)
+            sess = tf.Session()
+            for step in range(steps):
+                kl_weight.load(min(1.0, step / 10.0), sess)
+                sess.run(train_op)
+    """)
+    assert finding.refusal.startswith("line 12: `kl_weight.load(...)` sets a variable by `Variable.load`")

@@ -7,7 +7,8 @@ while the first waits at a cross-replica step, so the fewer the better.
 
 Statements are taken in the order they run; a loop's body once (it may also not run); a name
 bound in only some branches of an `if`, a loop or a `try` is still unbound after it. Reads
-inside nested functions and classes count, at the point they are defined (they may run later).
+inside nested functions and classes count, at the point they are defined (they may run later):
+a function's reads of names it binds itself first are its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import libcst as cst
 
-from tfmigrate.cst.traversal import free_names
+from tfmigrate.cst.traversal import find, free_names
 
 __all__ = ["reads_first"]
 
@@ -66,7 +67,14 @@ def _statement(node: cst.CSTNode, pending: set[str], read: set[str]) -> None:
         _branches([main, *handlers], pending, read)
         if node.finalbody is not None:
             _scan(list(node.finalbody.body.body), pending, read)
-    elif isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+    elif isinstance(node, cst.FunctionDef):
+        # Defaults and decorators run now; the body, when called, reads what it does not bind.
+        for part in (*node.decorators, node.params):
+            _reads(part, pending, read)
+        parameters = {param.name.value for param in find(node.params, cst.Param)}
+        _scan(list(node.body.body), pending - parameters, read)
+        pending.discard(node.name.value)
+    elif isinstance(node, cst.ClassDef):
         _reads(node, pending, read)
         pending.discard(node.name.value)
     else:

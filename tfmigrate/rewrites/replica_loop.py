@@ -1180,11 +1180,32 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
     blocker = rule.context.memo("replica_loop.regularization", lambda: _regularization_blocker(rule))
     if blocker:
         raise StateRefused(blocker)
+    loaded = rule.context.memo("replica_loop.loaded", lambda: _loaded_variable(rule))
+    if loaded is not None:
+        raise StateRefused(f"line {_line(rule, loaded)}: `{code(loaded.func)}(...)` sets a variable by `Variable.load`, "
+                           "which a variable the strategy mirrors does not have: feed the value through a "
+                           "placeholder and `tf.assign` it in the graph instead")
     for _, arg in _global_steps_outside(rule, region, [*update.statements, *update.wrapped]):
         if id(arg) in update.counted:
             continue
         raise StateRefused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
                            "would cover, so it would not be a mirrored variable the replicas can update")
+
+
+def _loaded_variable(rule) -> cst.Call | None:
+    """`kl_weight.load(value, sess)` on a variable the module makes (`tf.Variable`,
+    `tf.get_variable`): under the strategy scope it becomes a MirroredVariable, and `load`
+    fails there (IndexError in TF 2.21, a VAE-style probe)."""
+    loads = [call for call in _module_calls(rule) if method_call(call, "load") and 1 <= len(call.args) <= 2]
+    if not loads:
+        return None
+    made = {code(target.target) for node in find(rule.context.module, cst.Assign)
+            if isinstance(node.value, cst.Call) and rule.imports.resolve(node.value.func) in _VARIABLE_MAKERS
+            for target in node.targets}
+    return next((call for call in loads if code(call.func.value) in made), None)
+
+
+_VARIABLE_MAKERS = {"tensorflow.Variable", "tensorflow.get_variable"}
 
 
 def _global_steps_outside(rule, region: _Region, statements) -> list[tuple[cst.BaseStatement, cst.Arg]]:
@@ -1584,7 +1605,9 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
     # What moved into the replica function, or went, binds nothing outside any more.
     removed = frozenset(key for key, change in update.changes.items() if change is cst.RemovalSentinel.REMOVE)
     for statement in _outside_statements(region):
-        if id(statement) not in removed:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):  # its body is another scope
+            bound_outside.add(statement.name.value)
+        elif id(statement) not in removed:
             bound_outside |= _bound_names(statement, removed)
     if isinstance(region.owner, cst.FunctionDef):
         parameters = {p.name.value for p in find(region.owner.params, cst.Param)}
@@ -1609,7 +1632,11 @@ def _read_by_functions(region: _Region, removed: frozenset) -> set[str]:
     found: set[str] = set()
     for statement in _outside_statements(region):
         if id(statement) not in removed:
-            for definition in find(statement, cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            for definition in find(statement, cst.FunctionDef, cst.Lambda):
+                # its free names: not its parameters, nor what it binds itself (its locals)
+                local = {p.name.value for p in find(definition.params, cst.Param)} | _bound_names(definition)
+                found |= free_names(definition) - local
+            for definition in find(statement, cst.ClassDef):
                 found |= free_names(definition)
     return found
 
