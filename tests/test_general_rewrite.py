@@ -1711,3 +1711,34 @@ def test_a_variable_set_with_load_is_refused():
                 sess.run(train_op)
     """)
     assert finding.refusal.startswith("line 12: `kl_weight.load(...)` sets a variable by `Variable.load`")
+
+
+HAND_WRITTEN_BATCH_NORM = """
+    import tensorflow as tf
+    def batch_norm(x, decay=0.9):
+        moving_mean = tf.get_variable('moving_mean', x.shape[-1:], trainable=False, initializer=tf.zeros_initializer())
+        batch_mean = tf.reduce_mean(x, 0)
+        update = tf.assign(moving_mean, moving_mean * decay + batch_mean * (1 - decay))
+        with tf.control_dependencies([update]):
+            return x - batch_mean
+    def build(opt, xs, n):
+        tower_grads = []
+        for i in range(n):
+            with tf.device('/gpu:%d' % i), tf.variable_scope('net', reuse=i > 0):
+                tower_grads.append(opt.compute_gradients(tf.reduce_mean(batch_norm(model(xs[i])))))
+        return opt.apply_gradients([(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)])
+"""
+
+
+def test_a_moving_average_the_towers_assign_stays_but_a_stored_value_is_refused():
+    """PointNet's hand-written batch norm assigns `m * decay + batch_mean * (1 - decay)` in each
+    tower: each replica's copy averages its own batches, like the rewrite's batch-norm statistics
+    (a PointNet-style probe: match). A plain store (`tf.assign(last, x)`), read back from
+    replica 0's copy where the towers left the last tower's, is refused; so is a custom getter."""
+    assert "call_for_each_replica(tower_fn)" in fixed(HAND_WRITTEN_BATCH_NORM)
+    stored = HAND_WRITTEN_BATCH_NORM.replace("moving_mean * decay + batch_mean * (1 - decay)", "batch_mean")
+    (finding,) = tower_findings(stored)
+    assert "the towers update a variable themselves (`batch_norm`)" in finding.refusal, finding.refusal
+    getter = HAND_WRITTEN_BATCH_NORM.replace("reuse=i > 0)", "reuse=i > 0, custom_getter=ema_getter)")
+    (finding,) = tower_findings(getter)
+    assert "a custom getter in the towers sees each replica's own copy" in finding.refusal

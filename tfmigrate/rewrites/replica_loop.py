@@ -319,12 +319,22 @@ def _check_tower_variables(rule, loop: cst.For) -> None:
 
 
 def _check_variable_updates(rule, tower) -> None:
-    """A tower that updates a variable itself (`tf.assign_add(episodes, n)` counting what each
-    worker consumed, a word counter setting the learning rate, a hand-written moving average):
-    the towers updated one variable in turn; under MirroredStrategy each replica updates its
-    own copy, or the update needs an aggregation the program does not say. An A2C-style and a
-    word2vec-style probe trained differently from step 1 and 2: refused."""
+    """A tower that counts or stores into a variable itself (`tf.assign_add(episodes, n)` for
+    what each worker consumed, a word counter setting the learning rate, `tf.assign(last, x)`):
+    the towers updated one variable in turn, but in a replica `tf.assign` on a mirrored
+    variable updates that replica's own copy (checked on TF 2.21: the copies part, and a read
+    gives replica 0's). An A2C-style and a word2vec-style probe trained differently from steps
+    1 and 2: refused. A moving average (`tf.assign(m, m * decay + x * (1 - decay))`, PointNet's
+    hand-written batch norm) stays: each copy averages its replica's batches, an estimate of
+    the same statistic, as the batch-norm statistics of the rewrite do."""
     for node in [tower.loop.body, *(function.body for function in tower.via)]:
+        getter = next((arg for arg in find(node, cst.Arg) if arg.keyword is not None
+                       and arg.keyword.value == "custom_getter"), None)
+        if getter is not None:
+            # In a replica a getter receives that replica's copy of each variable (its op named
+            # `.../replica_1`): mean-teacher's getter, keyed by `var.op.name`, failed on replica 1.
+            raise Refused(f"line {_line(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
+                          "a variable (named `.../replica_1` after the first), where the towers saw one variable")
         call = _training_call(rule, node, _updates_variable)
         if call is not None:
             raise Refused(f"line {_line(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
@@ -337,10 +347,23 @@ _VARIABLE_UPDATES = ("assign", "assign_add", "assign_sub", "scatter_update", "sc
 
 
 def _updates_variable(rule, call: cst.Call) -> bool:
-    name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
-    if name and (rule.imports.resolve(call.func) or "").startswith("tensorflow"):
-        return name in _VARIABLE_UPDATES or name == "assign_moving_average"
-    return any(method_call(call, method) for method in _VARIABLE_UPDATES)
+    """A call that counts or stores into a variable (not a moving average of it)."""
+    resolved = rule.imports.resolve(call.func) or ""
+    if resolved.startswith("tensorflow"):
+        name = resolved.rsplit(".", 1)[-1]
+        target, value = (call.args[0].value if call.args else None), (call.args[1].value if len(call.args) > 1 else None)
+    elif isinstance(call.func, cst.Attribute):
+        name = call.func.attr.value
+        target, value = call.func.value, (call.args[0].value if call.args else None)
+    else:
+        return False
+    if name not in _VARIABLE_UPDATES:
+        return False
+    # `tf.assign(m, m * decay + x * (1 - decay))`: the new value reads the old one, scaled.
+    moving_average = (name == "assign" and target is not None and value is not None
+                      and code(target) in {code(n) for n in find(value, cst.Name, cst.Attribute)}
+                      and bool(find(value, cst.BinaryOperation)))
+    return not moving_average
 
 
 def _makes_moving_average(rule, call: cst.Call) -> bool:
