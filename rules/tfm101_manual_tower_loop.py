@@ -75,8 +75,15 @@ class ManualTowerLoop(Rule):
         give). The program's input stays as it was: placeholders are fed by the session loop,
         queues and iterators keep running; throughput stays close to the legacy program's. It
         refuses, naming the line, what would change the meaning: gradients computed after the
-        loop, regularization losses collected once by the first tower, a global step made
-        outside the strategy scope, a loop in a module-level block that may run more than once.
+        loop, regularization losses collected once by the first tower (read by the tower's
+        scope they are each replica's own, and stay), a global step made outside the strategy
+        scope, a loop in a module-level block that may run more than once, towers that count or
+        store into a variable themselves (`tf.assign_add(counter, n)`: in a replica it updates
+        that replica's copy; a moving average such as a hand-written batch norm's stays), a
+        custom getter in the towers, a variable set with `Variable.load`, and a name shared
+        with the code after the loop that the body reads after a `tf.metrics` call (where the
+        replicas wait for each other). Only the names the code after the loop reads before
+        binding them again are shared with it.
         A `while` counter loop or a comprehension is first rewritten as the `for` loop it
         means (`for gpu in range(n):`; `towers = []` and `towers.append(...)` in the loop),
         and only where the tower rewrite then takes that loop; otherwise the finding gives the
