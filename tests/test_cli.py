@@ -426,3 +426,21 @@ def test_tower_input_chooses_what_the_tower_rewrite_does_with_fed_batches(tmp_pa
     assert result.exit_code == 2 and "tower-input must be one of keep, dataset" in result.stderr
     result = run(["fix", "--tower-input", "fed", "a.py"], tmp_path.parent)
     assert result.exit_code == 2 and "--tower-input must be one of keep, dataset" in result.stderr
+
+
+def test_a_location_is_never_read_as_an_emoji_code(tmp_path):
+    """`path:100:5:` holds `:100:`, rich's emoji code for 💯: a refusal on line 100 was printed
+    as `path💯5:` (found by the mutation fuzz test)."""
+    lines = ["# padding"] * 96 + [
+        "import tensorflow as tf",
+        "def towers(xs, n):",
+        "    outs = []",
+        "    for i in range(n):",
+        "        with tf.device('/gpu:%d' % i):",
+        "            outs.append(model(xs[i]))",
+        "    return outs",
+    ]
+    (tmp_path / "towers.py").write_text("\n".join(lines) + "\n")
+    result = run(["fix", "--unsafe-fixes", "--show-refusals", "--no-cache", "towers.py"], tmp_path)
+    assert "towers.py:100:5: TFM101 no automatic fix:" in result.stderr, result.stderr
+    assert "\U0001f4af" not in result.stderr

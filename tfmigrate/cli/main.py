@@ -33,14 +33,15 @@ def _stdout() -> Console:
     from rich.console import Console
 
     # NO_COLOR: rich would still write bold and other styles; no colour system writes none.
-    return Console(soft_wrap=True, **({"color_system": None} if no_color() else {}))
+    # emoji=False: `path:100:5:` is a location, not the emoji code `:100:`.
+    return Console(soft_wrap=True, emoji=False, **({"color_system": None} if no_color() else {}))
 
 
 def stderr_console() -> Console:
     """A rich console on stderr (messages, progress), shared by every command."""
     from rich.console import Console
 
-    return Console(stderr=True, soft_wrap=True, **({"color_system": None} if no_color() else {}))
+    return Console(stderr=True, soft_wrap=True, emoji=False, **({"color_system": None} if no_color() else {}))
 
 
 def _text_out(stderr: bool = False) -> Console | PlainConsole:

@@ -24,7 +24,7 @@ LEGACY_CHOICES = ("auto", "old", "new", "both", "none")
 
 
 def _err() -> Console:
-    return Console(stderr=True, soft_wrap=True, highlight=False)
+    return Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 
 def _fail(message: str, outcome: Optional[RunOutcome] = None, json_path: Optional[str] = None,
@@ -125,7 +125,7 @@ def verify(
     settings = {"steps": steps, "devices": devices, "warmup": warmup, "seed": seed, "rtol": rtol, "atol": atol,
                 "legacy": legacy, "loss_regex": loss_regex, "timeout": timeout, "program_args": program_args or []}
     progress = not quiet and sys.stderr.isatty()
-    out = Console(soft_wrap=True)
+    out = Console(soft_wrap=True, emoji=False)
     job = _Job(paths=paths, detections=detections, flags=flags, settings=settings, progress=progress,
                quiet=quiet, json_path=json_path, plot_path=plot_path, out=out)
     outcomes = _run_both(job)
