@@ -25,13 +25,11 @@ import re
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from tfmigrate.analysis.tower_forms import TowerForm, counter_of
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import children, free_names, fresh_name, module_parents, names_used, single_small, walk
 from tfmigrate.engine.config import Config
-from tfmigrate.engine.fixer import apply_edits
 from tfmigrate.engine.runner import analyze_module
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rule import Edit
@@ -229,6 +227,12 @@ def _line(rule, node: cst.CSTNode) -> int:
 def _trial(rule, changes: dict, loop: cst.For):
     """TFM101's finding and edit at ``loop`` once ``changes`` are made to the module, and the
     module's code then."""
+    # Imported here: only a module with a tower in another form needs the fixer and LibCST's
+    # metadata, and `check` of one file must not pay for them.
+    from libcst.metadata import MetadataWrapper, PositionProvider
+
+    from tfmigrate.engine.fixer import apply_edits
+
     module, _ = apply_edits(rule.context.module, [Edit(changes=changes, title="")])
     line = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)[loop].start.line
     config = Config(root=Path.cwd(), select=[rule.code], target=rule.context.target, tower_input=rule.context.tower_input)
