@@ -1256,7 +1256,7 @@ def test_a_tower_loop_in_a_module_level_with_goes_under_the_scope_with_it():
     ast.parse(out)
     assert "with strategy.scope():\n" in out
     scope_at = out.index("with strategy.scope():")
-    assert scope_at < out.index("    with tf.variable_scope(tf.get_variable_scope()):\n        def tower_fn():")
+    assert scope_at < out.index("    with tf.variable_scope(tf.get_variable_scope()):\n        @tf.autograph.experimental.do_not_convert\n        def tower_fn():")
     assert "    sess = tf.Session()" in out  # the statements after it are in the scope too
     assert unsafe_fix(out) == out
 
@@ -1742,3 +1742,43 @@ def test_a_moving_average_the_towers_assign_stays_but_a_stored_value_is_refused(
     getter = HAND_WRITTEN_BATCH_NORM.replace("reuse=i > 0)", "reuse=i > 0, custom_getter=ema_getter)")
     (finding,) = tower_findings(getter)
     assert "a custom getter in the towers sees each replica's own copy" in finding.refusal
+
+
+MODULE_LEVEL_FIRST_TOWER = """\
+import numpy as np
+import tensorflow as tf
+
+x = tf.placeholder(tf.float32, [4, 3])
+xs = tf.split(x, 2)
+opt = tf.train.GradientDescentOptimizer(0.1)
+tower_grads = []
+for i in range(2):
+    with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
+        w = tf.get_variable('w', [3, 1], initializer=tf.ones_initializer())
+        loss = tf.reduce_mean(tf.square(tf.matmul(xs[i], w) - 1.0))
+        if i == 0:
+            first_loss = loss
+        tower_grads.append(opt.compute_gradients(loss))
+train_op = opt.apply_gradients([(tf.add_n([g for g, _ in gv]) / 2, gv[0][1]) for gv in zip(*tower_grads)])
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    batch = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    for _ in range(3):
+        sess.run(train_op, feed_dict={x: batch})
+    print(3, repr([float(sess.run(first_loss, feed_dict={x: batch}))] + sess.run(w).ravel().tolist()))
+"""
+
+
+@pytest.mark.tensorflow
+def test_a_module_level_name_set_by_the_first_tower_only_reaches_the_module(tmp_path):
+    """A module-level script whose first tower sets `first_loss` under `if i == 0:`: the strategy
+    runs the replica function through AutoGraph, whose converted `if` bound the `global` name in
+    a namespace of its own, and the module met a NameError (a sentiment-BiLSTM probe). The
+    function is not converted now."""
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    fixed_text = unsafe_fix(MODULE_LEVEL_FIRST_TOWER)
+    assert "@tf.autograph.experimental.do_not_convert\n    def tower_fn():" in fixed_text
+    outputs = _last_lines_on_two_cpus(tmp_path, MODULE_LEVEL_FIRST_TOWER, fixed_text)
+    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    assert np.allclose(legacy, migrated, rtol=1e-6)

@@ -250,7 +250,7 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     body, rereads = _replica_body(rule, tower, region, update, tf)
     shared, unbound = _shared_names(region, body, update)
     _check_waits(rule, region, set(shared) - update.binds)
-    function = _replica_function(region, step, body, shared)
+    function = _replica_function(region, step, body, shared, tf)
     call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
     replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank),
@@ -1706,15 +1706,22 @@ def _outside_statements(region: _Region) -> list[cst.CSTNode]:
     return [*result, *_outside(region)]
 
 
-def _replica_function(region: _Region, step: str, body, shared: list[str]) -> cst.FunctionDef:
+def _replica_function(region: _Region, step: str, body, shared: list[str], tf: TfNames) -> cst.FunctionDef:
     statements = list(body)
+    decorators = []
     if shared:
         keyword = cst.Global if isinstance(region.owner, cst.Module) else cst.Nonlocal
         declaration = cst.SimpleStatementLine([keyword([cst.NameItem(cst.Name(n)) for n in shared])])
         statements.insert(0, declaration)
+        if keyword is cst.Global:
+            # The strategy runs the function through AutoGraph, whose converted `if` blocks bind
+            # a `global` name in a namespace of their own: `accuracy` set under `if i == 0:` was
+            # never defined for the module (a sentiment-BiLSTM script probe). Graph code written
+            # for TF1 has nothing for AutoGraph to convert.
+            decorators.append(cst.Decorator(cst.parse_expression(tf("tensorflow.autograph.experimental.do_not_convert"))))
     # A comment on the loop's line (`for i in range(n):  # one tower per GPU`) stays on the def's.
     block = cst.IndentedBlock(body=statements, header=region.loop.body.header)
-    return cst.FunctionDef(name=cst.Name(step), params=cst.Parameters(), body=block)
+    return cst.FunctionDef(name=cst.Name(step), params=cst.Parameters(), body=block, decorators=decorators)
 
 
 # --- names ----------------------------------------------------------------------------------
