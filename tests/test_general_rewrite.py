@@ -441,11 +441,21 @@ REGULARIZED = """
     # tf.get_variable's regularization loss is evaluated where it is read: each replica decays its copy.
     ("tf.matmul(parts[i], tf.get_variable('w', [4, 2], regularizer=tf.nn.l2_loss))", False),
     ("slim.fully_connected(parts[i], 2, weights_regularizer=slim.l2_regularizer(1e-4))", False),
-    # A Keras-style layer's is a tensor on the first tower's weights: the other replicas would not decay.
-    ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss)", True),
+    # A Keras-style layer's is a tensor on the first tower's weights: read in each tower's body,
+    # replica 0 counts it once per replica (test_every_tower_adding_every_regularization_term_...);
+    # read in a helper the tower calls, which the rewrite does not change, it is refused.
+    ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss)", False),
+    ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss) + helper_with_the_read()", True),
 ])
 def test_regularization_losses_are_refused_only_where_they_are_fixed_on_the_first_replica(layer, refused):
-    (finding,) = tower_findings(textwrap.dedent(REGULARIZED.replace("LAYER", layer)))
+    program = REGULARIZED.replace("LAYER", layer)
+    if "helper_with_the_read" in layer:
+        program = program.replace(
+            "tf.reduce_mean(logits) + tf.add_n(tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES))",
+            "tf.reduce_mean(logits)").replace(
+            "    def train(", "    def helper_with_the_read():\n"
+            "        return tf.add_n(tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES))\n\n    def train(")
+    (finding,) = tower_findings(textwrap.dedent(program))
     assert finding.fixable is not refused
     if refused:
         assert "makes regularization losses from the first tower's weights only" in finding.refusal
@@ -1563,12 +1573,10 @@ with tf.Session() as sess:
 def test_regularization_read_by_the_towers_scope_is_each_replicas_own():
     """FaceNet style: the weights are made by the first tower with a regularizer, and each tower
     adds `tf.losses.get_regularization_losses(scope)`: only the first tower's loss holds the
-    decay, and so does replica 0's; the summed shares are the legacy average. Read without the
-    scope (each tower adding every term) it stays refused."""
+    decay, and so does replica 0's; the summed shares are the legacy average. (Read without the
+    scope, each tower adding every term: test_every_tower_adding_every_regularization_term_...)"""
     assert "call_for_each_replica" in unsafe_fix(SCOPED_REGULARIZATION)
-    unscoped = SCOPED_REGULARIZATION.replace("get_regularization_losses(scope)", "get_regularization_losses()")
-    (finding,) = tower_findings(unscoped)
-    assert "the loss reads the regularization losses" in finding.refusal
+    assert "regularization_scale" not in unsafe_fix(SCOPED_REGULARIZATION)  # each replica's own: nothing to count
 
 
 @pytest.mark.tensorflow
@@ -1782,3 +1790,40 @@ def test_a_module_level_name_set_by_the_first_tower_only_reaches_the_module(tmp_
     outputs = _last_lines_on_two_cpus(tmp_path, MODULE_LEVEL_FIRST_TOWER, fixed_text)
     legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
     assert np.allclose(legacy, migrated, rtol=1e-6)
+
+
+EVERY_TOWER_REGULARIZATION = SCOPED_REGULARIZATION.replace(
+    "        # only the first tower, which made the weights, has a regularization term\n"
+    "        regularization = tf.losses.get_regularization_losses(scope)\n",
+    "        # every tower adds every term (the first tower's, on the shared weights)\n"
+    "        regularization = tf.losses.get_regularization_losses()\n")
+
+
+def test_every_tower_adding_every_regularization_term_counts_them_per_replica():
+    """ArcFace / DeepLab style: `kernel_regularizer=` on the layers, and each tower adds
+    `tf.losses.get_regularization_losses()`. The terms are tensors on replica 0's copy, so only
+    replica 0's loss reaches them: it counts them once per replica, with the same value."""
+    result = unsafe_fix(EVERY_TOWER_REGULARIZATION)
+    assert "regularization_scale = strategy.num_replicas_in_sync if int(" in result
+    assert ("regularization = [t * regularization_scale - tf.stop_gradient(t) * (regularization_scale - 1) "
+            "for t in tf.losses.get_regularization_losses()]") in result
+    lazy = EVERY_TOWER_REGULARIZATION.replace("name='fc',", "name='fc', bias_regularizer=None,").replace(
+        "x = tf.placeholder", "extra = tf.get_variable('extra', [1], regularizer=tf.nn.l2_loss)\nx = tf.placeholder")
+    (finding,) = tower_findings(lazy)  # both kinds of term: refused
+    assert "the loss reads the regularization losses" in finding.refusal
+
+
+@pytest.mark.tensorflow
+def test_every_tower_adding_every_regularization_term_trains_like_the_original(tmp_path):
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    fixed_text = unsafe_fix(EVERY_TOWER_REGULARIZATION)
+    assert "call_for_each_replica" in fixed_text
+    outputs = _last_lines_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, fixed_text)
+    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)
+    # Without the count per replica (the terms reaching replica 0 once) it trains differently.
+    once = fixed_text.replace("strategy.num_replicas_in_sync if int(", "1 if int(")
+    assert once != fixed_text
+    _, migrated_once = _last_lines_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, once)
+    assert not np.allclose(legacy, np.array(ast.literal_eval(migrated_once.split(" ", 1)[1])), rtol=1e-6)

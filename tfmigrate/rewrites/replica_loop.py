@@ -247,7 +247,7 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     """What takes the loop's place: the replica function and the strategy's call of it."""
     loop = region.loop
     step = _fresh(rule.context.module, "tower_fn", "replica_fn")
-    body, rereads = _replica_body(rule, tower, region, update, tf)
+    body, rereads = _replica_body(rule, tower, region, update, tf, run_by)
     shared, unbound = _shared_names(region, body, update)
     _check_waits(rule, region, set(shared) - update.binds)
     function = _replica_function(region, step, body, shared, tf)
@@ -1303,7 +1303,7 @@ def _regularization_blocker(rule) -> str:
         name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
         if name.endswith("get_total_loss") and (isinstance(node, cst.Attribute) or _one_towers_total(node)):
             continue  # the call is what counts; one tower's total is each replica's own
-        if isinstance(node, cst.Call) and _one_towers_regularization(rule, node):
+        if isinstance(node, cst.Call) and (_one_towers_regularization(rule, node) or _handled_read(rule, node)):
             scoped.append(node)
             continue
         if name.endswith("get_total_loss") or (fixed is not None and (
@@ -1330,6 +1330,12 @@ def _one_towers_total(call: cst.Call) -> bool:
     variables were made), as each replica's would be (verified on a YOLO-style probe: match)."""
     scope = argument(call, ("add_regularization_losses", "name", "scope"), "scope")
     return isinstance(scope, (cst.Name, cst.Attribute))
+
+
+def _handled_read(rule, call: cst.Call) -> bool:
+    """A read of every term in a tower loop's body, which the rewrite counts per replica."""
+    return any(call is read for tower in module_tower_loops(rule.context)
+               for read in _every_towers_regularization(rule, tower.loop))
 
 
 def _one_towers_regularization(rule, call: cst.Call) -> bool:
@@ -1443,9 +1449,10 @@ class _ReplicaBody(cst.CSTTransformer):
     """
 
     def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str], indices: set[str] = frozenset(),
-                 variables: frozenset[int] = frozenset()):
+                 variables: frozenset[int] = frozenset(), regularization: frozenset[int] = frozenset()):
         super().__init__()
         self.scopes, self.changes, self.imports = scopes, changes, imports
+        self.regularization = regularization  # ids of the reads of every term (_every_towers_regularization)
         self.variables = variables  # ids of the `tf.Variable(...)` calls to say `trainable=True` (see _trainable)
         self.tower_scopes = tower_scopes  # the names of the towers' `name_scope(...) as scope`
         self.indices = indices  # the loop's index names
@@ -1459,6 +1466,8 @@ class _ReplicaBody(cst.CSTTransformer):
     def leave_Call(self, original: cst.Call, updated: cst.Call):
         if id(original) in self.variables:
             return _trainable(updated)
+        if id(original) in self.regularization:
+            return _counted_per_replica(updated)
         if not self._tower_collection(original, ("SUMMARIES",)):
             return updated
         self.widened = True
@@ -1512,6 +1521,15 @@ class _ReplicaBody(cst.CSTTransformer):
 _UPDATE_OPS = ("UPDATE_OPS", "UPDATE_OPS_COLLECTION")
 
 
+def _counted_per_replica(read: cst.Call) -> cst.BaseExpression:
+    """A read of the regularization terms, each counted `regularization_scale` times in its gradient."""
+    scale, tf_name = REGULARIZATION_SCALE, code(read.func).split(".", 1)[0]
+    term = f"t * {scale} - {tf_name}.stop_gradient(t) * ({scale} - 1)"
+    if code(read.func).rsplit(".", 1)[-1] == "get_regularization_loss":  # one tensor, not a list
+        return cst.parse_expression(f"(lambda t: {term})({code(read)})")
+    return cst.parse_expression(f"[{term} for t in {code(read)}]")
+
+
 def _every_replica(call: cst.Call) -> cst.Call:
     """`tf.get_collection(KEY, scope)` -> `tf.get_collection(KEY)`."""
     return call.with_changes(args=[call.args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
@@ -1533,7 +1551,7 @@ class _EveryReplica(cst.CSTTransformer):
         return updated.with_changes(leading_lines=[note])
 
 
-def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) -> tuple[list, dict]:
+def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str) -> tuple[list, dict]:
     """The replica function's statements, and the statements that read again after the
     strategy's call what every replica collected (see _ReplicaBody), by the name they bind."""
     loop = region.loop
@@ -1545,12 +1563,55 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames) ->
                     if item.asname is not None and isinstance(item.item, cst.Call)
                     and (rule.imports.resolve(item.item.func) or "").endswith("name_scope")}
     in_body.update({id(s): cst.RemovalSentinel.REMOVE for s in _device_bindings(tower, loop)})
+    reads = frozenset(id(call) for call in _every_towers_regularization(rule, loop))
     replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target),
-                           frozenset(_variable_calls(rule)))
+                           frozenset(_variable_calls(rule)), reads)
     body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf, _targets_read_after(region))
+    if reads:
+        prelude.append(_regularization_scale(tf, run_by))
     return [*prelude, *statements], replica.rereads
+
+
+REGULARIZATION_SCALE = "regularization_scale"
+
+
+def _regularization_scale(tf: TfNames, run_by: str) -> cst.BaseStatement:
+    """`regularization_scale`: the number of replicas in replica 0, 1 in the others (see
+    :func:`_every_towers_regularization`)."""
+    index = REPLICA_INDEX.format(tf=tf_root(tf))
+    line = cst.parse_statement(f"{REGULARIZATION_SCALE} = {run_by}.num_replicas_in_sync if {index} == 0 else 1\n")
+    why = ["The regularization terms are tensors on replica 0's copy of the weights: only replica 0's",
+           "loss reaches them, so it counts them once per replica (their value stays the same)."]
+    return line.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {w}")) for w in why])
+
+
+def _every_towers_regularization(rule, loop: cst.For) -> list[cst.Call]:
+    """Reads of every regularization term in the tower body (`tf.losses.get_regularization_losses()`,
+    `tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES)`, `get_regularization_loss()`), in a
+    module whose terms are Keras-style layer arguments (`kernel_regularizer=`): tensors made
+    once, on replica 0's copy of the weights. Each tower added them all, so the legacy update
+    holds their gradient once; a replica after the first reaches no copy of its own through
+    them, so replica 0's count once per replica, with the same value: `t * n -
+    stop_gradient(t) * (n - 1)`. Terms of `tf.get_variable(regularizer=...)` are read again per
+    replica and need nothing: a module with both kinds stays refused."""
+    if not isinstance(_fixed_regularization(rule), cst.Arg) or _lazy_regularization(rule):
+        return []
+    return [call for call in find(loop.body, cst.Call) if _reads_every_term(rule, call)]
+
+
+def _reads_every_term(rule, call: cst.Call) -> bool:
+    name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
+    if name in ("get_regularization_losses", "get_regularization_loss"):
+        return argument(call, ("scope", "name"), "scope") is None
+    return (name == "get_collection" and len(call.args) == 1 and call.args[0].keyword is None
+            and "REGULARIZATION_LOSSES" in code(call.args[0].value))
+
+
+def _lazy_regularization(rule) -> bool:
+    return any(isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value in _LAZY_REGULARIZERS
+               for node in _module_nodes(rule))
 
 
 def _targets_read_after(region: _Region) -> set[str]:
