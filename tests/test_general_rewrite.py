@@ -1827,3 +1827,42 @@ def test_every_tower_adding_every_regularization_term_trains_like_the_original(t
     assert once != fixed_text
     _, migrated_once = _last_lines_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, once)
     assert not np.allclose(legacy, np.array(ast.literal_eval(migrated_once.split(" ", 1)[1])), rtol=1e-6)
+
+
+REGULARIZATION_AFTER_THE_LOOP = """\
+import numpy as np
+import tensorflow as tf
+
+x = tf.placeholder(tf.float32, [4, 3])
+xs = tf.split(x, 2)
+opt = tf.train.GradientDescentOptimizer(0.5)
+losses = []
+for i in range(2):
+    with tf.device('/gpu:%d' % i):
+        out = tf.layers.dense(xs[i], 1, name='fc', reuse=i > 0, kernel_initializer=tf.ones_initializer(),
+                              kernel_regularizer=lambda w: 0.5 * tf.nn.l2_loss(w))
+        losses.append(tf.reduce_mean(tf.square(out - 1.0)))
+# the weight decay is added once, to the towers' mean
+total_loss = tf.add(tf.add_n(losses) / 2, tf.add_n(tf.losses.get_regularization_losses()))
+train_op = opt.minimize(total_loss)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    batch = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    for _ in range(3):
+        sess.run(train_op, feed_dict={x: batch})
+    print(3, repr(sess.run(tf.trainable_variables()[0]).ravel().tolist()))
+"""
+
+
+@pytest.mark.tensorflow
+def test_regularization_added_once_after_the_loop_trains_like_the_original(tmp_path):
+    """SiamFC style: the terms are added once, after the loop, to the towers' mean loss, and each
+    replica's `minimize` differentiates that total by its own copy: replica 0's reaches the
+    terms once, as the legacy update did (a SiamFC-style probe: match). It was refused."""
+    pytest.importorskip("tensorflow")
+    np = pytest.importorskip("numpy")
+    fixed_text = unsafe_fix(REGULARIZATION_AFTER_THE_LOOP)
+    assert "call_for_each_replica(minimize_share)" in fixed_text and "regularization_scale" not in fixed_text
+    outputs = _last_lines_on_two_cpus(tmp_path, REGULARIZATION_AFTER_THE_LOOP, fixed_text)
+    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)

@@ -1333,9 +1333,23 @@ def _one_towers_total(call: cst.Call) -> bool:
 
 
 def _handled_read(rule, call: cst.Call) -> bool:
-    """A read of every term in a tower loop's body, which the rewrite counts per replica."""
-    return any(call is read for tower in module_tower_loops(rule.context)
-               for read in _every_towers_regularization(rule, tower.loop))
+    """A read of every term in a tower loop's body, which the rewrite counts per replica; or
+    one in the code right after a tower loop (SiamFC: `total = mean(tower losses) + reg`),
+    outside the replicas: each replica's optimizer call differentiates the total by its own copy
+    of the weights, replica 0's reaching the terms once, as the legacy update did."""
+    for tower in module_tower_loops(rule.context):
+        if any(call is read for read in _every_towers_regularization(rule, tower.loop)):
+            return True
+        if _reads_every_term(rule, call) and tower.owner is not None and any(
+                contains(line, call) for line in _following_lines(rule, tower)):
+            return True
+    return False
+
+
+def _following_lines(rule, tower) -> list:
+    """The simple statements after the tower loop, in the blocks up to its function."""
+    return rule.context.memo(("replica_loop.following", id(tower.loop)), lambda: _lines(
+        _region(rule.context, tower.loop, tower.owner, rule.imports).following))
 
 
 def _one_towers_regularization(rule, call: cst.Call) -> bool:
