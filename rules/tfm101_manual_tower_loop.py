@@ -200,13 +200,7 @@ class ManualTowerLoop(Rule):
         # The rewrite is planned once the walk has seen the whole module (it reads the code
         # after the loop too, with the walk's parents).
         for node, tower, group in self._towers:
-            device = describe_device(tower.scopes[0].device, self.context.module)
-            message = (
-                f"tower loop: one model replica per device under `tf.device({device})`"
-                f"{_where_else(self, tower, group)}; "
-                "use tf.distribute.MirroredStrategy, which replicates the model, splits "
-                "the batch and all-reduces the gradients"
-            )
+            message = _message(self, tower.scopes[0].device, _where_else(self, tower, group))
             try:
                 edit = mirrored.plan(self, tower)
                 kept = mirrored.planned(self, tower).split_kept
@@ -217,20 +211,21 @@ class ManualTowerLoop(Rule):
                 message += f" (no automatic fix: {reason})"
             self.report(node, message, edit=edit)
         for form in module_tower_forms(self.context):
-            device = describe_device(form.device, self.context.module)
-            via = ", ".join(f"`{f.name.value}`" for f in form.via)
-            message = (
-                f"tower loop: one model replica per device under `tf.device({device})`"
-                f"{f' (opened in {via}, called once per device)' if via else ''}; "
-                "use tf.distribute.MirroredStrategy, which replicates the model, splits "
-                "the batch and all-reduces the gradients"
-            )
-            message, edit = loop_forms.plan(self, form, message)
+            message, edit = loop_forms.plan(self, form, _message(self, form.device, _where_else(self, form, [])))
             self.report(form.statement, message, edit=edit)
 
 
+def _message(rule: Rule, device: cst.CSTNode, where: str) -> str:
+    return (
+        f"tower loop: one model replica per device under `tf.device({describe_device(device, rule.context.module)})`"
+        f"{where}; use tf.distribute.MirroredStrategy, which replicates the model, splits "
+        "the batch and all-reduces the gradients"
+    )
+
+
 def _where_else(rule: Rule, tower, group) -> str:
-    """Message text for towers opened in a tower function or built over several loops."""
+    """Message text for towers opened in a tower function or built over several loops (a
+    tower loop, or a tower form, which is one statement)."""
     note = ""
     if getattr(tower, "via", None):
         names = ", ".join(f"`{f.name.value}`" for f in tower.via)
