@@ -159,12 +159,17 @@ def concrete_types(types: tuple[type, ...]) -> frozenset[type]:
 def names_used(node: cst.CSTNode, *, keywords: bool = True) -> set[str]:
     """Every plain name read in an expression (attribute names like ``x.gpu`` excluded, and
     with ``keywords=False`` the names of keyword arguments too)."""
-    found: set[str] = set()
+    return {name.value for name in name_reads(node, keywords=keywords)}
+
+
+def name_reads(node: cst.CSTNode, *, keywords: bool = True) -> list[cst.Name]:
+    """The Name nodes behind :func:`names_used` (to replace a name where it is read)."""
+    found: list[cst.Name] = []
     stack = [node]
     while stack:
         current = stack.pop()
         if isinstance(current, cst.Name):
-            found.add(current.value)
+            found.append(current)
         elif isinstance(current, cst.Attribute):
             stack.append(current.value)
         elif not keywords and isinstance(current, cst.Arg):

@@ -69,7 +69,7 @@ from tfmigrate.cst.callargs import argument, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, names_used, single_small, walk,
+    blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower,
@@ -1303,7 +1303,7 @@ def _regularization_blocker(rule) -> str:
         name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
         if name.endswith("get_total_loss") and (isinstance(node, cst.Attribute) or _one_towers_total(node)):
             continue  # the call is what counts; one tower's total is each replica's own
-        if isinstance(node, cst.Call) and (_one_towers_regularization(rule, node) or _handled_read(rule, node)):
+        if isinstance(node, cst.Call) and (_one_towers_regularization(rule, node) or id(node) in _handled_reads(rule)):
             scoped.append(node)
             continue
         if name.endswith("get_total_loss") or (fixed is not None and (
@@ -1332,24 +1332,24 @@ def _one_towers_total(call: cst.Call) -> bool:
     return isinstance(scope, (cst.Name, cst.Attribute))
 
 
-def _handled_read(rule, call: cst.Call) -> bool:
-    """A read of every term in a tower loop's body, which the rewrite counts per replica; or
-    one in the code right after a tower loop (SiamFC: `total = mean(tower losses) + reg`),
-    outside the replicas: each replica's optimizer call differentiates the total by its own copy
-    of the weights, replica 0's reaching the terms once, as the legacy update did."""
-    for tower in module_tower_loops(rule.context):
-        if any(call is read for read in _every_towers_regularization(rule, tower.loop)):
-            return True
-        if _reads_every_term(rule, call) and tower.owner is not None and any(
-                contains(line, call) for line in _following_lines(rule, tower)):
-            return True
-    return False
+def _handled_reads(rule) -> frozenset[int]:
+    """The ids of the reads of every term the rewrite handles, found once per module: those in a
+    tower loop's body, which it counts per replica; and those in the code right after a tower
+    loop (SiamFC: `total = mean(tower losses) + reg`), outside the replicas, where each
+    replica's optimizer call differentiates the total by its own copy of the weights, replica
+    0's reaching the terms once, as the legacy update did."""
 
+    def compute() -> frozenset[int]:
+        found: set[int] = set()
+        for tower in module_tower_loops(rule.context):
+            found |= {id(call) for call in _every_towers_regularization(rule, tower.loop)}
+            if tower.owner is not None:
+                following = _region(rule.context, tower.loop, tower.owner, rule.imports).following
+                found |= {id(call) for call in find(cst.IndentedBlock(body=_lines(following)), cst.Call)
+                          if _reads_every_term(rule, call)}
+        return frozenset(found)
 
-def _following_lines(rule, tower) -> list:
-    """The simple statements after the tower loop, in the blocks up to its function."""
-    return rule.context.memo(("replica_loop.following", id(tower.loop)), lambda: _lines(
-        _region(rule.context, tower.loop, tower.owner, rule.imports).following))
+    return rule.context.memo("replica_loop.handled_reads", compute)
 
 
 def _one_towers_regularization(rule, call: cst.Call) -> bool:
@@ -1358,14 +1358,25 @@ def _one_towers_regularization(rule, call: cst.Call) -> bool:
     value: the terms made under that tower's scope (the first tower's, where the variables were
     made; none for the others), as each replica's are. Replica 0's loss then holds the decay of
     its copy, and the replicas' summed shares are the legacy average (FaceNet-style probe: match)."""
+    read = _regularization_read(rule, call)
+    return read is not None and isinstance(read[1], (cst.Name, cst.Attribute))
+
+
+def _reads_every_term(rule, call: cst.Call) -> bool:
+    """A read of every regularization term: no scope (`get_collection` with its key alone)."""
+    read = _regularization_read(rule, call)
+    return read is not None and read[1] is None and (read[0] != "get_collection" or call.args[0].keyword is None)
+
+
+def _regularization_read(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None] | None:
+    """(The function, the scope argument or None) of a call that reads the regularization
+    terms (`tf.losses.get_regularization_loss(es)`, `tf.get_collection(REGULARIZATION_LOSSES)`)."""
     name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
     if name in ("get_regularization_losses", "get_regularization_loss"):
-        scope = argument(call, ("scope", "name"), "scope")
-    elif name == "get_collection" and call.args and "REGULARIZATION_LOSSES" in code(call.args[0].value):
-        scope = argument(call, ("key", "scope"), "scope")
-    else:
-        return False
-    return isinstance(scope, (cst.Name, cst.Attribute))
+        return name, argument(call, ("scope", "name"), "scope")
+    if name == "get_collection" and call.args and "REGULARIZATION_LOSSES" in code(call.args[0].value):
+        return name, argument(call, ("key", "scope"), "scope")
+    return None
 
 
 def _fixed_regularization(rule) -> cst.CSTNode | None:
@@ -1613,14 +1624,6 @@ def _every_towers_regularization(rule, loop: cst.For) -> list[cst.Call]:
     if not isinstance(_fixed_regularization(rule), cst.Arg) or _lazy_regularization(rule):
         return []
     return [call for call in find(loop.body, cst.Call) if _reads_every_term(rule, call)]
-
-
-def _reads_every_term(rule, call: cst.Call) -> bool:
-    name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
-    if name in ("get_regularization_losses", "get_regularization_loss"):
-        return argument(call, ("scope", "name"), "scope") is None
-    return (name == "get_collection" and len(call.args) == 1 and call.args[0].keyword is None
-            and "REGULARIZATION_LOSSES" in code(call.args[0].value))
 
 
 def _lazy_regularization(rule) -> bool:
@@ -2218,7 +2221,7 @@ def _settings_inlined(rule, region: _Region, devices: str) -> str:
         small = single_small(bindings[0]) if len(bindings) == 1 else None
         if _assigns(small, name) and _plain_setting(small.value) and not names_used(small.value) & bound_in_owner:
             values[name] = small.value
-    reads = {id(node): values[node.value] for node in _free_name_nodes(expression) if node.value in values}
+    reads = {id(node): values[node.value] for node in name_reads(expression) if node.value in values}
     return code(expression.visit(ReplaceById(reads))) if reads else devices
 
 
@@ -2238,20 +2241,6 @@ def _plain_setting(value: cst.BaseExpression) -> bool:
         elif isinstance(node, (cst.Lambda, cst.BaseComp, cst.NamedExpr, cst.Await, cst.Yield)):
             return False
     return True
-
-
-def _free_name_nodes(expression: cst.CSTNode) -> list[cst.Name]:
-    """The Name nodes of the names an expression reads (not attribute names)."""
-    found, stack = [], [expression]
-    while stack:
-        node = stack.pop()
-        if type(node) is cst.Name:
-            found.append(node)
-        elif type(node) is cst.Attribute:
-            stack.append(node.value)
-        else:
-            stack.extend(children(node))
-    return found
 
 
 def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, prelude: list, block: list) -> None:
