@@ -1061,6 +1061,15 @@ def _last_lines_on_two_cpus(tmp_path, legacy_program: str, fixed_text: str) -> l
     return outputs
 
 
+
+def _values_on_two_cpus(tmp_path, legacy_program: str, fixed_text: str):
+    """The values each program prints last (after its step count), as arrays: (legacy, migrated)."""
+    import numpy as np
+
+    return tuple(np.array(ast.literal_eval(out.split(" ", 1)[1]))
+                 for out in _last_lines_on_two_cpus(tmp_path, legacy_program, fixed_text))
+
+
 CLIPPED_UPDATE = (
     "        self.train_op = self.opt.apply_gradients(grads, global_step=self.global_step)\n",
     "        clipped, _ = tf.clip_by_global_norm([g for g, _ in grads], 1e3)\n"
@@ -1538,8 +1547,7 @@ def test_two_losses_minimised_after_the_loop_both_run_per_replica():
 def test_two_losses_minimised_after_the_loop_train_like_the_original(tmp_path):
     pytest.importorskip("tensorflow")
     np = pytest.importorskip("numpy")
-    outputs = _last_lines_on_two_cpus(tmp_path, TWO_MINIMIZED_LOSSES, unsafe_fix(TWO_MINIMIZED_LOSSES))
-    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    legacy, migrated = _values_on_two_cpus(tmp_path, TWO_MINIMIZED_LOSSES, unsafe_fix(TWO_MINIMIZED_LOSSES))
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy[:9], 0.1)
 
 
@@ -1583,8 +1591,7 @@ def test_regularization_read_by_the_towers_scope_is_each_replicas_own():
 def test_regularization_read_by_the_towers_scope_trains_like_the_original(tmp_path):
     pytest.importorskip("tensorflow")
     np = pytest.importorskip("numpy")
-    outputs = _last_lines_on_two_cpus(tmp_path, SCOPED_REGULARIZATION, unsafe_fix(SCOPED_REGULARIZATION))
-    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    legacy, migrated = _values_on_two_cpus(tmp_path, SCOPED_REGULARIZATION, unsafe_fix(SCOPED_REGULARIZATION))
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)
 
 
@@ -1787,8 +1794,7 @@ def test_a_module_level_name_set_by_the_first_tower_only_reaches_the_module(tmp_
     np = pytest.importorskip("numpy")
     fixed_text = unsafe_fix(MODULE_LEVEL_FIRST_TOWER)
     assert "@tf.autograph.experimental.do_not_convert\n    def tower_fn():" in fixed_text
-    outputs = _last_lines_on_two_cpus(tmp_path, MODULE_LEVEL_FIRST_TOWER, fixed_text)
-    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    legacy, migrated = _values_on_two_cpus(tmp_path, MODULE_LEVEL_FIRST_TOWER, fixed_text)
     assert np.allclose(legacy, migrated, rtol=1e-6)
 
 
@@ -1819,39 +1825,31 @@ def test_every_tower_adding_every_regularization_term_trains_like_the_original(t
     np = pytest.importorskip("numpy")
     fixed_text = unsafe_fix(EVERY_TOWER_REGULARIZATION)
     assert "call_for_each_replica" in fixed_text
-    outputs = _last_lines_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, fixed_text)
-    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    legacy, migrated = _values_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, fixed_text)
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)
     # Without the count per replica (the terms reaching replica 0 once) it trains differently.
     once = fixed_text.replace("strategy.num_replicas_in_sync if int(", "1 if int(")
     assert once != fixed_text
-    _, migrated_once = _last_lines_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, once)
-    assert not np.allclose(legacy, np.array(ast.literal_eval(migrated_once.split(" ", 1)[1])), rtol=1e-6)
+    _, migrated_once = _values_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, once)
+    assert not np.allclose(legacy, migrated_once, rtol=1e-6)
 
 
-REGULARIZATION_AFTER_THE_LOOP = """\
-import numpy as np
-import tensorflow as tf
-
-x = tf.placeholder(tf.float32, [4, 3])
-xs = tf.split(x, 2)
-opt = tf.train.GradientDescentOptimizer(0.5)
-losses = []
-for i in range(2):
-    with tf.device('/gpu:%d' % i):
-        out = tf.layers.dense(xs[i], 1, name='fc', reuse=i > 0, kernel_initializer=tf.ones_initializer(),
-                              kernel_regularizer=lambda w: 0.5 * tf.nn.l2_loss(w))
-        losses.append(tf.reduce_mean(tf.square(out - 1.0)))
+REGULARIZATION_AFTER_THE_LOOP = replaced(
+    SCOPED_REGULARIZATION,
+    ("tower_grads = []", "losses = []"),
+    (", tf.name_scope('tower_%d' % i) as scope:", ":"),
+    ("""        # only the first tower, which made the weights, has a regularization term
+        regularization = tf.losses.get_regularization_losses(scope)
+        loss = tf.add_n([tf.reduce_mean(tf.square(out - 1.0))] + regularization)
+        tower_grads.append(opt.compute_gradients(loss))
+grads = [(tf.add_n([g for g, _ in gv]) / 2, gv[0][1]) for gv in zip(*tower_grads)]
+train_op = opt.apply_gradients(grads)
+""", """        losses.append(tf.reduce_mean(tf.square(out - 1.0)))
 # the weight decay is added once, to the towers' mean
 total_loss = tf.add(tf.add_n(losses) / 2, tf.add_n(tf.losses.get_regularization_losses()))
 train_op = opt.minimize(total_loss)
-with tf.Session() as sess:
-    sess.run(tf.global_variables_initializer())
-    batch = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
-    for _ in range(3):
-        sess.run(train_op, feed_dict={x: batch})
-    print(3, repr(sess.run(tf.trainable_variables()[0]).ravel().tolist()))
-"""
+"""),
+)
 
 
 @pytest.mark.tensorflow
@@ -1863,6 +1861,5 @@ def test_regularization_added_once_after_the_loop_trains_like_the_original(tmp_p
     np = pytest.importorskip("numpy")
     fixed_text = unsafe_fix(REGULARIZATION_AFTER_THE_LOOP)
     assert "call_for_each_replica(minimize_share)" in fixed_text and "regularization_scale" not in fixed_text
-    outputs = _last_lines_on_two_cpus(tmp_path, REGULARIZATION_AFTER_THE_LOOP, fixed_text)
-    legacy, migrated = (np.array(ast.literal_eval(out.split(" ", 1)[1])) for out in outputs)
+    legacy, migrated = _values_on_two_cpus(tmp_path, REGULARIZATION_AFTER_THE_LOOP, fixed_text)
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)
