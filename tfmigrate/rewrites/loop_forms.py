@@ -27,6 +27,7 @@ from pathlib import Path
 import libcst as cst
 
 from tfmigrate.analysis.tower_forms import TowerForm, counter_of
+from tfmigrate.cst.callargs import is_zero
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import children, free_names, fresh_name, module_parents, names_used, single_small, walk
 from tfmigrate.engine.config import Config
@@ -130,8 +131,7 @@ def _start(rule, loop: cst.While, counter: str) -> cst.BaseStatement | None:
             if counter in names_used(statement):
                 small = single_small(statement)
                 starts = (isinstance(small, cst.Assign) and len(small.targets) == 1
-                          and code(small.targets[0].target) == counter
-                          and isinstance(small.value, cst.Integer) and int(small.value.value, 0) == 0)
+                          and code(small.targets[0].target) == counter and is_zero(small.value))
                 return statement if starts else None
     return None
 
