@@ -83,6 +83,19 @@ class PerDevicePlumbing(Rule):
             """,
             line=3,
         ),
+        Invalid(
+            # A scope of the harness's own around the apply (tensorpack's replicated trainer):
+            # what opens the `with` block is not the loop's work.
+            """\
+            import tensorflow as tf
+            train_ops = []
+            for idx, grad_and_vars in enumerate(grads):
+                with tf.device(raw_devices[idx]):
+                    with override_to_local_variable(enable=idx > 0):
+                        train_ops.append(opt.apply_gradients(grad_and_vars, name='apply_grad_{}'.format(idx)))
+            """,
+            line=3,
+        ),
     ]
 
     def leave_Module(self, original_node: cst.Module) -> None:

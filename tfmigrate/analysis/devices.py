@@ -428,6 +428,7 @@ def classified_loops(module: cst.Module, imports: ImportTable, text: str | None 
 _PLUMBING_METHODS = {
     "apply_gradients", "assign", "assign_add", "assign_sub", "put", "get", "enqueue", "enqueue_many",
     "dequeue", "dequeue_many", "dequeue_up_to", "close", "size", "append", "extend", "get_shape", "as_list",
+    "format",  # an op's name: `name='apply_grad_{}'.format(idx)`
 }
 _PLUMBING_FUNCTIONS = {
     "identity", "concat", "split", "reshape", "group", "stack", "unstack", "tuple", "no_op", "add_n",
@@ -440,11 +441,17 @@ _PLUMBING_FUNCTIONS = {
 def is_plumbing(loop: cst.For, imports: ImportTable) -> bool:
     """Whether a per-device loop only moves data or updates between devices (a harness's
     per-device `apply_gradients`, queues or staging areas made per GPU, gradient packing)
-    instead of building a model replica: every call in it is such a step, and there is one."""
+    instead of building a model replica: every call in it is such a step, and there is one.
+    The calls that open a `with` block are its scopes (tensorpack's
+    `override_to_local_variable(enable=idx > 0)` around a per-device `apply_gradients`), not
+    its work, so they decide nothing."""
     calls = [n for n in walk(loop.body) if isinstance(n, cst.Call)]
     if not calls or any(isinstance(n, (cst.FunctionDef, cst.Lambda)) for n in walk(loop.body)):
         return False
+    scopes = {id(n) for item in find(loop.body, cst.WithItem) if not _opens_device(item, imports) for n in walk(item)}
     for call in calls:
+        if id(call) in scopes:
+            continue
         func = call.func
         if isinstance(func, cst.Attribute) and func.attr.value in _PLUMBING_METHODS:
             continue
@@ -453,6 +460,11 @@ def is_plumbing(loop: cst.For, imports: ImportTable) -> bool:
         if name not in _PLUMBING_FUNCTIONS:
             return False
     return True
+
+
+def _opens_device(item: cst.WithItem, imports: ImportTable) -> bool:
+    call = item.item
+    return isinstance(call, cst.Call) and (imports.resolve(call.func) or "").endswith(".device")
 
 
 def _add_tower_function_loops(walked: ModuleWalk, imports: ImportTable, towers: dict[int, TowerLoop], derived) -> None:
