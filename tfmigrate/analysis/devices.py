@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from tfmigrate.cst.callargs import callee_name
 from tfmigrate.cst.names import ImportTable
 from tfmigrate.cst.traversal import children, contains, events, find, identifiers, names_used, string_parts, walk
 
@@ -301,11 +302,9 @@ def _device_withs(module: cst.Module, imports: ImportTable, may_list_devices: bo
                 if not walked.scoped_functions or walked.scoped_functions[-1] is not owners[-1]:
                     walked.scoped_functions.append(owners[-1])
         elif kind is cst.Call and loops[-1] and node.args:
-            func = node.func
-            if isinstance(func, cst.Name):
-                walked.loop_calls.append((node, func.value, list(loops[-1])))
-            elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
-                walked.loop_calls.append((node, func.attr.value, list(loops[-1])))
+            name = callee_name(node)
+            if name is not None:
+                walked.loop_calls.append((node, name, list(loops[-1])))
         elif kind is cst.Assign and may_list_devices and _calls_device_listing(node.value, imports):
             for target in node.targets:
                 walked.listing_names |= names_used(target.target)

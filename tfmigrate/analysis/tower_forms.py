@@ -21,6 +21,7 @@ from tfmigrate.analysis.devices import (
     derived_names, device_scopes, enclosing_tower, is_plumbing, looks_per_device, mentions_gpu,
     mentions_only_cpu, module_walk, tower_function,
 )
+from tfmigrate.cst.callargs import callee_name
 from tfmigrate.cst.traversal import find, module_parents, names_used, walk
 
 
@@ -103,12 +104,7 @@ def _increments(loop: cst.While, counter: str) -> bool:
 
 
 def _called_tower(call: cst.Call, tower_functions):
-    func = call.func
-    if isinstance(func, cst.Name):
-        return tower_functions.get(func.value)
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in ("self", "cls"):
-        return tower_functions.get(func.attr.value)
-    return None
+    return tower_functions.get(callee_name(call) or "")
 
 
 def _comprehension_towers(context, tower_functions) -> list[TowerForm]:

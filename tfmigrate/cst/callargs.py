@@ -81,3 +81,14 @@ def split_arguments(call: cst.Call) -> tuple[cst.BaseExpression | None, ...]:
 
 def is_zero(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Integer) and node.evaluated_value == 0
+
+
+def callee_name(call: cst.Call, receivers: Sequence[str] = ("self", "cls"), plain: bool = True) -> str | None:
+    """The name of the module function or own method a call runs: `f` of `f(...)` (unless not
+    ``plain``) and of `self.f(...)` or `cls.f(...)` (``receivers`` says which), else None."""
+    func = call.func
+    if isinstance(func, cst.Name):
+        return func.value if plain else None
+    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in receivers:
+        return func.attr.value
+    return None

@@ -19,7 +19,7 @@ import libcst as cst
 
 from tfmigrate.cst.traversal import find, free_names
 
-__all__ = ["reads_first"]
+__all__ = ["first_reader", "reads_first"]
 
 
 def reads_first(statements: Iterable[cst.CSTNode], names: set[str]) -> set[str]:
@@ -27,6 +27,20 @@ def reads_first(statements: Iterable[cst.CSTNode], names: set[str]) -> set[str]:
     read: set[str] = set()
     _scan(list(statements), set(names), read)
     return read
+
+
+def first_reader(statements: Iterable[cst.CSTNode], pending: set[str]) -> cst.CSTNode | None:
+    """The first of ``statements`` that reads one of the ``pending`` names before binding it
+    again, else None. ``pending`` loses the names they bind first, so that a caller can go on
+    with the statements after the block around them."""
+    for statement in statements:
+        if not pending:
+            return None
+        read: set[str] = set()
+        _statement(statement, pending, read)
+        if read:
+            return statement
+    return None
 
 
 def _scan(statements: Sequence[cst.CSTNode], pending: set[str], read: set[str]) -> None:

@@ -29,7 +29,8 @@ import libcst as cst
 from tfmigrate.analysis.tower_forms import TowerForm, counter_of
 from tfmigrate.cst.callargs import is_zero
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import children, free_names, fresh_name, module_parents, names_used, single_small, walk
+from tfmigrate.cst.flow import first_reader
+from tfmigrate.cst.traversal import children, fresh_name, module_parents, names_used, single_small, walk
 from tfmigrate.engine.config import Config
 from tfmigrate.engine.runner import analyze_module
 from tfmigrate.rewrites.refusal import Refused
@@ -195,26 +196,12 @@ def _place(rule, statement: cst.BaseStatement):
 def _read_after(rule, statement: cst.BaseStatement, names: set[str]) -> cst.CSTNode | None:
     """The first statement after ``statement`` (in its block, then in the blocks around it up
     to its function) that reads one of ``names`` before binding it again, else None."""
-    names = set(names)
+    pending = set(names)
     for block, index in _blocks_around(rule, statement):
-        for following in block[index + 1:]:
-            used = free_names(following) & names
-            if used - _rebinds(following):
-                return following
-            names -= used
-            if not names:
-                return None
+        reader = first_reader(block[index + 1:], pending)
+        if reader is not None or not pending:
+            return reader
     return None
-
-
-def _rebinds(statement: cst.CSTNode) -> set[str]:
-    """Names ``statement`` binds without reading them first (`i = 0`, `for i in ...`)."""
-    small = single_small(statement)
-    if isinstance(small, cst.Assign):
-        return set().union(*(names_used(t.target) for t in small.targets)) - names_used(small.value)
-    if isinstance(statement, cst.For):
-        return names_used(statement.target) - names_used(statement.iter)
-    return set()
 
 
 def _line(rule, node: cst.CSTNode) -> int:

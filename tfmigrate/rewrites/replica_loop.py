@@ -65,7 +65,7 @@ from tfmigrate.analysis.devices import (
     DEVICE_SPECS, computes_gradients, device_scope_arg, is_device_function, module_tower_loops, ops_device, tower_group,
 )
 from tfmigrate.analysis.tower_forms import module_tower_forms
-from tfmigrate.cst.callargs import argument, split_arguments
+from tfmigrate.cst.callargs import argument, callee_name, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
@@ -922,17 +922,13 @@ def _method_caller(rule, region: _Region) -> _Region | None:
     return found if found.reaches else None
 
 
+def _self_method(call: cst.Call) -> str | None:
+    return callee_name(call, receivers=("self",), plain=False)
+
+
 def _first_parameter(function: cst.FunctionDef) -> str | None:
     params = function.params.params
     return params[0].name.value if params else None
-
-
-def _self_method(call: cst.Call) -> str | None:
-    """`m` of a call `self.m(...)`."""
-    func = call.func
-    if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value == "self":
-        return func.attr.value
-    return None
 
 
 def _caller_update(rule, region: _Region, caller: _Region, strategy: str, tf: TfNames) -> _Update:
