@@ -1728,6 +1728,29 @@ def test_a_variable_set_with_load_is_refused():
     assert finding.refusal.startswith("line 12: `kl_weight.load(...)` sets a variable by `Variable.load`")
 
 
+def test_a_variable_found_in_a_collection_and_loaded_in_the_session_is_refused():
+    """A distillation-style teacher kernel picked from `tf.global_variables('teacher')` and set
+    with `kernel.load(w, sess)`: the same MirroredVariable, whatever found it (a probe in that
+    style failed with IndexError). `np.load(path)`, with no session, is no such load."""
+    (finding,) = tower_findings("""
+        import numpy as np
+        import tensorflow as tf
+        def main(xs, n):
+            opt = tf.train.GradientDescentOptimizer(0.1)
+            losses = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(tf.reduce_mean(student(xs[i]) - tf.stop_gradient(teacher(xs[i]))))
+            train_op = opt.minimize(tf.add_n(losses) / n)
+            sess = tf.Session()
+            w = np.load('teacher.npy')
+            kernel = [v for v in tf.global_variables('teacher') if v.name == 'teacher/kernel:0'][0]
+            kernel.load(w, sess)
+            sess.run(train_op)
+    """)
+    assert finding.refusal.startswith("line 13: `kernel.load(...)` sets a variable by `Variable.load`")
+
+
 HAND_WRITTEN_BATCH_NORM = """
     import tensorflow as tf
     def batch_norm(x, decay=0.9):

@@ -55,8 +55,8 @@ the meaning cannot be kept.
 
 from __future__ import annotations
 
+import re
 import textwrap
-
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -1221,10 +1221,19 @@ def _loaded_variable(rule) -> cst.Call | None:
     made = {code(target.target) for node in find(rule.context.module, cst.Assign)
             if isinstance(node.value, cst.Call) and rule.imports.resolve(node.value.func) in _VARIABLE_MAKERS
             for target in node.targets}
-    return next((call for call in loads if code(call.func.value) in made), None)
+    return next((call for call in loads if code(call.func.value) in made or _loads_in_session(call)), None)
 
 
 _VARIABLE_MAKERS = {"tensorflow.Variable", "tensorflow.get_variable"}
+_SESSION_NAME = re.compile(r"(^|\.)_?(sess|session)$", re.IGNORECASE)
+
+
+def _loads_in_session(call: cst.Call) -> bool:
+    """`kernel.load(w, sess)`: a load into a session is `Variable.load`, whatever the variable
+    was found by (a distillation teacher's kernel picked from `tf.global_variables('teacher')`);
+    `np.load(path)` and `json.load(f)` take no session."""
+    session = argument(call, ("value", "session"), "session")
+    return session is not None and bool(_SESSION_NAME.search(code(session)))
 
 
 def _global_steps_outside(rule, region: _Region, statements) -> list[tuple[cst.BaseStatement, cst.Arg]]:
