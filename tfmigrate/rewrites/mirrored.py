@@ -204,15 +204,17 @@ def averages(node: cst.CSTNode, imports) -> bool | None:
     return None
 
 
-def averaging_helper(helper: str, module: cst.Module, imports) -> tuple[cst.FunctionDef, bool]:
-    """The module-level def of the averaging helper, and whether it averages (else sums)."""
-    for statement in module.body:
+def averaging_helper(helper: str, module: cst.Module, imports, within: cst.ClassDef | None = None) -> tuple[cst.FunctionDef, bool]:
+    """The def of the averaging helper, and whether it averages (else sums): a module function,
+    or a method of the class ``within`` (`self.average_gradients(tower_grads)`)."""
+    for statement in (module.body if within is None else within.body.body):
         if isinstance(statement, cst.FunctionDef) and statement.name.value == helper:
             verdict = averages(statement, imports)
             if verdict is None:
                 raise Refused(f"cannot tell whether `{helper}` averages or sums the tower gradients")
             return statement, verdict
-    raise Refused(f"`{helper}` is not defined in this module, so whether it averages or sums is unknown")
+    where = "this module" if within is None else f"class `{within.name.value}`"
+    raise Refused(f"`{helper}` is not defined in {where}, so whether it averages or sums is unknown")
 
 
 def is_variable_scope_wrapper(statement: cst.CSTNode, imports) -> bool:
@@ -421,12 +423,12 @@ def _check_sibling_methods(rule, tower) -> None:
     one loop rewritten alone reads tensors built outside its strategy (the rewrite crashed on
     "destinations must be one of a DistributedValues object")."""
     parents = module_parents(rule.context)
-    home = _enclosing_class(tower.loop, parents)
+    home = enclosing_class(tower.loop, parents)
     if home is None:
         return
     reads = {code(node) for node in find(tower.loop.body, cst.Attribute)}
     for other in module_tower_loops(rule.context):
-        if other is tower or _enclosing_class(other.loop, parents) is not home:
+        if other is tower or enclosing_class(other.loop, parents) is not home:
             continue
         shared = sorted(reads & _self_results(other.loop))
         if shared:
@@ -436,7 +438,7 @@ def _check_sibling_methods(rule, tower) -> None:
                           "build them in one loop first")
 
 
-def _enclosing_class(node: cst.CSTNode, parents: dict) -> cst.ClassDef | None:
+def enclosing_class(node: cst.CSTNode, parents: dict) -> cst.ClassDef | None:
     while id(node) in parents:
         node = parents[id(node)]
         if isinstance(node, cst.ClassDef):

@@ -72,7 +72,7 @@ from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower,
+    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, enclosing_class,
     comment_lines, device_helpers, devices_argument, is_reuse_statement, method_call, place_scope,
     references, strategy_scope_owner, tf_root,
 )
@@ -566,21 +566,20 @@ class _Average:
 def _find_average(rule, region: _Region, tower_list: str) -> _Average:
     """`grads = helper(tower_grads)`, `grads = [<mean of each variable's gradients>]`, a loop
     over `zip(*tower_grads)` appending to a list, or `opt.apply_gradients(helper(tower_grads))`."""
-    module, imports = rule.context.module, rule.imports
     for at, statement in enumerate(region.following):
         if not _mentions(statement, tower_list):
             continue
         for call in find(statement, cst.Call):
             if method_call(call, "apply_gradients") and call.args and _is_helper_call(call.args[0].value, tower_list):
                 helper = code(call.args[0].value.func)
-                return _Average(statement, code(call.args[0].value), averaging_helper(helper, module, imports)[1],
+                return _Average(statement, code(call.args[0].value), _helper_averages(rule, region, call.args[0].value),
                                 inline=True, helper=helper)
         small = single_small(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, (cst.Name, cst.Attribute)):
             target = code(small.targets[0].target)
             if _is_helper_call(small.value, tower_list):
                 helper = code(small.value.func)
-                return _Average(statement, target, averaging_helper(helper, module, imports)[1], helper=helper)
+                return _Average(statement, target, _helper_averages(rule, region, small.value), helper=helper)
             return _Average(statement, target, _verdict(rule, statement, tower_list))
         if any(_mentions(r, tower_list) for r in find(statement, cst.Return)):
             raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is returned to the caller, which applies "
@@ -609,8 +608,19 @@ def _verdict(rule, statement: cst.CSTNode, tower_list: str) -> bool:
 
 
 def _is_helper_call(node: cst.CSTNode, tower_list: str) -> bool:
-    return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and len(node.args) == 1
+    """`helper(tower_grads)` or `self.helper(tower_grads)` (a trainer's own averaging method)."""
+    return (isinstance(node, cst.Call) and callee_name(node) is not None and len(node.args) == 1
             and code(node.args[0].value) == tower_list)
+
+
+def _helper_averages(rule, region: _Region, call: cst.Call) -> bool:
+    """Whether the helper ``call`` runs averages (else sums): a module function, or a method of
+    the class around the tower loop."""
+    within = enclosing_class(region.loop, region.parents) if isinstance(call.func, cst.Attribute) else None
+    if isinstance(call.func, cst.Attribute) and within is None:
+        raise Refused(f"`{code(call.func)}` is a method of no class around the tower loop, so whether it "
+                      "averages or sums is unknown")
+    return averaging_helper(callee_name(call), rule.context.module, rule.imports, within)[1]
 
 
 def _find_call(rule, region: _Region, statements, method: str, argument: str, what: str):
@@ -619,7 +629,8 @@ def _find_call(rule, region: _Region, statements, method: str, argument: str, wh
     for statement in statements:
         for call in find(statement, cst.Call):
             if method_call(call, method) and call.args and _receives(call.args[0].value, argument):
-                if not any(s is statement for s in region.following) or not isinstance(statement, cst.SimpleStatementLine):
+                if not any(s is statement for s in region.following) or not (
+                        isinstance(statement, cst.SimpleStatementLine) or _dependency_block(rule, statement, call)):
                     raise Refused(f"line {_line(rule, statement)}: `{method}` is inside a block after the loop")
                 return statement, call
         if "." not in argument and argument in _bound_names(statement):
@@ -630,6 +641,22 @@ def _find_call(rule, region: _Region, statements, method: str, argument: str, wh
         raise Refused(f"line {_line(rule, reader)}: `{argument}` goes through other code before `{method}` "
                       f"(a clip?): a replica can only {method.split('_')[0]} its own share of the unchanged value")
     raise Refused(f"no `<optimizer>.{method}({argument}, ...)` after the loop for `{what}`")
+
+
+def _dependency_block(rule, statement: cst.CSTNode, call: cst.Call) -> bool:
+    """`with tf.control_dependencies(update_ops): train_op = opt.apply_gradients(...)` and no
+    more in the block (batch-norm updates before the step): the block moves with the call."""
+    if not (isinstance(statement, cst.With) and isinstance(statement.body, cst.IndentedBlock)
+            and len(statement.body.body) == 1):
+        return False
+    if not all(isinstance(item.item, cst.Call) and item.asname is None
+               and rule.imports.resolve(item.item.func) in _CONTROL_DEPENDENCIES for item in statement.items):
+        return False
+    small = single_small(statement.body.body[0])
+    return isinstance(small, (cst.Assign, cst.Expr)) and small.value is call
+
+
+_CONTROL_DEPENDENCIES = {"tensorflow.control_dependencies", "tensorflow.compat.v1.control_dependencies"}
 
 
 def _receives(node: cst.CSTNode, argument: str) -> bool:
@@ -645,6 +672,8 @@ def _receives(node: cst.CSTNode, argument: str) -> bool:
 def _check_available(rule, region: _Region, call: cst.Call, upto, skip) -> None:
     """The moved update runs inside the replica function: what it reads must exist by then."""
     read = names_used(call.func) | set().union(*(names_used(a.value) for a in call.args[1:]))
+    if isinstance(upto, cst.With):  # the control dependencies move with it
+        read |= set().union(*(names_used(item.item) for item in upto.items))
     before = region.following[:_index(region.following, upto)]
     late = sorted(read & set().union(*(_bound_names(s) for s in before)) - {skip})
     if late:
@@ -669,6 +698,10 @@ class _ReplaceCode(cst.CSTTransformer):
 def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument, default_name: str):
     """The update call with its first argument replaced (code or an expression), as a statement
     for the replica function; and what becomes of its statement after the loop."""
+    if isinstance(statement, cst.With):  # the control dependencies around the call move with it
+        moved, binds, _ = _move_call(rule, region, statement.body.body[0], call, first_argument, default_name)
+        block = statement.with_changes(body=statement.body.with_changes(body=moved), leading_lines=comment_lines(statement))
+        return [block], binds, {id(statement): cst.RemovalSentinel.REMOVE}
     if isinstance(first_argument, str):
         first_argument = cst.parse_expression(first_argument)
     new_call = call.with_changes(args=[call.args[0].with_changes(value=first_argument), *call.args[1:]])
@@ -783,7 +816,8 @@ def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
 
 def _steps_left_behind(region: _Region, update: _Update) -> bool:
     """Whether an optimizer step after the loop lies in nothing ``update`` moves or changes."""
-    for line in _lines(region.following):
+    kept = [statement for statement in region.following if id(statement) not in update.changes]
+    for line in _lines(kept):
         changed = [node for node in walk(line) if id(node) in update.changes]
         for call in find(line, cst.Call):
             if _optimizer_step(call) and not any(contains(node, call) for node in changed):
@@ -1253,7 +1287,8 @@ def _increment_global_step_once(rule, region: _Region, update: _Update, tf: TfNa
     the scope: the replicas update without it, and once they have, the step is incremented once
     in its place (the replicas cannot update a variable that is not mirrored; checked on TF 2.21)."""
     for statement, arg in _global_steps_outside(rule, region, update.statements):
-        small = single_small(statement)
+        # The update's assignment, or that in the `with tf.control_dependencies(...)` it moved in.
+        small = single_small(statement.body.body[0] if isinstance(statement, cst.With) else statement)
         if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
             continue  # no handle on the update to order the increment after: refused
         call = next(c for c in find(statement, cst.Call) if any(a is arg for a in c.args))
