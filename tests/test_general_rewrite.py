@@ -1886,3 +1886,34 @@ def test_regularization_added_once_after_the_loop_trains_like_the_original(tmp_p
     assert "call_for_each_replica(minimize_share)" in fixed_text and "regularization_scale" not in fixed_text
     legacy, migrated = _values_on_two_cpus(tmp_path, REGULARIZATION_AFTER_THE_LOOP, fixed_text)
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)
+
+
+def test_a_global_device_list_set_from_flags_moves_up_with_its_declaration():
+    """DeepSpeech (2017) sets `global available_devices` from `FLAGS.num_gpus` in `train()`, and
+    the tower function returns its lists to `train()`: the device list moves above the strategy
+    with its `global` declaration (it was refused as "TensorFlow code in the graph", since
+    `FLAGS` is `tf.app.flags.FLAGS`; moved without the declaration it would not compile)."""
+    result = fixed("""
+        import tensorflow as tf
+        FLAGS = tf.app.flags.FLAGS
+        available_devices = []
+        def get_tower_results(iterator, optimizer):
+            tower_gradients = []
+            for i in range(len(available_devices)):
+                with tf.device(available_devices[i]):
+                    loss = model(iterator.get_next())
+                    tower_gradients.append(optimizer.compute_gradients(loss))
+            return tower_gradients
+        def train():
+            global available_devices
+            available_devices = ['/gpu:%d' % i for i in range(FLAGS.num_gpus)]
+            tf.set_random_seed(FLAGS.random_seed)
+            optimizer = tf.train.AdamOptimizer(1e-3)
+            tower_gradients = get_tower_results(make_iterator(), optimizer)
+            train_op = optimizer.apply_gradients(average_gradients(tower_gradients))
+            return train_op
+    """)
+    body = result[result.index("def train():"):]
+    assert body.index("global available_devices") < body.index("available_devices = [") < body.index(
+        "strategy = tf.distribute.MirroredStrategy(devices=available_devices)") < body.index("with strategy.scope():")
+    assert body.count("global available_devices") == 1

@@ -2211,7 +2211,18 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
         needed |= free_names(statement) - {"self"}
         needed_attributes |= _self_attributes(statement)
     _check_bound_before(rule, owner, create, prelude, block)
-    return prelude
+    return _declarations(prelude, block) + prelude
+
+
+def _declarations(prelude: list[cst.BaseStatement], block) -> list[cst.BaseStatement]:
+    """The `global`/`nonlocal` statements of ``block`` for names ``prelude`` binds (DeepSpeech's
+    `global available_devices` above the device list): they move up first, as Python wants a
+    declaration before any use of the name."""
+    bound = set().union(set(), *(_bound_names(statement) for statement in prelude))
+    moved = {id(statement) for statement in prelude}
+    return [statement for statement in block if id(statement) not in moved
+            and isinstance(single_small(statement), (cst.Global, cst.Nonlocal))
+            and {item.name.value for item in single_small(statement).names} & bound]
 
 
 def _self_attributes(node: cst.CSTNode) -> set[str]:
@@ -2232,7 +2243,11 @@ def _call_for_effect(statement: cst.CSTNode) -> bool:
 # device list made with them can be worked out above the strategy.
 _DEVICE_QUERIES = ("tensorflow.python.client.device_lib", "tensorflow.config", "tensorflow.test.is_gpu_available",
                    "tensorflow.test.gpu_device_name", "tensorflow.test.is_built_with_cuda", "tensorflow.logging",
-                   "tensorflow.compat.v1.logging", "tensorflow.get_logger")
+                   "tensorflow.compat.v1.logging", "tensorflow.get_logger",
+                   # Command-line settings (`FLAGS = tf.app.flags.FLAGS`; DeepSpeech's device list
+                   # from `FLAGS.num_gpus`) build nothing in a graph either.
+                   "tensorflow.app.flags", "tensorflow.flags", "tensorflow.compat.v1.app.flags",
+                   "tensorflow.compat.v1.flags")
 
 
 def _builds_graph(rule, node: cst.CSTNode) -> bool:
