@@ -34,7 +34,7 @@ REWRITTEN = [
     "general_device_setter_split", "general_tower_class", "general_tower_function", "general_zip_split_pieces",
     "general_monitored_session", "general_first_tower_var_list", "general_accumulated_gradients",
     "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices", "general_trainer_sibling_methods",
-    "general_trainer_static_average", "general_global_flag_devices",
+    "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -45,9 +45,7 @@ REWRITTEN = [
 # against themselves): an ungated `tf.gradients` over TF1 reference variables lets a weight's
 # update run before the backward op that still reads it. They now pass `gate_gradients=True`.
 NOISY: dict[str, float] = {}
-REFUSED = {
-    "general_east_bn_updates": "regularization losses",
-}
+REFUSED: dict[str, str] = {}
 
 
 def _existing(names):
@@ -443,10 +441,13 @@ REGULARIZED = """
     ("tf.matmul(parts[i], tf.get_variable('w', [4, 2], regularizer=tf.nn.l2_loss))", False),
     ("slim.fully_connected(parts[i], 2, weights_regularizer=slim.l2_regularizer(1e-4))", False),
     # A Keras-style layer's is a tensor on the first tower's weights: read in each tower's body,
-    # replica 0 counts it once per replica (test_every_tower_adding_every_regularization_term_...);
-    # read in a helper the tower calls, which the rewrite does not change, it is refused.
+    # or in a helper only the tower calls, replica 0 counts it once per replica
+    # (test_every_tower_adding_every_regularization_term_..., test_a_helper_reading_...); read in
+    # a helper something else calls too, which the rewrite cannot change for the tower alone, it
+    # is refused.
     ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss)", False),
-    ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss) + helper_with_the_read()", True),
+    ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss) + helper_with_the_read()", False),
+    ("tf.layers.dense(parts[i], 2, kernel_regularizer=tf.nn.l2_loss) + helper_with_the_read() + REPORTED", True),
 ])
 def test_regularization_losses_are_refused_only_where_they_are_fixed_on_the_first_replica(layer, refused):
     program = REGULARIZED.replace("LAYER", layer)
@@ -456,6 +457,10 @@ def test_regularization_losses_are_refused_only_where_they_are_fixed_on_the_firs
             "tf.reduce_mean(logits)").replace(
             "    def train(", "    def helper_with_the_read():\n"
             "        return tf.add_n(tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES))\n\n    def train(")
+    if "REPORTED" in layer:  # the helper is also called outside the towers
+        program = program.replace(" + REPORTED", "").replace(
+            "            return opt.apply_gradients(", "            tf.summary.scalar('weight_decay', helper_with_the_read())\n"
+            "            return opt.apply_gradients(")
     (finding,) = tower_findings(textwrap.dedent(program))
     assert finding.fixable is not refused
     if refused:
@@ -1918,3 +1923,35 @@ def test_a_global_device_list_set_from_flags_moves_up_with_its_declaration():
     assert body.index("global available_devices") < body.index("available_devices = [") < body.index(
         "strategy = tf.distribute.MirroredStrategy(devices=available_devices)") < body.index("with strategy.scope():")
     assert body.count("global available_devices") == 1
+
+
+def test_a_helper_reading_every_regularization_term_counts_them_in_replica_0():
+    """EAST's and inception's `tower_loss` adds `tf.get_collection(REGULARIZATION_LOSSES)`
+    read in a helper only the tower calls (a method here): the helper counts the terms once per
+    replica in replica 0, as the tower body does. On a DeepLab-style probe this trains exactly
+    like the legacy program restructured the same way (tower 0 counting the terms twice, tower 1
+    not at all), and the fixture general_east_bn_updates matches its legacy program."""
+    result = fixed("""
+        import tensorflow as tf
+        class Trainer(object):
+            def tower_loss(self, x, scope):
+                \"\"\"The tower's loss.\"\"\"
+                logits = tf.layers.dense(x, 2, kernel_regularizer=tf.keras.regularizers.l2(1e-4))
+                return tf.reduce_mean(logits) + tf.add_n(tf.losses.get_regularization_losses())
+            def build(self, parts, num_gpus, opt):
+                tower_grads = []
+                for i in range(num_gpus):
+                    with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+                        with tf.variable_scope('net', reuse=i > 0):
+                            loss = self.tower_loss(parts[i], scope)
+                        tower_grads.append(opt.compute_gradients(loss))
+                grads = [(tf.add_n([g for g, _ in gv]) / len(gv), gv[0][1]) for gv in zip(*tower_grads)]
+                self.train_op = opt.apply_gradients(grads)
+    """)
+    helper = result[result.index("def tower_loss"):result.index("def build")]
+    assert ('"""The tower\'s loss."""\n'
+            "        # The regularization terms are tensors on replica 0's copy of the weights: only replica 0's\n"
+            "        # loss reaches them, so it counts them once per replica (their value stays the same).\n"
+            "        regularization_scale = tf.distribute.get_strategy().num_replicas_in_sync if int(") in helper
+    assert ("tf.add_n([t * regularization_scale - tf.stop_gradient(t) * (regularization_scale - 1) "
+            "for t in tf.losses.get_regularization_losses()])") in helper

@@ -839,7 +839,7 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=())
         return node, cst.FlattenSentinel([*creates, rewritten.with_changes(leading_lines=())])
     if isinstance(node, cst.FunctionDef):
         body = list(node.body.visit(ReplaceById(region)).body)
-        before = body[:1] if body and _is_docstring(body[0]) else []
+        before = body[:1] if body and is_docstring(body[0]) else []
         rest = body[len(before):]
         while rest and _runs_before_strategy(rest[0]):
             before, rest = [*before, rest[0]], rest[1:]
@@ -888,6 +888,6 @@ def _is_graph_scope(expression: cst.CSTNode) -> bool:
     return method_call(expression, "as_default")
 
 
-def _is_docstring(statement: cst.CSTNode) -> bool:
+def is_docstring(statement: cst.CSTNode) -> bool:
     return (isinstance(statement, cst.SimpleStatementLine) and isinstance(statement.body[0], cst.Expr)
             and isinstance(statement.body[0].value, (cst.SimpleString, cst.ConcatenatedString)))

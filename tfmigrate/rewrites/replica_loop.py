@@ -72,7 +72,7 @@ from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, enclosing_class,
+    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, enclosing_class, is_docstring,
     comment_lines, device_helpers, devices_argument, is_reuse_statement, method_call, place_scope,
     references, strategy_scope_owner, tf_root,
 )
@@ -174,6 +174,9 @@ def plan(rule, tower) -> Edit:
     nodes.update(variables)
     nodes.update((key, call) for key, (call, _) in initial_values.items())
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
+    for helper, reads in _helpers_regularization(rule, loop).items():
+        if helper not in changes and id(helper) not in inside:
+            changes[helper] = _counting_helper(helper, reads, tf)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
     if context.target == "tf2":  # the TF2 step is written only for the textbook shape (mirrored.py)
@@ -1383,6 +1386,7 @@ def _handled_reads(rule) -> frozenset[int]:
         found: set[int] = set()
         for tower in module_tower_loops(rule.context):
             found |= {id(call) for call in _every_towers_regularization(rule, tower.loop)}
+            found |= {id(call) for reads in _helpers_regularization(rule, tower.loop).values() for call in reads}
             if tower.owner is not None:
                 following = _region(rule.context, tower.loop, tower.owner, rule.imports).following
                 found |= {id(call) for call in find(cst.IndentedBlock(body=_lines(following)), cst.Call)
@@ -1664,6 +1668,38 @@ def _every_towers_regularization(rule, loop: cst.For) -> list[cst.Call]:
     if not isinstance(_fixed_regularization(rule), cst.Arg) or _lazy_regularization(rule):
         return []
     return [call for call in find(loop.body, cst.Call) if _reads_every_term(rule, call)]
+
+
+def _helpers_regularization(rule, loop: cst.For) -> dict[cst.FunctionDef, list[cst.Call]]:
+    """The module functions (or methods of the class around the loop) the tower body calls, and
+    that nothing else calls, that read every regularization term (`_tower_loss(...)` adding `tf.losses.get_regularization_losses()`,
+    inception and EAST style), with those reads: counted per replica there, as in the body."""
+    if not isinstance(_fixed_regularization(rule), cst.Arg) or _lazy_regularization(rule):
+        return {}
+    module = rule.context.module
+    functions = rule.context.memo("replica_loop.functions", lambda: {
+        s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)})
+    home = enclosing_class(loop, module_parents(rule.context))
+    methods = {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
+    found: dict[cst.FunctionDef, list[cst.Call]] = {}
+    for call in find(loop.body, cst.Call):
+        name = callee_name(call, receivers=("self",))
+        helper = (functions if isinstance(call.func, cst.Name) else methods).get(name or "")
+        if helper is None or references(module, helper.name.value) != 2:  # its def and this call
+            continue
+        reads = [read for read in find(helper, cst.Call) if _reads_every_term(rule, read)]
+        if reads:
+            found[helper] = reads
+    return found
+
+
+def _counting_helper(helper: cst.FunctionDef, reads: list[cst.Call], tf: TfNames) -> cst.FunctionDef:
+    """``helper`` counting the regularization terms it reads once per replica in replica 0."""
+    counted = helper.visit(ReplaceById({id(read): _counted_per_replica(read) for read in reads}))
+    scale = _regularization_scale(tf, f"{tf('tensorflow.distribute.get_strategy')}()")
+    body = list(counted.body.body)
+    at = 1 if body and is_docstring(body[0]) else 0
+    return counted.with_changes(body=counted.body.with_changes(body=[*body[:at], scale, *body[at:]]))
 
 
 def _lazy_regularization(rule) -> bool:
