@@ -391,3 +391,37 @@ def test_visitor_method_names_are_those_dir_finds():
     for cls in classes:
         assert visitor_method_names(cls) == by_dir(cls), cls
     assert visitor_method_names(Hooked) == ("leave_Call_func", "visit_Call")
+
+
+TRAINER = """\
+import tensorflow as tf
+from utils import combine
+
+
+def train(xs, num_gpus):
+    opt = tf.train.GradientDescentOptimizer(0.1)
+    tower_grads = []
+    for i in range(num_gpus):
+        with tf.device('/gpu:%d' % i):
+            loss = tf.reduce_mean(tf.layers.dense(xs[i], 1, name='fc', reuse=tf.AUTO_REUSE))
+            tower_grads.append(opt.compute_gradients(loss))
+    return opt.apply_gradients(combine(tower_grads))
+"""
+
+
+def test_a_result_read_from_other_project_files_is_not_cached(tmp_path, count_checks):
+    """The trainer's finding depends on `utils.py` (whether `combine` averages): the cache,
+    keyed by the trainer's bytes alone, keeps no result for it, and a change to `utils.py` shows."""
+    write(tmp_path, "train.py", TRAINER)
+    write(tmp_path, "utils.py", "import tensorflow as tf\n\n\ndef combine(tower_grads):\n"
+          "    return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]\n")
+    _, cold, _ = check_json(tmp_path)
+    assert entries(tmp_path) == [str(tmp_path / "utils.py")]
+    write(tmp_path, "utils.py", "def combine(tower_grads):\n    return tower_grads[0]\n")
+    count_checks.clear()
+    _, warm, _ = check_json(tmp_path)
+    assert sorted(Path(p).name for p in count_checks) == ["train.py", "utils.py"]
+    (cold_fix,) = [f["fix"]["message"] for f in cold if f["code"] == "TFM101"]
+    (warm_fix,) = [f["fix"]["message"] for f in warm if f["code"] == "TFM101"]
+    # `combine` averaged: the update moved into the replicas; now unknown: it stays after the loop.
+    assert "the update after the loop stays" not in cold_fix and "the update after the loop stays" in warm_fix

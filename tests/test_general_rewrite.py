@@ -1955,3 +1955,69 @@ def test_a_helper_reading_every_regularization_term_counts_them_in_replica_0():
             "        regularization_scale = tf.distribute.get_strategy().num_replicas_in_sync if int(") in helper
     assert ("tf.add_n([t * regularization_scale - tf.stop_gradient(t) * (regularization_scale - 1) "
             "for t in tf.losses.get_regularization_losses()])") in helper
+
+
+PROJECT_TRAINER = """\
+import tensorflow as tf
+from IMPORT
+
+
+def train(xs, num_gpus):
+    opt = tf.train.GradientDescentOptimizer(0.1)
+    tower_grads = []
+    for i in range(num_gpus):
+        with tf.device('/gpu:%d' % i):
+            loss = tf.reduce_mean(tf.layers.dense(xs[i], 1, name='fc', reuse=tf.AUTO_REUSE))
+            tower_grads.append(opt.compute_gradients(loss))
+    return opt.apply_gradients(HELPER(tower_grads))
+"""
+
+AVERAGING_UTILS = """\
+import tensorflow as tf
+
+
+def average_gradients(tower_grads):
+    return [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+
+
+def sum_gradients(tower_grads):
+    return [(tf.add_n([g for g, _ in gv]), gv[0][1]) for gv in zip(*tower_grads)]
+"""
+
+
+@pytest.mark.parametrize("imported, helper, scaled", [
+    ("utils import average_gradients", "average_gradients", True),
+    ("utils import sum_gradients as combine", "combine", False),
+    ("trainer.utils import average_gradients", "average_gradients", True),  # the package root's view
+])
+def test_an_averaging_helper_imported_from_the_project_is_read_from_its_file(tmp_path, imported, helper, scaled):
+    """`from utils import average_gradients`: whether the helper averages or sums is read from
+    `utils.py` beside the trainer (or the package above it); its import goes with its call."""
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.fixer import fix_text
+
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text(AVERAGING_UTILS)
+    source = PROJECT_TRAINER.replace("IMPORT", imported).replace("HELPER", helper)
+    (package / "train.py").write_text(source)
+    result = fix_text(source, Config(root=tmp_path), unsafe=True, path=str(package / "train.py"))
+    assert "call_for_each_replica(tower_fn)" in result
+    assert ("scalar_mul(1.0 / strategy.num_replicas_in_sync, g)" in result) is scaled
+    assert "from " + imported not in result and helper not in result
+    compile(result, "train.py", "exec")
+
+
+def test_a_helper_the_project_does_not_define_stays_where_it_is(tmp_path):
+    """A helper nowhere in the project: whether it averages is unknown, so its call stays after
+    the loop and each replica applies its share of the result (the wrapped update), with its import."""
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.fixer import fix_text
+
+    source = PROJECT_TRAINER.replace("IMPORT", "helpers import avg").replace("HELPER", "avg")
+    (tmp_path / "train.py").write_text(source)
+    (tmp_path / "helpers.py").write_text("def other(tower_grads):\n    return tower_grads\n")
+    result = fix_text(source, Config(root=tmp_path), unsafe=True, path=str(tmp_path / "train.py"))
+    assert "from helpers import avg" in result
+    assert "grads_and_vars_list = list(avg(tower_grads))" in result and "call_for_each_replica(apply_share)" in result

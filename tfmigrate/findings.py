@@ -68,3 +68,4 @@ class FileResult:
     parsed: bool = False  # False when the prefilter showed no rule could fire
     notes: list[str] = field(default_factory=list)  # said on stderr; not errors (a skipped notebook cell)
     digest: str | None = None  # hash of the bytes checked (the cache key)
+    cacheable: bool = True  # False when the result also depends on other files the rules read

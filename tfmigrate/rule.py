@@ -85,6 +85,9 @@ class RuleContext:
     #: Set by the runner once its walk has visited every node, before the leave_Module
     #: methods run: from then on `parents` holds every node of the module.
     walk_complete: bool = False
+    #: Other files of the project the analysis read (a helper imported from `utils.py`): a
+    #: result that depends on them is not cached, since the cache keys on this file alone.
+    read_paths: set[str] = field(default_factory=set)
     #: reports whose findings are made once the walk is over (see `Rule.report`)
     _pending: list[tuple["Rule", cst.CSTNode, str, Edit | None]] = field(default_factory=list)
 

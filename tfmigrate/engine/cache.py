@@ -199,8 +199,8 @@ class Cache:
 
     def put(self, result, config) -> None:
         """Keep a result for :meth:`flush` to write."""
-        if not self.usable or result.digest is None:
-            return
+        if not self.usable or result.digest is None or not result.cacheable:
+            return  # (a result that read other files of the project is not keyed by them)
         if result.error and result.error.startswith("internal error"):
             return  # a bug, or a transient failure: never make it stick
         entry = {

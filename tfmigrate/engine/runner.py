@@ -41,6 +41,7 @@ class Analysis:
 
     module: cst.Module
     reports: list[tuple[Rule, Finding, Edit | None]]
+    read_paths: frozenset[str] = frozenset()  # other files of the project the rules read
 
 
 # A file whose syntax tree is deeper than Python's recursion limit lets the rules walk.
@@ -203,7 +204,7 @@ def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], confi
     table = suppressions(text)
     kept = [(r, f, e) for (r, f, e) in context.finish_reports() if not is_suppressed(f, table)]
     kept.sort(key=lambda item: item[1].sort_key())
-    return Analysis(module=module, reports=kept)
+    return Analysis(module=module, reports=kept, read_paths=frozenset(context.read_paths))
 
 
 def analyze_source(source: SourceFile, config: Config) -> Analysis | None:
@@ -290,6 +291,7 @@ def check_bytes(path: str, raw: bytes, config: Config) -> FileResult:
     if analysis is not None:
         result.parsed = True
         result.findings = [finding for _, finding, _ in analysis.reports]
+        result.cacheable = not analysis.read_paths
         if notebook is not None:
             result.findings = [in_cells(f, notebook) for f in result.findings]
     return result

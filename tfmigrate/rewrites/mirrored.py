@@ -48,12 +48,13 @@ import libcst as cst
 from tfmigrate.analysis.devices import (
     device_scope_arg, looks_per_device, mentions_only_cpu, module_tower_loops, tower_group,
 )
+from tfmigrate.analysis.project_imports import project_function
 from tfmigrate.cst.callargs import argument, is_none
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
 from tfmigrate.rewrites import tower_feeds, tower_input
 from tfmigrate.rewrites.refusal import Refused, StateRefused
-from tfmigrate.rule import Edit, FixSafety
+from tfmigrate.rule import Edit, FixSafety, ImportItem
 
 # A Python int (not a numpy one): `reuse=i > 0` must stay a real bool for variable_scope.
 REPLICA_INDEX = "int({tf}.get_static_value({tf}.distribute.get_replica_context().replica_id_in_sync_group))"
@@ -204,17 +205,35 @@ def averages(node: cst.CSTNode, imports) -> bool | None:
     return None
 
 
-def averaging_helper(helper: str, module: cst.Module, imports, within: cst.ClassDef | None = None) -> tuple[cst.FunctionDef, bool]:
+def averaging_helper(helper: str, context, within: cst.ClassDef | None = None) -> tuple[cst.FunctionDef, bool]:
     """The def of the averaging helper, and whether it averages (else sums): a module function,
-    or a method of the class ``within`` (`self.average_gradients(tower_grads)`)."""
-    for statement in (module.body if within is None else within.body.body):
-        if isinstance(statement, cst.FunctionDef) and statement.name.value == helper:
-            verdict = averages(statement, imports)
-            if verdict is None:
-                raise Refused(f"cannot tell whether `{helper}` averages or sums the tower gradients")
-            return statement, verdict
-    where = "this module" if within is None else f"class `{within.name.value}`"
-    raise Refused(f"`{helper}` is not defined in {where}, so whether it averages or sums is unknown")
+    a method of the class ``within`` (`self.average_gradients(tower_grads)`), or a function the
+    module imports from another module of its project (`from utils import average_gradients`)."""
+    found = next((s for s in (context.module.body if within is None else within.body.body)
+                  if isinstance(s, cst.FunctionDef) and s.name.value == helper), None)
+    imports = context.imports
+    if found is None and within is None:
+        imported = project_function(context, helper)
+        if imported is not None:
+            found, imports = imported.function, imported.imports
+    if found is None:
+        where = "this module or the project modules beside it" if within is None else f"class `{within.name.value}`"
+        raise Refused(f"`{helper}` is not defined in {where}, so whether it averages or sums is unknown")
+    verdict = averages(found, imports)
+    if verdict is None:
+        raise Refused(f"cannot tell whether `{helper}` averages or sums the tower gradients")
+    return found, verdict
+
+
+def helper_import(context, helper: str | None) -> list[ImportItem]:
+    """The import of an averaging helper from another module of the project (`from utils import
+    average_gradients`), to go with the helper's one call: the fixer removes it only if nothing
+    else in the module uses it. A relative import stays."""
+    imported = project_function(context, helper) if helper and "." not in helper else None
+    if imported is None or imported.level:
+        return []
+    name = imported.function.name.value
+    return [ImportItem(imported.module, name, None if name == helper else helper)]
 
 
 def is_variable_scope_wrapper(statement: cst.CSTNode, imports) -> bool:
@@ -483,7 +502,7 @@ def _plan(rule, tower) -> Planned:
     found = _region(tower.loop, parents, rule.imports)
     _find_average_and_apply(found)
     helper_name = code(found.average_call.func)
-    helper, averages = averaging_helper(helper_name, module, rule.imports)
+    helper, averages = averaging_helper(helper_name, rule.context)
     _refuse_leaks(tower.loop, found)
     index, other_targets = loop_index(tower.loop)
     devices = devices_argument(tower.loop)
@@ -530,7 +549,7 @@ def _plan(rule, tower) -> Planned:
             title += f" (compat target: {reason})"
     edit = Edit(
         changes, title, add_imports=[*tf.imports, *add_imports],
-        remove_imports=list(feed.remove_imports if feed else ()), safety=FixSafety.UNSAFE,
+        remove_imports=[*(feed.remove_imports if feed else ()), *helper_import(context, helper_name)], safety=FixSafety.UNSAFE,
     )
     return Planned(edit, fed=feed if feed is not None and feed.anchors else None, **kept)
 

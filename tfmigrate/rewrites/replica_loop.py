@@ -72,8 +72,8 @@ from tfmigrate.cst.traversal import (
     blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, enclosing_class, is_docstring,
-    comment_lines, device_helpers, devices_argument, is_reuse_statement, method_call, place_scope,
+    REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
+    devices_argument, enclosing_class, helper_import, is_docstring, is_reuse_statement, method_call, place_scope,
     references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
@@ -182,7 +182,8 @@ def plan(rule, tower) -> Edit:
     if context.target == "tf2":  # the TF2 step is written only for the textbook shape (mirrored.py)
         title += (" (compat target: the Session program stays; a tf.function step with tf.GradientTape is "
                   "written only for a loop that averages and applies its gradients right after it)")
-    return Edit(changes, title, add_imports=list(tf.imports), safety=FixSafety.UNSAFE)
+    return Edit(changes, title, add_imports=list(tf.imports), remove_imports=helper_import(context, update.helper),
+                safety=FixSafety.UNSAFE)
 
 
 def _variable_calls(rule) -> dict[int, cst.Call]:
@@ -623,7 +624,7 @@ def _helper_averages(rule, region: _Region, call: cst.Call) -> bool:
     if isinstance(call.func, cst.Attribute) and within is None:
         raise Refused(f"`{code(call.func)}` is a method of no class around the tower loop, so whether it "
                       "averages or sums is unknown")
-    return averaging_helper(callee_name(call), rule.context.module, rule.imports, within)[1]
+    return averaging_helper(callee_name(call), rule.context, within)[1]
 
 
 def _find_call(rule, region: _Region, statements, method: str, argument: str, what: str):
