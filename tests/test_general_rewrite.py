@@ -2021,3 +2021,66 @@ def test_a_helper_the_project_does_not_define_stays_where_it_is(tmp_path):
     result = fix_text(source, Config(root=tmp_path), unsafe=True, path=str(tmp_path / "train.py"))
     assert "from helpers import avg" in result
     assert "grads_and_vars_list = list(avg(tower_grads))" in result and "call_for_each_replica(apply_share)" in result
+
+
+OWN_OPTIMIZER = """\
+import tensorflow as tf
+
+
+class WeightDecayAdam(tf.train.Optimizer):
+    def __init__(self, learning_rate):
+        super(WeightDecayAdam, self).__init__(False, 'WeightDecayAdam')
+        self.learning_rate = learning_rate
+
+    METHOD
+
+
+def train(xs, num_gpus):
+    opt = WeightDecayAdam(1e-3)
+    tower_grads = []
+    for i in range(num_gpus):
+        with tf.device('/gpu:%d' % i):
+            loss = tf.reduce_mean(tf.layers.dense(xs[i], 1, name='fc', reuse=tf.AUTO_REUSE))
+            tower_grads.append(opt.compute_gradients(loss))
+    grads = [(tf.add_n([g for g, _ in gv]) / len(gv), gv[0][1]) for gv in zip(*tower_grads)]
+    return opt.apply_gradients(grads)
+"""
+
+
+@pytest.mark.parametrize("method, refused", [
+    # BERT's AdamWeightDecayOptimizer: its own update, with `assign`, never reaches the strategy.
+    ("def apply_gradients(self, grads_and_vars, global_step=None, name=None):\n"
+     "        return tf.group(*[v.assign(v - self.learning_rate * g) for g, v in grads_and_vars])", True),
+    # The per-variable step runs after MirroredStrategy summed the replicas' gradients.
+    ("def _apply_dense(self, grad, var):\n        return var.assign_sub(self.learning_rate * grad)", False),
+    ("def apply_gradients(self, grads_and_vars, global_step=None, name=None):\n"
+     "        return super(WeightDecayAdam, self).apply_gradients(grads_and_vars, global_step, name)", False),
+])
+def test_an_optimizer_class_with_its_own_update_is_refused(method, refused):
+    """A BERT-style probe whose AdamWeightDecayOptimizer overrides `apply_gradients` trained
+    differently from step 3 when its towers became replicas: each replica updated its copy of a
+    weight from its own gradients."""
+    (finding,) = tower_findings(OWN_OPTIMIZER.replace("METHOD", method))
+    assert finding.fixable is not refused
+    if refused:
+        assert finding.refusal.startswith("the update runs `WeightDecayAdam.apply_gradients` (line 9), the project's "
+                                          "own optimizer update"), finding.refusal
+
+
+def test_an_optimizer_made_by_a_factory_of_another_project_module_is_followed(tmp_path):
+    """guotong1988/BERT-GPU: `optimizer = optimization_gpu.create_optimizer(...)`, a factory in the
+    project returning its AdamWeightDecayOptimizer: followed into that file and refused."""
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.runner import check_text
+
+    (tmp_path / "optimization_gpu.py").write_text(
+        "import tensorflow as tf\n\n\ndef create_optimizer(lr):\n    optimizer = AdamWeightDecayOptimizer(lr)\n"
+        "    return optimizer\n\n\nclass AdamWeightDecayOptimizer(tf.train.Optimizer):\n"
+        "    def apply_gradients(self, grads_and_vars, global_step=None, name=None):\n"
+        "        return tf.group(*[v.assign(v - 0.1 * g) for g, v in grads_and_vars])\n")
+    source = OWN_OPTIMIZER.replace("opt = WeightDecayAdam(1e-3)", "opt = optimization_gpu.create_optimizer(1e-3)").replace(
+        "import tensorflow as tf\n", "import tensorflow as tf\nimport optimization_gpu\n", 1).replace("METHOD", "pass")
+    (tmp_path / "train.py").write_text(source)
+    findings = check_text(source, Config(root=tmp_path), path=str(tmp_path / "train.py"))
+    (finding,) = [f for f in findings if f.code == "TFM101"]
+    assert "`AdamWeightDecayOptimizer.apply_gradients` (in optimization_gpu.py)" in finding.refusal

@@ -22,7 +22,7 @@ import libcst as cst
 
 from tfmigrate.cst.names import ImportTable, dotted_name
 
-__all__ = ["ProjectFunction", "project_function"]
+__all__ = ["ProjectFunction", "project_definition", "project_function"]
 
 _LEVELS_UP = 3
 _MAX_BYTES = 2_000_000  # a generated or vendored file this large is no helper module
@@ -30,22 +30,30 @@ _MAX_BYTES = 2_000_000  # a generated or vendored file this large is no helper m
 
 @dataclass(frozen=True)
 class ProjectFunction:
-    """A module-level function of another module of the project, with that module's imports."""
+    """A module-level function (or class) of another module of the project, with that
+    module's imports."""
 
-    function: cst.FunctionDef
+    function: cst.FunctionDef | cst.ClassDef
     imports: ImportTable
     path: Path
     module: str  # as the import names it (`utils`; `model_utils` of `.model_utils`)
     level: int  # the dots of a relative import (0: absolute)
+    tree: cst.Module  # the module it is defined in
 
 
 def project_function(context, name: str) -> ProjectFunction | None:
     """The function the module binds to ``name`` by importing it from a module of its own
     project (`from utils import average_grads [as avg]`), else None."""
     origin = _origin(context.module, name)
-    if origin is None or not context.path or not os.path.isfile(context.path):
+    found = project_definition(context, *origin) if origin is not None else None
+    return found if found is not None and isinstance(found.function, cst.FunctionDef) else None
+
+
+def project_definition(context, module_name: str, level: int, name: str) -> ProjectFunction | None:
+    """The top-level def or class ``name`` of the project module ``module_name`` (imported
+    with ``level`` dots), read from its file, else None."""
+    if not context.path or not os.path.isfile(context.path):
         return None
-    module_name, level, function_name = origin
     for path in _candidates(Path(context.path).resolve().parent, module_name, level):
         parsed = _parsed(str(path))
         if parsed is None:
@@ -53,9 +61,9 @@ def project_function(context, name: str) -> ProjectFunction | None:
         module, imports = parsed
         context.read_paths.add(str(path))
         for statement in module.body:
-            if isinstance(statement, cst.FunctionDef) and statement.name.value == function_name:
-                return ProjectFunction(statement, imports, path, module_name, level)
-        return None  # the module is found, and it does not define the function itself
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value == name:
+                return ProjectFunction(statement, imports, path, module_name, level, module)
+        return None  # the module is found, and it does not define the name itself
     return None
 
 

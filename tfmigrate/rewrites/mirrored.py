@@ -42,12 +42,14 @@ Anything else is refused with a reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 
 from tfmigrate.analysis.devices import (
     device_scope_arg, looks_per_device, mentions_only_cpu, module_tower_loops, tower_group,
 )
+from tfmigrate.analysis.optimizers import hand_written_update
 from tfmigrate.analysis.project_imports import project_function
 from tfmigrate.cst.callargs import argument, is_none
 from tfmigrate.cst.codegen import code
@@ -234,6 +236,26 @@ def helper_import(context, helper: str | None) -> list[ImportItem]:
         return []
     name = imported.function.name.value
     return [ImportItem(imported.module, name, None if name == helper else helper)]
+
+
+def own_optimizer_update(rule, statements) -> str:
+    """Why the optimizer of an update in ``statements`` cannot run in the replicas, or "": a
+    class of the project that overrides `apply_gradients` (BERT's `AdamWeightDecayOptimizer`)
+    updates each replica's copy of a weight from that replica's gradients alone (a BERT-style
+    probe trained differently from step 3). See :mod:`tfmigrate.analysis.optimizers`."""
+    for statement in statements:
+        for call in find(statement, cst.Call):
+            if not (method_call(call, "apply_gradients") or method_call(call, "minimize")):
+                continue
+            found = hand_written_update(rule.context, call.func.value)
+            if found is None:
+                continue
+            where = f"in {Path(found.where).name}" if found.where else f"line {rule.position(found.node).start.line}"
+            return (f"the update runs `{found.name}.{found.method}` ({where}), the project's own optimizer update: "
+                    "MirroredStrategy sums the replicas' gradients only inside TensorFlow's `apply_gradients`, so "
+                    "each replica would update its copy of the weights from its own gradients (override a "
+                    "tf.train optimizer's `_apply_dense`/`_resource_apply_dense` instead)")
+    return ""
 
 
 def is_variable_scope_wrapper(statement: cst.CSTNode, imports) -> bool:
@@ -503,6 +525,9 @@ def _plan(rule, tower) -> Planned:
     _find_average_and_apply(found)
     helper_name = code(found.average_call.func)
     helper, averages = averaging_helper(helper_name, rule.context)
+    optimizer = own_optimizer_update(rule, [found.apply])
+    if optimizer:
+        raise Refused(optimizer)
     _refuse_leaks(tower.loop, found)
     index, other_targets = loop_index(tower.loop)
     devices = devices_argument(tower.loop)

@@ -73,8 +73,8 @@ from tfmigrate.cst.traversal import (
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
-    devices_argument, enclosing_class, helper_import, is_docstring, is_reuse_statement, method_call, place_scope,
-    references, strategy_scope_owner, tf_root,
+    devices_argument, enclosing_class, helper_import, is_docstring, is_reuse_statement, method_call,
+    own_optimizer_update, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rule import Edit, FixSafety
@@ -1242,6 +1242,9 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
         raise StateRefused(f"line {_line(rule, loaded)}: `{code(loaded.func)}(...)` sets a variable by `Variable.load`, "
                            "which a variable the strategy mirrors does not have: feed the value through a "
                            "placeholder and `tf.assign` it in the graph instead")
+    optimizer = own_optimizer_update(rule, [*update.statements, *update.wrapped])
+    if optimizer:
+        raise StateRefused(optimizer)
     for _, arg in _global_steps_outside(rule, region, [*update.statements, *update.wrapped]):
         if id(arg) in update.counted:
             continue
