@@ -80,10 +80,16 @@ class ManualTowerLoop(Rule):
         scope, a loop in a module-level block that may run more than once, towers that count or
         store into a variable themselves (`tf.assign_add(counter, n)`: in a replica it updates
         that replica's copy; a moving average such as a hand-written batch norm's stays), a
-        custom getter in the towers, a variable set with `Variable.load`, and a name shared
-        with the code after the loop that the body reads after a `tf.metrics` call (where the
-        replicas wait for each other). Only the names the code after the loop reads before
-        binding them again are shared with it.
+        custom getter in the towers, a variable set with `Variable.load`, an optimizer class of
+        the project that overrides `apply_gradients` itself (BERT's `AdamWeightDecayOptimizer`:
+        each replica would update its copy from its own gradients; followed into the project's
+        other modules), and a name shared with the code after the loop that the body reads
+        after a `tf.metrics` call (where the replicas wait for each other). Only the names the
+        code after the loop reads before binding them again are shared with it. A second
+        optimizer of one class over the same variables (a pretraining and a GAN Adam on one
+        generator) gets its own `name=` (`'Adam_2'`), since under the strategy both would
+        name their slots alike. An averaging helper defined by the trainer class or imported
+        from another module of the project is read where it is defined.
         A `while` counter loop or a comprehension is first rewritten as the `for` loop it
         means (`for gpu in range(n):`; `towers = []` and `towers.append(...)` in the loop),
         and only where the tower rewrite then takes that loop; otherwise the finding gives the

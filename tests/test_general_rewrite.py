@@ -2084,3 +2084,33 @@ def test_an_optimizer_made_by_a_factory_of_another_project_module_is_followed(tm
     findings = check_text(source, Config(root=tmp_path), path=str(tmp_path / "train.py"))
     (finding,) = [f for f in findings if f.code == "TFM101"]
     assert "`AdamWeightDecayOptimizer.apply_gradients` (in optimization_gpu.py)" in finding.refusal
+
+
+def test_a_second_optimizer_of_one_name_over_the_same_variables_is_named_apart():
+    """SRGAN: a pretraining Adam and a GAN Adam both over the generator's variables. Legacy TF
+    names the second's slots `kernel/Adam_2`; under MirroredStrategy both asked for `kernel/Adam`
+    and the rewritten probe failed ("already exists"). The discriminator's Adam, over other
+    variables, keeps its name."""
+    result = fixed("""
+        import tensorflow as tf
+        def train(lr, hr, n):
+            g_init_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9)
+            g_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9)
+            d_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9)
+            init_grads, g_grads, d_grads = [], [], []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    fake = generator(lr[i], reuse=i > 0)
+                    g_vars = tf.trainable_variables('G')
+                    d_vars = tf.trainable_variables('D')
+                    init_grads.append(g_init_opt.compute_gradients(tf.reduce_mean(tf.square(fake - hr[i])), var_list=g_vars))
+                    g_grads.append(g_opt.compute_gradients(-tf.reduce_mean(critic(fake, reuse=i > 0)), var_list=g_vars))
+                    d_grads.append(d_opt.compute_gradients(tf.reduce_mean(critic(fake, reuse=True)), var_list=d_vars))
+            g_init = g_init_opt.apply_gradients(average_gradients(init_grads))
+            g_step = g_opt.apply_gradients(average_gradients(g_grads))
+            d_step = d_opt.apply_gradients(average_gradients(d_grads))
+            return g_init, g_step, d_step
+    """)
+    assert "g_init_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9)\n" in result
+    assert "g_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9, name='Adam_2')\n" in result
+    assert "d_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9)\n" in result

@@ -147,9 +147,11 @@ def plan(rule, tower) -> Edit:
     initial_values = _initial_values(rule, loop)
     initial_value_changes = {key: replacement for key, (_, replacement) in initial_values.items()}
     variables = _variable_calls(rule)
+    renamed = _optimizers_named_apart(rule)
     region_changes = {
         **initial_value_changes,
         **{key: _trainable(call.visit(ReplaceById(initial_value_changes))) for key, call in variables.items()},
+        **{key: new for key, (_, new) in renamed.items()},
         id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
         **_tower_functions(rule, tower),
     }
@@ -172,6 +174,7 @@ def plan(rule, tower) -> Edit:
     owners = [region.owner, scope_region.owner, *tower.via, *scope_region.reaches]
     nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
     nodes.update(variables)
+    nodes.update((key, call) for key, (call, _) in renamed.items())
     nodes.update((key, call) for key, (call, _) in initial_values.items())
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
     for helper, reads in _helpers_regularization(rule, loop).items():
@@ -202,6 +205,63 @@ def _variable_calls(rule) -> dict[int, cst.Call]:
         and call.args and not any(arg.star for arg in call.args)
         and sum(1 for arg in call.args if arg.keyword is None) < 2  # Variable(initial_value, trainable, ...)
     })
+
+
+def _optimizers_named_apart(rule) -> dict[int, tuple[cst.Call, cst.Call]]:
+    """Optimizers of one class and name that update the same variables (SRGAN's `g_init_opt`
+    and `g_opt`, two `AdamOptimizer`s over the generator): legacy TF names the second one's
+    slots apart (`kernel/Adam_2`), but under MirroredStrategy both ask for `kernel/Adam` and
+    the second fails ("already exists"). Each one after the first gets its own `name=`
+    (`'Adam_2'`): only its slot variables' names change. By id of the constructor call:
+    (the call, the call with the name)."""
+
+    def compute() -> dict[int, tuple[cst.Call, cst.Call]]:
+        made: dict[str, list[tuple[str, cst.Call]]] = {}  # slot name -> (receiver, constructor)
+        for node in find(rule.context.module, cst.Assign):
+            name = _slot_name(rule, node.value)
+            if name is not None and len(node.targets) == 1:
+                made.setdefault(name, []).append((code(node.targets[0].target), node.value))
+        renamed, taken = {}, set(made)
+        for name, optimizers in made.items():
+            for index, (receiver, call) in enumerate(optimizers[1:], start=1):
+                if not any(_share_variables(rule, receiver, other) for other, _ in optimizers[:index]):
+                    continue
+                apart = next(f"{name}_{k}" for k in range(2, 100) if f"{name}_{k}" not in taken)
+                taken.add(apart)
+                comma = call.args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                named = call.with_changes(args=[*call.args[:-1], comma, cst.Arg(
+                    cst.SimpleString(f"'{apart}'"), keyword=cst.Name("name"),
+                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+                renamed[id(call)] = (call, named)
+        return renamed
+
+    return rule.context.memo("replica_loop.optimizer_names", compute)
+
+
+def _slot_name(rule, value: cst.BaseExpression) -> str | None:
+    """The name a TF1 optimizer made by ``value`` gives its slots (its `name=`, else its class's
+    without `Optimizer`), if it keeps slots and names them by default."""
+    if not isinstance(value, cst.Call) or not value.args:
+        return None
+    resolved = rule.imports.resolve(value.func) or ""
+    if not (resolved.startswith("tensorflow.train.") and resolved.endswith("Optimizer")) or "GradientDescent" in resolved:
+        return None
+    if any(arg.keyword is not None and arg.keyword.value == "name" for arg in value.args):
+        return None  # named by the program: its own business
+    return resolved.rsplit(".", 1)[-1][:-len("Optimizer")]
+
+
+def _share_variables(rule, first: str, second: str) -> bool:
+    """Whether the optimizers bound to ``first`` and ``second`` may update the same variable:
+    one of them (or both) without a `var_list=`, or the same list named by both."""
+    lists = {first: set(), second: set()}
+    for call in _module_calls(rule):
+        if isinstance(call.func, cst.Attribute) and code(call.func.value) in lists and call.func.attr.value in (
+                "compute_gradients", "minimize"):  # (what `apply_gradients` gets, they computed)
+            params = ("loss", "var_list") if call.func.attr.value == "compute_gradients" else ("loss", "global_step", "var_list")
+            var_list = argument(call, params, "var_list")
+            lists[code(call.func.value)].add(None if var_list is None else code(var_list))
+    return None in lists[first] | lists[second] or bool(lists[first] & lists[second])
 
 
 def _initial_values(rule, loop: cst.For) -> dict[int, tuple[cst.Call, cst.Attribute]]:
