@@ -15,6 +15,7 @@ import tfmigrate.cli.main
 from tfmigrate.engine.cache import ENV_VAR
 
 from .test_cli import TOWER, run, write
+from .test_general_rewrite import PROJECT_TRAINER
 
 BAD = "import tensorflow as tf\nwith tf.device('/gpu:0')\n    x = 1\n"
 
@@ -393,20 +394,8 @@ def test_visitor_method_names_are_those_dir_finds():
     assert visitor_method_names(Hooked) == ("leave_Call_func", "visit_Call")
 
 
-TRAINER = """\
-import tensorflow as tf
-from utils import combine
-
-
-def train(xs, num_gpus):
-    opt = tf.train.GradientDescentOptimizer(0.1)
-    tower_grads = []
-    for i in range(num_gpus):
-        with tf.device('/gpu:%d' % i):
-            loss = tf.reduce_mean(tf.layers.dense(xs[i], 1, name='fc', reuse=tf.AUTO_REUSE))
-            tower_grads.append(opt.compute_gradients(loss))
-    return opt.apply_gradients(combine(tower_grads))
-"""
+# A trainer importing its averaging helper `combine` from `utils.py` beside it.
+TRAINER = PROJECT_TRAINER.replace("IMPORT", "utils import combine").replace("HELPER", "combine")
 
 
 def test_a_result_read_from_other_project_files_is_not_cached(tmp_path, count_checks):
