@@ -80,7 +80,8 @@ class ManualTowerLoop(Rule):
         scope, a loop in a module-level block that may run more than once, towers that count or
         store into a variable themselves (`tf.assign_add(counter, n)`: in a replica it updates
         that replica's copy; a moving average such as a hand-written batch norm's stays), a
-        custom getter in the towers, a variable set with `Variable.load`, an optimizer class of
+        custom getter in the towers, a variable set with `Variable.load` outside the function
+        the strategy is made in (inside it, each replica's copy is loaded), an optimizer class of
         the project that overrides `apply_gradients` itself (BERT's `AdamWeightDecayOptimizer`:
         each replica would update its copy from its own gradients; followed into the project's
         other modules), and a name shared with the code after the loop that the body reads

@@ -35,6 +35,7 @@ REWRITTEN = [
     "general_monitored_session", "general_first_tower_var_list", "general_accumulated_gradients",
     "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices", "general_trainer_sibling_methods",
     "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
+    "general_kl_annealing_load",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -1713,10 +1714,11 @@ def test_a_name_a_later_function_binds_for_itself_is_neither_shared_nor_left_unb
     assert "call_for_each_replica(tower_fn)" in result and "nonlocal" not in result
 
 
-def test_a_variable_set_with_load_is_refused():
+def test_a_variable_set_with_load_loads_every_replicas_copy():
     """`kl_weight.load(value, sess)` on a `tf.Variable` the strategy mirrors: a MirroredVariable
-    has no working `load` (IndexError at the first step of a VAE-style probe)."""
-    (finding,) = tower_findings("""
+    has no working `load` (IndexError at the first step of a VAE-style probe); each replica's
+    copy is loaded instead, the value computed once."""
+    result = fixed("""
         import tensorflow as tf
         def main(xs, n, steps):
             kl_weight = tf.Variable(0.0, trainable=False, name='kl_weight')
@@ -1728,17 +1730,22 @@ def test_a_variable_set_with_load_is_refused():
             train_op = opt.minimize(tf.add_n(losses) / n)
             sess = tf.Session()
             for step in range(steps):
+                # anneal the KL term
                 kl_weight.load(min(1.0, step / 10.0), sess)
                 sess.run(train_op)
     """)
-    assert finding.refusal.startswith("line 12: `kl_weight.load(...)` sets a variable by `Variable.load`")
+    assert ("            # anneal the KL term\n"
+            "            # `kl_weight` is mirrored now, and a mirrored variable has no `load`: each replica's copy is loaded.\n"
+            "            loaded_value = min(1.0, step / 10.0)\n"
+            "            for replica_copy in strategy.experimental_local_results(kl_weight):\n"
+            "                replica_copy.load(loaded_value, sess)\n") in result
 
 
-def test_a_variable_found_in_a_collection_and_loaded_in_the_session_is_refused():
+def test_a_variable_found_in_a_collection_and_loaded_in_the_session_is_loaded_per_copy():
     """A distillation-style teacher kernel picked from `tf.global_variables('teacher')` and set
     with `kernel.load(w, sess)`: the same MirroredVariable, whatever found it (a probe in that
     style failed with IndexError). `np.load(path)`, with no session, is no such load."""
-    (finding,) = tower_findings("""
+    result = fixed("""
         import numpy as np
         import tensorflow as tf
         def main(xs, n):
@@ -1754,7 +1761,26 @@ def test_a_variable_found_in_a_collection_and_loaded_in_the_session_is_refused()
             kernel.load(w, sess)
             sess.run(train_op)
     """)
-    assert finding.refusal.startswith("line 13: `kernel.load(...)` sets a variable by `Variable.load`")
+    assert "        w = np.load('teacher.npy')\n" in result
+    assert ("        for replica_copy in strategy.experimental_local_results(kernel):\n"
+            "            replica_copy.load(w, sess)\n") in result
+
+
+def test_a_load_outside_the_function_the_strategy_is_made_in_is_refused():
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        kl_weight = tf.Variable(0.0, trainable=False, name='kl_weight')
+        def build(xs, n):
+            opt = tf.train.AdamOptimizer(1e-3)
+            losses = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(tf.reduce_mean(model(xs[i])) + kl_weight * kl(xs[i]))
+            return opt.minimize(tf.add_n(losses) / n)
+        def anneal(sess, step):
+            kl_weight.load(min(1.0, step / 10.0), sess)
+    """)
+    assert finding.refusal.startswith("line 11: `kl_weight.load(...)` sets a variable by `Variable.load`")
 
 
 HAND_WRITTEN_BATCH_NORM = """

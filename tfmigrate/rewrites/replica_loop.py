@@ -153,7 +153,7 @@ def plan(rule, tower) -> Edit:
         **{key: _trainable(call.visit(ReplaceById(initial_value_changes))) for key, call in variables.items()},
         **{key: new for key, (_, new) in renamed.items()},
         id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
-        **_tower_functions(rule, tower),
+        **_tower_functions(rule, tower), **_loads_per_copy(rule, scope_region, strategy),
     }
     devices = _settings_inlined(rule, scope_region, _devices(rule, tower))
     if caller is not None:
@@ -1297,11 +1297,6 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
     blocker = rule.context.memo("replica_loop.regularization", lambda: _regularization_blocker(rule))
     if blocker:
         raise StateRefused(blocker)
-    loaded = rule.context.memo("replica_loop.loaded", lambda: _loaded_variable(rule))
-    if loaded is not None:
-        raise StateRefused(f"line {_line(rule, loaded)}: `{code(loaded.func)}(...)` sets a variable by `Variable.load`, "
-                           "which a variable the strategy mirrors does not have: feed the value through a "
-                           "placeholder and `tf.assign` it in the graph instead")
     optimizer = own_optimizer_update(rule, [*update.statements, *update.wrapped])
     if optimizer:
         raise StateRefused(optimizer)
@@ -1312,17 +1307,46 @@ def _check_training_state(rule, region: _Region, update: _Update) -> None:
                            "would cover, so it would not be a mirrored variable the replicas can update")
 
 
-def _loaded_variable(rule) -> cst.Call | None:
+def _loaded_variables(rule) -> list[cst.Call]:
     """`kl_weight.load(value, sess)` on a variable the module makes (`tf.Variable`,
-    `tf.get_variable`): under the strategy scope it becomes a MirroredVariable, and `load`
-    fails there (IndexError in TF 2.21, a VAE-style probe)."""
+    `tf.get_variable`) or into a session: under the strategy scope the variable is a
+    MirroredVariable, and `load` fails there (IndexError in TF 2.21, a VAE-style probe)."""
     loads = [call for call in _module_calls(rule) if method_call(call, "load") and 1 <= len(call.args) <= 2]
     if not loads:
-        return None
+        return []
     made = {code(target.target) for node in find(rule.context.module, cst.Assign)
             if isinstance(node.value, cst.Call) and rule.imports.resolve(node.value.func) in _VARIABLE_MAKERS
             for target in node.targets}
-    return next((call for call in loads if code(call.func.value) in made or _loads_in_session(call)), None)
+    return [call for call in loads if code(call.func.value) in made or _loads_in_session(call)]
+
+
+def _loads_per_copy(rule, region: _Region, strategy: str) -> dict:
+    """Each `Variable.load` statement of the function the strategy is made in, loading every
+    replica's copy of the (now mirrored) variable: `strategy.experimental_local_results(v)`
+    (a VAE's KL weight set each step, a teacher's kernel restored from numpy; two probes
+    failed with IndexError). A load elsewhere, or inside a larger expression, is refused."""
+    changes = {}
+    module = rule.context.module
+    for call in rule.context.memo("replica_loop.loaded", lambda: _loaded_variables(rule)):
+        statement = region.parents.get(id(region.parents.get(id(call))))
+        expression = region.parents.get(id(call))
+        if not (contains(region.owner, call) and isinstance(expression, cst.Expr) and expression.value is call
+                and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
+            raise StateRefused(f"line {_line(rule, call)}: `{code(call.func)}(...)` sets a variable by `Variable.load`, "
+                               "which a variable the strategy mirrors does not have, outside the function the "
+                               "strategy is made in: feed the value through a placeholder and `tf.assign` it instead")
+        copy, loaded = _fresh(module, "replica_copy", "variable_copy"), call.args[0].value
+        # A value made by a call is made once (a random draw must be the same for every copy).
+        value = _fresh(module, "loaded_value", "load_value") if find(loaded, cst.Call) else code(loaded)
+        load = call.with_changes(func=call.func.with_changes(value=cst.Name(copy)),
+                                 args=[call.args[0].with_changes(value=cst.parse_expression(value)), *call.args[1:]])
+        lines = [f"{value} = {code(loaded)}\n"] if value != code(loaded) else []
+        lines.append(f"for {copy} in {strategy}.experimental_local_results({code(call.func.value)}):\n    {code(load)}\n")
+        why = [f"# `{code(call.func.value)}` is mirrored now, and a mirrored variable has no `load`: each replica's copy is loaded."]
+        new = [cst.parse_statement(line) for line in lines]
+        new[0] = new[0].with_changes(leading_lines=[*statement.leading_lines, *(cst.EmptyLine(comment=cst.Comment(w)) for w in why)])
+        changes[id(statement)] = cst.FlattenSentinel(new)
+    return changes
 
 
 _VARIABLE_MAKERS = {"tensorflow.Variable", "tensorflow.get_variable"}
