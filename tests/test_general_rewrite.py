@@ -1671,10 +1671,11 @@ def test_a_shared_name_read_after_a_metric_the_replicas_wait_at_is_refused():
     assert finding.refusal.startswith("line 8: `tf.metrics.accuracy` makes the replicas wait for each other, and `loss`")
 
 
-def test_towers_that_update_a_variable_themselves_are_refused():
+def test_towers_that_update_a_variable_made_elsewhere_are_refused():
     """A2C style: each worker bumps a shared `episodes` counter with `tf.assign_add`, and the
-    session reads it to set the entropy bonus. Rewritten, the replicas updated their own copies
-    and the program trained differently from step 1."""
+    session reads it to set the entropy bonus. Rewritten as it was, the replicas updated their
+    own copies and the program trained differently from step 1. A counter the function is
+    handed (made who knows where) cannot be made to sum: refused."""
     (finding,) = tower_findings("""
         import tensorflow as tf
         def build(opt, xs, n, episodes):
@@ -1688,6 +1689,36 @@ def test_towers_that_update_a_variable_themselves_are_refused():
             return opt.apply_gradients(grads), tf.group(*counters)
     """)
     assert finding.refusal.startswith("line 7: the towers update a variable themselves (`tf.assign_add`)")
+
+
+@pytest.mark.parametrize("update, summed", [
+    ("tf.assign_add(episodes, tf.shape(xs[gpu])[0])", True),
+    ("episodes.assign_add(tf.shape(xs[gpu])[0])", True),
+    ("tf.assign(episodes, tf.shape(xs[gpu])[0])", False),  # a store: the last tower's value, refused
+])
+def test_a_counter_the_towers_add_to_sums_every_replicas_amount(update, summed):
+    """A counter made under the strategy scope and added to by every tower: made with
+    `aggregation=tf.VariableAggregation.SUM`, each replica's `assign_add` adds every replica's
+    amount to every copy, as the towers' adds did (the A2C-style and a word2vec-style probe
+    match; without it each copy counted its own replica's and they trained differently)."""
+    program = """
+        import tensorflow as tf
+        def build(opt, xs, n):
+            episodes = tf.Variable(0, dtype=tf.int32, trainable=False, name='episodes')
+            tower_grads, counters = [], []
+            for gpu in range(n):
+                with tf.device('/gpu:%d' % gpu):
+                    loss = tf.reduce_mean(model(xs[gpu]))
+                    counters.append(UPDATE)
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads), tf.group(*counters)
+    """.replace("UPDATE", update)
+    (finding,) = tower_findings(program)
+    assert finding.fixable is summed
+    if summed:
+        assert ("episodes = tf.Variable(0, dtype=tf.int32, trainable=False, name='episodes', "
+                "aggregation=tf.VariableAggregation.SUM)\n") in fixed(program)
 
 
 def test_a_name_a_later_function_binds_for_itself_is_neither_shared_nor_left_unbound():
@@ -2140,3 +2171,24 @@ def test_a_second_optimizer_of_one_name_over_the_same_variables_is_named_apart()
     assert "g_init_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9)\n" in result
     assert "g_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9, name='Adam_2')\n" in result
     assert "d_opt = tf.train.AdamOptimizer(1e-3, beta1=0.9)\n" in result
+
+
+def test_a_counted_add_is_a_step_where_the_replicas_wait():
+    """A summed counter's `assign_add` in a replica waits for the others (it adds their amounts):
+    a name shared with the code after the loop, bound before it and read after it, would be
+    another replica's by then, as across a `tf.metrics` call."""
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        def build(opt, xs, n):
+            seen = tf.Variable(0, trainable=False, name='seen')
+            tower_grads = []
+            for gpu in range(n):
+                with tf.device('/gpu:%d' % gpu):
+                    loss = tf.reduce_mean(model(xs[gpu]))
+                    count = tf.assign_add(seen, tf.shape(xs[gpu])[0])
+                    tower_grads.append(opt.compute_gradients(loss * 1.0))
+                    last_loss = loss
+            grads = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads), loss
+    """)
+    assert finding.refusal.startswith("line 8: `tf.assign_add` makes the replicas wait for each other, and `loss`")

@@ -148,9 +148,13 @@ def plan(rule, tower) -> Edit:
     initial_value_changes = {key: replacement for key, (_, replacement) in initial_values.items()}
     variables = _variable_calls(rule)
     renamed = _optimizers_named_apart(rule)
+    counters = _counted(rule, tower)[0]
+    summed = f"{tf('tensorflow.VariableAggregation')}.SUM"
     region_changes = {
         **initial_value_changes,
         **{key: _trainable(call.visit(ReplaceById(initial_value_changes))) for key, call in variables.items()},
+        **{key: _with_keyword(_trainable(call) if key in variables else call, "aggregation", summed)
+           for key, call in counters.items()},
         **{key: new for key, (_, new) in renamed.items()},
         id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
         **_tower_functions(rule, tower), **_loads_per_copy(rule, scope_region, strategy),
@@ -175,6 +179,7 @@ def plan(rule, tower) -> Edit:
     nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
     nodes.update(variables)
     nodes.update((key, call) for key, (call, _) in renamed.items())
+    nodes.update(counters)
     nodes.update((key, call) for key, (call, _) in initial_values.items())
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
     for helper, reads in _helpers_regularization(rule, loop).items():
@@ -228,11 +233,7 @@ def _optimizers_named_apart(rule) -> dict[int, tuple[cst.Call, cst.Call]]:
                     continue
                 apart = next(f"{name}_{k}" for k in range(2, 100) if f"{name}_{k}" not in taken)
                 taken.add(apart)
-                comma = call.args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-                named = call.with_changes(args=[*call.args[:-1], comma, cst.Arg(
-                    cst.SimpleString(f"'{apart}'"), keyword=cst.Name("name"),
-                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
-                renamed[id(call)] = (call, named)
+                renamed[id(call)] = (call, _with_keyword(call, "name", f"'{apart}'"))
         return renamed
 
     return rule.context.memo("replica_loop.optimizer_names", compute)
@@ -299,12 +300,18 @@ def _initializes(rule, call: cst.Call, parents: dict) -> bool:
 
 def _trainable(call: cst.Call) -> cst.Call:
     """``call`` with `trainable=True` added as its last argument."""
+    return _with_keyword(call, "trainable", "True")
+
+
+def _with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
+    """``call`` with `<keyword>=<value>` added as its last argument."""
     args = list(call.args)
-    args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    flag = cst.Arg(keyword=cst.Name("trainable"), value=cst.Name("True"),
-                   equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                         whitespace_after=cst.SimpleWhitespace("")))
-    return call.with_changes(args=[*args, flag])
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    added = cst.Arg(keyword=cst.Name(keyword), value=cst.parse_expression(value),
+                    equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                          whitespace_after=cst.SimpleWhitespace("")))
+    return call.with_changes(args=[*args, added])
 
 
 def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str) -> cst.FlattenSentinel:
@@ -344,9 +351,12 @@ def _check_waits(rule, region: _Region, shared: set[str]) -> None:
 
 
 def _waits(rule, call: cst.Call) -> bool:
-    """A cross-replica step inside the replica function: TF1's metrics aggregate across replicas."""
+    """A cross-replica step inside the replica function: TF1's metrics aggregate across
+    replicas, and so does a counter's `assign_add` (:func:`_counted`)."""
     name = rule.imports.resolve(call.func) or ""
-    return name.startswith(("tensorflow.metrics.", "tensorflow.compat.v1.metrics."))
+    counter = _counter_target(rule, call)
+    return name.startswith(("tensorflow.metrics.", "tensorflow.compat.v1.metrics.")) or (
+        counter is not None and _variable_maker(rule, counter) is not None)
 
 
 # --- the shape ------------------------------------------------------------------------------
@@ -400,10 +410,57 @@ def _check_variable_updates(rule, tower) -> None:
             raise Refused(f"line {_line(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
                           "a variable (named `.../replica_1` after the first), where the towers saw one variable")
         call = _training_call(rule, node, _updates_variable)
-        if call is not None:
+        if call is not None and id(call) not in _counted(rule, tower)[1]:
             raise Refused(f"line {_line(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
                           "under MirroredStrategy each replica would update its own copy of it; update it once "
                           "after the loop (from the towers' results)")
+
+
+def _counted(rule, tower) -> tuple[dict[int, cst.Call], set[int]]:
+    """The counters the towers add to (`tf.assign_add(episodes, n)`: what each A2C worker
+    consumed; a word2vec word counter): (their constructors, by id, made under the strategy
+    scope; the ids of the counting calls). Made with `aggregation=tf.VariableAggregation.SUM`,
+    a counter's `assign_add` in a replica adds every replica's amount to every copy, as the
+    towers' adds did (an A2C-style and a word2vec-style probe then match; without it each copy
+    counted its own replica's). A counter made elsewhere, or updated otherwise, is refused."""
+
+    def compute() -> tuple[dict[int, cst.Call], set[int]]:
+        makers, counting = {}, set()
+        scope = strategy_scope_owner(tower.loop, module_parents(rule.context), rule.imports)
+        for node in [tower.loop.body, *(function.body for function in tower.via)]:
+            for call in find(node, cst.Call):
+                target = _counter_target(rule, call)
+                maker = _variable_maker(rule, target) if target is not None else None
+                if maker is not None and scope is not None and contains(scope, maker):
+                    makers[id(maker)] = maker
+                    counting.add(id(call))
+        return makers, counting
+
+    return rule.context.memo(("replica_loop.counted", id(tower.loop)), compute)
+
+
+def _counter_target(rule, call: cst.Call) -> cst.BaseExpression | None:
+    """The variable of `tf.assign_add(v, n)`, `v.assign_add(n)` (or `assign_sub`)."""
+    resolved = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
+    if resolved in ("assign_add", "assign_sub") and call.args:
+        return call.args[0].value
+    if method_call(call, "assign_add") or method_call(call, "assign_sub"):
+        return call.func.value
+    return None
+
+
+def _variable_maker(rule, target: cst.BaseExpression) -> cst.Call | None:
+    """The one `tf.Variable(...)`/`tf.get_variable(...)` the module binds to ``target``, that does
+    not choose its aggregation already."""
+    makers = [node.value for node in find(rule.context.module, cst.Assign)
+              if any(code(t.target) == code(target) for t in node.targets)]
+    if len(makers) != 1 or not isinstance(makers[0], cst.Call):
+        return None
+    maker = makers[0]
+    if rule.imports.resolve(maker.func) not in _VARIABLE_MAKERS or any(
+            arg.keyword is not None and arg.keyword.value in ("aggregation", "synchronization") for arg in maker.args):
+        return None
+    return maker
 
 
 _VARIABLE_UPDATES = ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_add", "scatter_sub",
