@@ -35,7 +35,7 @@ REWRITTEN = [
     "general_monitored_session", "general_first_tower_var_list", "general_accumulated_gradients",
     "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices", "general_trainer_sibling_methods",
     "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
-    "general_kl_annealing_load",
+    "general_kl_annealing_load", "general_counter_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
