@@ -2192,3 +2192,33 @@ def test_a_counted_add_is_a_step_where_the_replicas_wait():
             return opt.apply_gradients(grads), loss
     """)
     assert finding.refusal.startswith("line 8: `tf.assign_add` makes the replicas wait for each other, and `loss`")
+
+
+def test_a_device_list_of_device_function_objects_is_refused():
+    """tf_cnn_benchmarks: `self.devices = self.variable_mgr.get_devices()` holds one
+    `ParamServerDeviceSetter` per GPU, a device function; handed to MirroredStrategy it failed
+    ("Unknown attribute ... while parsing the device spec")."""
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        class ParamServerDeviceSetter(object):
+            def __init__(self, worker_device, ps_devices):
+                self.worker_device, self.ps_devices = worker_device, ps_devices
+            def __call__(self, op):
+                return self.ps_devices[0] if op.type == 'VariableV2' else self.worker_device
+        class VariableMgr(object):
+            def get_devices(self, raw_devices):
+                return [ParamServerDeviceSetter(d, ['/cpu:0']) for d in raw_devices]
+        class Benchmark(object):
+            def __init__(self):
+                self.variable_mgr = VariableMgr()
+                self.devices = self.variable_mgr.get_devices(['/gpu:0', '/gpu:1'])
+            def build(self, opt, xs):
+                device_grads = []
+                for device_num, device in enumerate(self.devices):
+                    with tf.device(device):
+                        device_grads.append(opt.compute_gradients(tf.reduce_mean(model(xs[device_num]))))
+                grads = [(tf.add_n([g for g, _ in gv]) / len(gv), gv[0][1]) for gv in zip(*device_grads)]
+                return opt.apply_gradients(grads)
+    """)
+    assert finding.refusal.startswith("line 13: the towers' devices `self.devices` come from "
+                                      "`self.variable_mgr.get_devices()`, which makes `ParamServerDeviceSetter` objects")

@@ -160,6 +160,7 @@ def plan(rule, tower) -> Edit:
         **_tower_functions(rule, tower), **_loads_per_copy(rule, scope_region, strategy),
     }
     devices = _settings_inlined(rule, scope_region, _devices(rule, tower))
+    _check_device_names(rule, devices)
     if caller is not None:
         _check_devices_visible(rule, region, devices)
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
@@ -2122,6 +2123,33 @@ def _devices(rule, tower) -> str:
         index = code(loop.target.elements[0].value)
         return f"[{code(device)} for {index} in range({code(count)})]"
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _check_device_names(rule, devices: str) -> None:
+    """The strategy takes device names. A device list the module fills with objects of its own
+    classes (tf_cnn_benchmarks' `get_devices()`: a `ParamServerDeviceSetter` per GPU, a device
+    function) is refused: passed on, MirroredStrategy failed on the first ("Unknown attribute
+    ... while parsing the device spec")."""
+    module = rule.context.module
+    classes = {s.name.value for s in module.body if isinstance(s, cst.ClassDef)}
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for function in find(module, cst.FunctionDef):
+        functions.setdefault(function.name.value, []).append(function)
+    for node in find(module, cst.Assign):
+        if not (isinstance(node.value, cst.Call) and any(code(t.target) == devices for t in node.targets)):
+            continue
+        func = node.value.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+        for function in functions.get(name, []):
+            for returned in find(function, cst.Return):
+                value = returned.value
+                items = [value.elt] if isinstance(value, cst.ListComp) else (
+                    [e.value for e in value.elements] if isinstance(value, cst.List) else [])
+                made = next((callee_name(i) for i in items if isinstance(i, cst.Call) and callee_name(i) in classes), None)
+                if made is not None:
+                    raise Refused(f"line {_line(rule, node)}: the towers' devices `{devices}` come from "
+                                  f"`{code(func)}()`, which makes `{made}` objects (device functions), not device "
+                                  "names: MirroredStrategy needs the devices' names (those they place the towers on)")
 
 
 def _zipped_devices(loop: cst.For, device: cst.BaseExpression) -> str | None:
