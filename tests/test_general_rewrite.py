@@ -1896,7 +1896,8 @@ def test_every_tower_adding_every_regularization_term_counts_them_per_replica():
     `tf.losses.get_regularization_losses()`. The terms are tensors on replica 0's copy, so only
     replica 0's loss reaches them: it counts them once per replica, with the same value."""
     result = unsafe_fix(EVERY_TOWER_REGULARIZATION)
-    assert "regularization_scale = strategy.num_replicas_in_sync if int(" in result
+    assert ("regularization_scale = (strategy.num_replicas_in_sync\n"
+            "                                if int(") in result
     assert ("regularization = [t * regularization_scale - tf.stop_gradient(t) * (regularization_scale - 1) "
             "for t in tf.losses.get_regularization_losses()]") in result
     lazy = EVERY_TOWER_REGULARIZATION.replace("name='fc',", "name='fc', bias_regularizer=None,").replace(
@@ -1914,7 +1915,7 @@ def test_every_tower_adding_every_regularization_term_trains_like_the_original(t
     legacy, migrated = _values_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, fixed_text)
     assert np.allclose(legacy, migrated, rtol=1e-6) and not np.allclose(legacy, 1.0)
     # Without the count per replica (the terms reaching replica 0 once) it trains differently.
-    once = fixed_text.replace("strategy.num_replicas_in_sync if int(", "1 if int(")
+    once = fixed_text.replace("(strategy.num_replicas_in_sync\n", "(1\n")
     assert once != fixed_text
     _, migrated_once = _values_on_two_cpus(tmp_path, EVERY_TOWER_REGULARIZATION, once)
     assert not np.allclose(legacy, migrated_once, rtol=1e-6)
@@ -2009,7 +2010,8 @@ def test_a_helper_reading_every_regularization_term_counts_them_in_replica_0():
     assert ('"""The tower\'s loss."""\n'
             "        # The regularization terms are tensors on replica 0's copy of the weights: only replica 0's\n"
             "        # loss reaches them, so it counts them once per replica (their value stays the same).\n"
-            "        regularization_scale = tf.distribute.get_strategy().num_replicas_in_sync if int(") in helper
+            "        regularization_scale = (tf.distribute.get_strategy().num_replicas_in_sync\n"
+            "                                if int(") in helper
     assert ("tf.add_n([t * regularization_scale - tf.stop_gradient(t) * (regularization_scale - 1) "
             "for t in tf.losses.get_regularization_losses()])") in helper
 

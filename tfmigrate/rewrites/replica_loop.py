@@ -1796,7 +1796,11 @@ def _regularization_scale(tf: TfNames, run_by: str) -> cst.BaseStatement:
     """`regularization_scale`: the number of replicas in replica 0, 1 in the others (see
     :func:`_every_towers_regularization`)."""
     index = REPLICA_INDEX.format(tf=tf_root(tf))
-    line = cst.parse_statement(f"{REGULARIZATION_SCALE} = {run_by}.num_replicas_in_sync if {index} == 0 else 1\n")
+    text = f"{REGULARIZATION_SCALE} = {run_by}.num_replicas_in_sync if {index} == 0 else 1\n"
+    if len(text) > 100:  # (in a helper, where the strategy is `tf.distribute.get_strategy()`)
+        indent = " " * (len(REGULARIZATION_SCALE) + 4)
+        text = f"{REGULARIZATION_SCALE} = ({run_by}.num_replicas_in_sync\n{indent}if {index} == 0 else 1)\n"
+    line = cst.parse_statement(text)
     why = ["The regularization terms are tensors on replica 0's copy of the weights: only replica 0's",
            "loss reaches them, so it counts them once per replica (their value stays the same)."]
     return line.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {w}")) for w in why])
