@@ -2224,3 +2224,21 @@ def test_a_device_list_of_device_function_objects_is_refused():
     """)
     assert finding.refusal.startswith("line 13: the towers' devices `self.devices` come from "
                                       "`self.variable_mgr.get_devices()`, which makes `ParamServerDeviceSetter` objects")
+
+
+def test_a_moving_average_written_with_assign_sub_stays():
+    """charlesq34's tf_util batch norm: `tf.assign_sub(m, (1 - decay) * (m - batch_mean))` in the
+    UPDATE_OPS collection, the apply under `tf.control_dependencies([tf.group(*update_ops)])`: the
+    average reads the variable it updates, so each replica averages its own batches; a group of
+    collected ops, entered again in each replica's step, makes nothing that does work twice (a
+    PointNet++-style probe was refused, and matches)."""
+    result = fixed(HAND_WRITTEN_BATCH_NORM.replace(
+        "update = tf.assign(moving_mean, moving_mean * decay + batch_mean * (1 - decay))",
+        "update = tf.assign_sub(moving_mean, (1.0 - decay) * (moving_mean - batch_mean))").replace(
+        "        return opt.apply_gradients([(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)])",
+        "        grads = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]\n"
+        "        update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)\n"
+        "        with tf.control_dependencies([tf.group(*update_ops)]):\n"
+        "            return opt.apply_gradients(grads)"))
+    assert "call_for_each_replica(tower_fn)" in result
+    assert "with tf.control_dependencies([tf.group(*update_ops)]):" in result

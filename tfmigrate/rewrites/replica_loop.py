@@ -481,8 +481,9 @@ def _updates_variable(rule, call: cst.Call) -> bool:
         return False
     if name not in _VARIABLE_UPDATES:
         return False
-    # `tf.assign(m, m * decay + x * (1 - decay))`: the new value reads the old one, scaled.
-    moving_average = (name == "assign" and target is not None and value is not None
+    # `tf.assign(m, m * decay + x * (1 - decay))`, `tf.assign_sub(m, (1 - decay) * (m - x))`
+    # (charlesq34's tf_util batch norm): the new value reads the old one, scaled.
+    moving_average = (name in ("assign", "assign_sub", "assign_add") and target is not None and value is not None
                       and code(target) in {code(n) for n in find(value, cst.Name, cst.Attribute)}
                       and bool(find(value, cst.BinaryOperation)))
     return not moving_average
@@ -1169,13 +1170,18 @@ def _control_dependencies(rule, region: _Region, line: cst.CSTNode) -> list[str]
 
 
 def _reads_only(rule, value: cst.BaseExpression) -> bool:
-    """Names, attributes, lists of them and collection reads: entered again, nothing is made twice."""
+    """Names, attributes, lists of them, collection reads, and groupings of such (`tf.group(*ops)`,
+    a no-op that waits for them): entered again, nothing that does work is made twice."""
     if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
         return True
     if isinstance(value, (cst.List, cst.Tuple)):
         return all(_reads_only(rule, element.value) for element in value.elements)
-    return isinstance(value, cst.Call) and rule.imports.resolve(value.func) in (
-        "tensorflow.get_collection", "tensorflow.get_collection_ref")
+    if isinstance(value, cst.StarredElement):
+        return _reads_only(rule, value.value)
+    name = rule.imports.resolve(value.func) if isinstance(value, cst.Call) else None
+    if name in ("tensorflow.group", "tensorflow.tuple"):
+        return all(_reads_only(rule, arg.value) for arg in value.args if arg.keyword is None)
+    return name in ("tensorflow.get_collection", "tensorflow.get_collection_ref")
 
 
 def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.Call, taken: set[str],
