@@ -2242,3 +2242,13 @@ def test_a_moving_average_written_with_assign_sub_stays():
         "            return opt.apply_gradients(grads)"))
     assert "call_for_each_replica(tower_fn)" in result
     assert "with tf.control_dependencies([tf.group(*update_ops)]):" in result
+
+
+def test_a_refusal_quoting_code_over_several_lines_is_one_line():
+    """carpedm20 DCGAN's `tf.train.AdamOptimizer(...) \\` + `.minimize(...)`, quoted in a reason:
+    `fix` prints each reason on one line."""
+    from tfmigrate.rewrites.refusal import Refused
+
+    quoted = "`tf.train.AdamOptimizer(lr, beta1=b) \\\n            .minimize` trains in this module"
+    assert str(Refused(quoted)) == "`tf.train.AdamOptimizer(lr, beta1=b) .minimize` trains in this module"
+    assert str(Refused("`f(a,\n      b)` is unknown")) == "`f(a, b)` is unknown"

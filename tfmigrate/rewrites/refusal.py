@@ -8,11 +8,20 @@ it is), so that one `except Refused` catches every refusal that reaches a rule.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["Refused", "StateRefused"]
+
+# A line break in quoted code (a call continued with `\` or over several lines), with the
+# indentation after it: the reason is printed on one line.
+_BREAK = re.compile(r"\s*\\?\n\s*")
 
 
 class Refused(Exception):
-    """The code does not have a shape this rewrite handles; the message says why."""
+    """The code does not have a shape this rewrite handles; the message says why, on one line."""
+
+    def __init__(self, message: str = "", *args):
+        super().__init__(_BREAK.sub(" ", message) if isinstance(message, str) else message, *args)
 
 
 class StateRefused(Refused):
