@@ -77,9 +77,11 @@ class ManualTowerLoop(Rule):
         refuses, naming the line, what would change the meaning: gradients computed after the
         loop, regularization losses collected once by the first tower (read by the tower's
         scope they are each replica's own, and stay), a global step made outside the strategy
-        scope, a loop in a module-level block that may run more than once, towers that count or
-        store into a variable themselves (`tf.assign_add(counter, n)`: in a replica it updates
-        that replica's copy; a moving average such as a hand-written batch norm's stays), a
+        scope, a loop in a module-level block that may run more than once, towers that store
+        into a variable themselves (`tf.assign(last, x)`: in a replica it updates that replica's
+        copy; a moving average such as a hand-written batch norm's stays, and a counter the
+        towers add to, made under the scope, is made with `aggregation=tf.VariableAggregation.SUM`
+        so that every replica's add reaches every copy), a
         custom getter in the towers, a variable set with `Variable.load` outside the function
         the strategy is made in (inside it, each replica's copy is loaded), an optimizer class of
         the project that overrides `apply_gradients` itself (BERT's `AdamWeightDecayOptimizer`:
