@@ -35,7 +35,7 @@ REWRITTEN = [
     "general_monitored_session", "general_first_tower_var_list", "general_accumulated_gradients",
     "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices", "general_trainer_sibling_methods",
     "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
-    "general_kl_annealing_load", "general_counter_towers",
+    "general_kl_annealing_load", "general_counter_towers", "general_class_train_method",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -2252,3 +2252,40 @@ def test_a_refusal_quoting_code_over_several_lines_is_one_line():
     quoted = "`tf.train.AdamOptimizer(lr, beta1=b) \\\n            .minimize` trains in this module"
     assert str(Refused(quoted)) == "`tf.train.AdamOptimizer(lr, beta1=b) .minimize` trains in this module"
     assert str(Refused("`f(a,\n      b)` is unknown")) == "`f(a, b)` is unknown"
+
+
+def test_an_update_in_a_method_the_class_user_calls_runs_under_the_strategy_kept_on_self():
+    """carpedm20 DCGAN: `__init__` calls `build_model()` (the towers, their losses averaged into
+    `self.d_loss`), and the script calls `train()`, which makes the optimizers and minimizes. The
+    strategy is kept on `self`, made in `__init__`; `train()`'s body runs under it, each replica
+    minimizing the loss by its own copy (a DCGAN-style probe was refused; it matches exactly)."""
+    result = fixed("""
+        import tensorflow as tf
+        class GAN(object):
+            def __init__(self, sess, num_gpus=2):
+                self.sess = sess
+                self.num_gpus = num_gpus
+                self.build_model()
+            def build_model(self):
+                self.x = tf.placeholder(tf.float32, [16, 4])
+                parts = tf.split(self.x, self.num_gpus)
+                self.d_loss = []
+                for gpu_id in range(self.num_gpus):
+                    with tf.device('/gpu:%d' % gpu_id):
+                        self.d_loss.append(tf.reduce_mean(critic(parts[gpu_id], reuse=gpu_id > 0)))
+                self.d_loss = tf.reduce_mean(self.d_loss)
+            def train(self, steps):
+                d_optim = tf.train.AdamOptimizer(1e-3, beta1=0.5) \\
+                    .minimize(self.d_loss)
+                for step in range(steps):
+                    self.sess.run(d_optim)
+    """)
+    assert ("        self.num_gpus = num_gpus\n"
+            "        self.strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % gpu_id for gpu_id in range(self.num_gpus)])\n"
+            "        with self.strategy.scope():\n"
+            "            self.sess = sess\n"
+            "            self.build_model()\n") in result
+    assert ("    def train(self, steps):\n"
+            "        # The towers were built under this strategy (in the constructor); their update runs under it too.\n"
+            "        with self.strategy.scope():\n") in result
+    assert "                return tf.train.AdamOptimizer(1e-3, beta1=0.5).minimize(self.d_loss)\n" in result

@@ -103,6 +103,9 @@ class _Region:
     # Methods whose bodies ``following`` also holds: they run after the loop, called by the
     # method that called the one with the loop (a trainer's `_build_update()`).
     reaches: list[cst.FunctionDef] = field(default_factory=list)
+    # Those of them the class's user calls (carpedm20 DCGAN's `train()`): they run under the
+    # strategy kept on `self`.
+    external: list[cst.FunctionDef] = field(default_factory=list)
 
 
 @dataclass
@@ -134,6 +137,8 @@ def plan(rule, tower) -> Edit:
     tf = TfNames(rule)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     caller = _caller(rule, region) or _method_caller(rule, region)
+    if caller is not None and caller.external:  # the class's user runs them later: the strategy stays on `self`
+        strategy = "self." + _fresh(module, "strategy", "mirrored_strategy")
     if caller is None:
         update = _update(rule, region, strategy, tf)
     else:
@@ -174,6 +179,8 @@ def plan(rule, tower) -> Edit:
         anchor, new_anchor = place_scope(scope_region.loop, scope_region.parents, imports, region_changes, create,
                                          scope_item, prelude)
         changes = {anchor: new_anchor}
+    for method in scope_region.external:
+        changes[method] = _under_scope(method.visit(ReplaceById(region_changes)), scope_item)
     # Edits outside what the strategy scope replaced apply on their own.
     inside = {id(node) for replaced in changes for node in walk(replaced)}
     owners = [region.owner, scope_region.owner, *tower.via, *scope_region.reaches]
@@ -1076,7 +1083,40 @@ def _method_caller(rule, region: _Region) -> _Region | None:
                 found.reaches.append(method)
                 found.following += list(method.body.body)
                 pending += list(method.body.body)
+    if not found.reaches:
+        results = {c.target for c in _collected(region.loop)} | {
+            code(t.target) for line in region.following for t in find(line, cst.AssignTarget)}
+        found.external = _external_updates(holder, methods, owner, caller, results)
+        found.reaches = list(found.external)
+        found.following += [s for method in found.external for s in method.body.body]
     return found if found.reaches else None
+
+
+def _under_scope(method: cst.FunctionDef, scope_item: cst.WithItem) -> cst.FunctionDef:
+    """``method``'s body (after its docstring) under the strategy kept on `self`: its optimizer
+    calls run through `tf.distribute.get_strategy()`, and the variables they make are mirrored."""
+    body = list(method.body.body)
+    at = 1 if body and is_docstring(body[0]) else 0
+    why = cst.EmptyLine(comment=cst.Comment(
+        "# The towers were built under this strategy (in the constructor); their update runs under it too."))
+    scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=[blank_lines_unindented(s) for s in body[at:]]),
+                      leading_lines=[why])
+    return method.with_changes(body=method.body.with_changes(body=[*body[:at], scoped]))
+
+
+def _external_updates(holder: cst.ClassDef, methods: dict, owner, caller, results: set[str]) -> list[cst.FunctionDef]:
+    """The methods of the class that update the model from what the towers left on `self`
+    (`self.d_loss`), that no method of the class calls: the class's user calls them after
+    building it (carpedm20 DCGAN: `__init__` calls `build_model()`, the script calls `train()`)."""
+    called = {_self_method(c) for c in find(holder, cst.Call)}
+    found = []
+    for name, method in methods.items():
+        if method is owner or method is caller or name in called or _first_parameter(method) != "self":
+            continue
+        reads = {code(a) for a in find(method, cst.Attribute)}
+        if reads & results and any(_optimizer_step(c) for c in find(method, cst.Call)):
+            found.append(method)
+    return found
 
 
 def _self_method(call: cst.Call) -> str | None:
@@ -1224,8 +1264,22 @@ def _one_line(call: cst.Call) -> str:
     """The call's code on one line where its arguments are (a call laid out over several lines
     keeps its own indentation, which is wrong inside the new function)."""
     args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT, whitespace_after_arg=cst.SimpleWhitespace("")) for a in call.args]
-    flat = call.with_changes(args=args, whitespace_before_args=cst.SimpleWhitespace(""))
-    return code(flat) if "\n" not in code(flat) else code(call)
+    flat = code(call.with_changes(args=args, whitespace_before_args=cst.SimpleWhitespace("")))
+    joined = _CONTINUATION.sub("", flat)  # `opt \` + `.minimize(...)` (carpedm20 DCGAN): one line
+    if "\n" not in joined and _parses(joined):
+        return joined
+    return code(call)
+
+
+_CONTINUATION = re.compile(r"[ \t]*\\\n[ \t]*")
+
+
+def _parses(expression: str) -> bool:
+    try:
+        cst.parse_expression(expression)
+    except cst.ParserSyntaxError:
+        return False
+    return True
 
 
 _ITERATORS = ("zip", "map", "filter", "iter", "enumerate", "reversed")
