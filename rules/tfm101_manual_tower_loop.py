@@ -98,7 +98,9 @@ class ManualTowerLoop(Rule):
         and only where the tower rewrite then takes that loop; otherwise the finding gives the
         tower rewrite's reason. Towers built by one method of a class into `self` and updated
         by a sibling method (both called in turn by a third, e.g. `__init__`) are rewritten
-        where they are: the strategy is made in the calling method.
+        where they are: the strategy is made in the calling method. Where the sibling is a
+        method the class's user calls later (carpedm20 DCGAN's `train()`), the strategy is kept
+        on `self` (`self.strategy`) and that method's body runs under `self.strategy.scope()`.
 
         With `tower-input = "dataset"` (pyproject.toml, or `fix --tower-input dataset`), the
         textbook shape is rewritten as a step a TF2 program can take over: `strategy.run` of a
