@@ -323,6 +323,13 @@ class MultiGpuModel(Rule):
                 f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
                 f"or build and compile `{model}` under `strategy.scope()` by hand and use it in place of the parallel model"
             )
+        generator_fit = self._generator_fit({model, target})
+        if generator_fit is not None:
+            return None, (
+                f"`{generator_fit}(...)` feeds a Python generator, and Keras's TF1-mode training under a "
+                "distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
+                "`tf.data.Dataset` (`tf.data.Dataset.from_generator(...)`) or run the program as TF2"
+            )
         devices = self._devices(call)
         if devices is False:
             return None, "`gpus` is a list that is not a literal list of GPU ids; pass `devices=[...]` to MirroredStrategy by hand"
@@ -358,6 +365,15 @@ class MultiGpuModel(Rule):
         changes.update(self._keras3_weight_files({model, target}))
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
+
+    def _generator_fit(self, models: set) -> str | None:
+        """`parallel_model.fit_generator(...)`: the model trained from a Python generator."""
+        for node in find(self.context.module, cst.Call):
+            func = node.func
+            if (isinstance(func, cst.Attribute) and func.attr.value == "fit_generator"
+                    and self._code(func.value) in models):
+                return self._code(func)
+        return None
 
     def _construction(self, body, index: int, model: str) -> int | None:
         """Index of the statement that builds ``model``, before ``index`` in the same block."""

@@ -2289,3 +2289,48 @@ def test_an_update_in_a_method_the_class_user_calls_runs_under_the_strategy_kept
             "        # The towers were built under this strategy (in the constructor); their update runs under it too.\n"
             "        with self.strategy.scope():\n") in result
     assert "                return tf.train.AdamOptimizer(1e-3, beta1=0.5).minimize(self.d_loss)\n" in result
+
+
+def test_a_graph_reset_after_plain_python_stays_above_the_strategy():
+    """GE2E style: `rng = np.random.RandomState(7)` and numpy data first, then
+    `tf.reset_default_graph()`: under the strategy's scope the reset failed ("Do not use
+    tf.reset_default_graph() to clear nested graphs"); it stays above the strategy."""
+    result = fixed("""
+        import numpy as np
+        import tensorflow as tf
+        def train(n):
+            rng = np.random.RandomState(7)
+            data = rng.randn(8, 4).astype(np.float32)
+            tf.reset_default_graph()
+            x = tf.placeholder(tf.float32, [8, 4])
+            opt = tf.train.GradientDescentOptimizer(0.1)
+            parts = tf.split(x, n)
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(parts[i]))))
+            return opt.apply_gradients([(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]), data
+    """)
+    assert ("    data = rng.randn(8, 4).astype(np.float32)\n"
+            "    tf.reset_default_graph()\n"
+            "    strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % i for i in range(n)])\n"
+            "    with strategy.scope():\n"
+            "        x = tf.placeholder(tf.float32, [8, 4])\n") in result
+
+
+def test_a_parallel_model_trained_from_a_python_generator_is_refused():
+    """Keras 2.1-era `parallel_model.fit_generator(gen, ...)`: under a distribution strategy,
+    TF1-mode Keras trains only from `tf.data` datasets (a probe failed with AssertionError in
+    `_distribution_standardize_user_data`), so TFM201 says so instead of rewriting."""
+    findings = [f for f in run_check("""
+        import tensorflow as tf
+        from tensorflow.keras.utils import multi_gpu_model
+        def main(gen):
+            with tf.device('/cpu:0'):
+                model = build_model()
+            parallel_model = multi_gpu_model(model, gpus=2)
+            parallel_model.compile(optimizer='sgd', loss='mse')
+            parallel_model.fit_generator(gen, steps_per_epoch=10, epochs=3)
+    """) if f.code == "TFM201"]
+    assert findings and not findings[0].fixable
+    assert "`parallel_model.fit_generator(...)` feeds a Python generator" in findings[0].message

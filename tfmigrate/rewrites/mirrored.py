@@ -885,12 +885,28 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=())
         body = list(node.body.visit(ReplaceById(region)).body)
         before = body[:1] if body and is_docstring(body[0]) else []
         rest = body[len(before):]
+        reset = _graph_reset_after_plain_python(rest, imports)
+        before, rest = [*before, *rest[:reset]], rest[reset:]
         while rest and _runs_before_strategy(rest[0]):
             before, rest = [*before, rest[0]], rest[1:]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
         return node, node.with_changes(body=node.body.with_changes(body=[*before, *creates, scoped]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
+
+
+def _graph_reset_after_plain_python(statements: list, imports) -> int:
+    """How many leading statements stay above the strategy because a `tf.reset_default_graph()`
+    comes after plain Python only (`rng = np.random.RandomState(7)` first, GE2E style): the
+    reset must not run under the strategy's scope ("Do not use tf.reset_default_graph() to clear
+    nested graphs"). 0 when there is no such reset."""
+    for index, statement in enumerate(statements):
+        call = only_call(statement)
+        if call is not None and method_call(call, "reset_default_graph"):
+            return index + 1
+        if any((imports.resolve(node) or "").startswith("tensorflow") for node in find(statement, cst.Name, cst.Attribute)):
+            return 0
+    return 0
 
 
 def _runs_before_strategy(statement: cst.CSTNode) -> bool:
