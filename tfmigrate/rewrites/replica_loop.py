@@ -328,7 +328,7 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     step = _fresh(rule.context.module, "tower_fn", "replica_fn")
     body, rereads = _replica_body(rule, tower, region, update, tf, run_by)
     shared, unbound = _shared_names(region, body, update)
-    _check_waits(rule, region, set(shared) - update.binds)
+    _check_waits(rule, region, set(shared) - update.binds, _counted(rule, tower)[1])
     function = _replica_function(region, step, body, shared, tf)
     call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
@@ -340,14 +340,15 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     return cst.FlattenSentinel(replacement)
 
 
-def _check_waits(rule, region: _Region, shared: set[str]) -> None:
+def _check_waits(rule, region: _Region, shared: set[str], counting: set[int]) -> None:
     """A name shared with the code around the loop, bound in the body before a step where the
-    replicas wait for each other (`tf.metrics.*` aggregates across them) and read after it:
-    while one replica waits there, the next runs its body and binds the name to its own
-    value, so the first would read the other's (the loop's iterations never interleaved)."""
+    replicas wait for each other (`tf.metrics.*` aggregates across them, and so does the
+    `assign_add` of a counter in ``counting``, see :func:`_counted`) and read after it: while
+    one replica waits there, the next runs its body and binds the name to its own value, so
+    the first would read the other's (the loop's iterations never interleaved)."""
     statements = _statements(region.loop.body)  # the simple statements, in the order they run
     for at, statement in enumerate(statements):
-        wait = next((c for c in find(statement, cst.Call) if _waits(rule, c)), None)
+        wait = next((c for c in find(statement, cst.Call) if id(c) in counting or _waits(rule, c)), None)
         if wait is None:
             continue
         before = set().union(set(), *(_bound_names(s) for s in statements[:at + 1])) & shared
@@ -359,12 +360,9 @@ def _check_waits(rule, region: _Region, shared: set[str]) -> None:
 
 
 def _waits(rule, call: cst.Call) -> bool:
-    """A cross-replica step inside the replica function: TF1's metrics aggregate across
-    replicas, and so does a counter's `assign_add` (:func:`_counted`)."""
+    """A cross-replica step inside the replica function: TF1's metrics aggregate across replicas."""
     name = rule.imports.resolve(call.func) or ""
-    counter = _counter_target(rule, call)
-    return name.startswith(("tensorflow.metrics.", "tensorflow.compat.v1.metrics.")) or (
-        counter is not None and _variable_maker(rule, counter) is not None)
+    return name.startswith(("tensorflow.metrics.", "tensorflow.compat.v1.metrics."))
 
 
 # --- the shape ------------------------------------------------------------------------------
@@ -449,12 +447,23 @@ def _counted(rule, tower) -> tuple[dict[int, cst.Call], set[int]]:
 
 def _counter_target(rule, call: cst.Call) -> cst.BaseExpression | None:
     """The variable of `tf.assign_add(v, n)`, `v.assign_add(n)` (or `assign_sub`)."""
-    resolved = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
-    if resolved in ("assign_add", "assign_sub") and call.args:
-        return call.args[0].value
-    if method_call(call, "assign_add") or method_call(call, "assign_sub"):
-        return call.func.value
-    return None
+    update = _variable_update(rule, call)
+    return update[1] if update is not None and update[0] in ("assign_add", "assign_sub") else None
+
+
+def _variable_update(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None, cst.BaseExpression | None] | None:
+    """(The update, the variable, the value) of `tf.assign_add(v, n)` or `v.assign_add(n)` (any
+    of :data:`_VARIABLE_UPDATES`), else None."""
+    resolved = rule.imports.resolve(call.func) or ""
+    if resolved.startswith("tensorflow"):
+        name = resolved.rsplit(".", 1)[-1]
+        target, value = (call.args[0].value if call.args else None), (call.args[1].value if len(call.args) > 1 else None)
+    elif isinstance(call.func, cst.Attribute):
+        name = call.func.attr.value
+        target, value = call.func.value, (call.args[0].value if call.args else None)
+    else:
+        return None
+    return (name, target, value) if name in _VARIABLE_UPDATES else None
 
 
 def _variable_maker(rule, target: cst.BaseExpression) -> cst.Call | None:
@@ -477,17 +486,10 @@ _VARIABLE_UPDATES = ("assign", "assign_add", "assign_sub", "scatter_update", "sc
 
 def _updates_variable(rule, call: cst.Call) -> bool:
     """A call that counts or stores into a variable (not a moving average of it)."""
-    resolved = rule.imports.resolve(call.func) or ""
-    if resolved.startswith("tensorflow"):
-        name = resolved.rsplit(".", 1)[-1]
-        target, value = (call.args[0].value if call.args else None), (call.args[1].value if len(call.args) > 1 else None)
-    elif isinstance(call.func, cst.Attribute):
-        name = call.func.attr.value
-        target, value = call.func.value, (call.args[0].value if call.args else None)
-    else:
+    update = _variable_update(rule, call)
+    if update is None:
         return False
-    if name not in _VARIABLE_UPDATES:
-        return False
+    name, target, value = update
     # `tf.assign(m, m * decay + x * (1 - decay))`, `tf.assign_sub(m, (1 - decay) * (m - x))`
     # (charlesq34's tf_util batch norm): the new value reads the old one, scaled.
     moving_average = (name in ("assign", "assign_sub", "assign_add") and target is not None and value is not None
@@ -1353,8 +1355,7 @@ def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozens
     """The first call under ``node`` that trains (or passes another ``test``), looking into the
     module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss)."""
     test = test or _trains
-    functions = rule.context.memo("replica_loop.functions", lambda: {
-        s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)})
+    functions = _module_functions(rule)
     for call in find(node, cst.Call):
         if test(rule, call):
             return call
@@ -1364,6 +1365,12 @@ def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozens
                 lambda: _training_call(rule, functions[name], test, seen | {name}) is not None):
             return call
     return None
+
+
+def _module_functions(rule) -> dict[str, cst.FunctionDef]:
+    """The module's top-level functions by name, found once per module."""
+    return rule.context.memo("replica_loop.functions", lambda: {
+        s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)})
 
 
 def _computes_gradients(rule, call: cst.Call) -> bool:
@@ -1887,8 +1894,7 @@ def _helpers_regularization(rule, loop: cst.For) -> dict[cst.FunctionDef, list[c
     if not isinstance(_fixed_regularization(rule), cst.Arg) or _lazy_regularization(rule):
         return {}
     module = rule.context.module
-    functions = rule.context.memo("replica_loop.functions", lambda: {
-        s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)})
+    functions = _module_functions(rule)
     home = enclosing_class(loop, module_parents(rule.context))
     methods = {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
     found: dict[cst.FunctionDef, list[cst.Call]] = {}
