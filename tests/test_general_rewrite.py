@@ -2334,3 +2334,20 @@ def test_a_parallel_model_trained_from_a_python_generator_is_refused():
     """) if f.code == "TFM201"]
     assert findings and not findings[0].fixable
     assert "`parallel_model.fit_generator(...)` feeds a Python generator" in findings[0].message
+
+
+def test_an_averaging_helper_imported_relatively_is_read_from_the_package(tmp_path):
+    """`from .utils import average_gradients` inside a package: `utils.py` in the trainer's own
+    folder; the relative import stays (the fixer removes only absolute imports it can name)."""
+    from tfmigrate.engine.config import Config
+    from tfmigrate.engine.fixer import fix_text
+
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text(AVERAGING_UTILS)
+    source = PROJECT_TRAINER.replace("IMPORT", ".utils import average_gradients").replace("HELPER", "average_gradients")
+    (package / "train.py").write_text(source)
+    result = fix_text(source, Config(root=tmp_path), unsafe=True, path=str(package / "train.py"))
+    assert "scalar_mul(1.0 / strategy.num_replicas_in_sync, g)" in result  # read as averaging
+    assert "average_gradients(tower_grads)" not in result

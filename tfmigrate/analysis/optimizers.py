@@ -15,12 +15,13 @@ returns, into the module or another module of the project (:mod:`.project_import
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import libcst as cst
 
 from tfmigrate.analysis.project_imports import project_definition
 from tfmigrate.cst.codegen import code
+from tfmigrate.cst.names import ImportTable
 from tfmigrate.cst.traversal import find
 
 __all__ = ["HandWritten", "hand_written_update"]
@@ -29,17 +30,34 @@ _UPDATES = ("apply_gradients", "minimize")
 _LIBRARIES = ("tensorflow", "keras", "tf_keras")
 
 
-class HandWritten(SimpleNamespace):
-    """``name``: the optimizer class; ``method``: the update it overrides; ``node``: its def;
-    ``where``: its file (None: this module)."""
+@dataclass(frozen=True)
+class HandWritten:
+    """A project optimizer class whose own update skips the strategy."""
+
+    name: str  # the class
+    method: str  # the update it overrides
+    node: cst.FunctionDef  # that method's def
+    where: str | None  # its file (None: the module being checked)
+
+
+@dataclass(frozen=True)
+class _Where:
+    """A module definitions are looked up in: the one being checked, or another of the project
+    (``file``). ``path`` and ``read_paths`` are what :func:`project_definition` reads from a
+    rule context."""
+
+    module: cst.Module
+    imports: ImportTable
+    path: str
+    read_paths: set[str]
+    file: str | None = None
 
 
 def hand_written_update(context, receiver: cst.BaseExpression) -> HandWritten | None:
     """The project's own optimizer class that the optimizer ``receiver`` is made by, if it
     overrides the update without handing it to the strategy, else None (a TensorFlow
     optimizer, or one the module does not show)."""
-    here = SimpleNamespace(module=context.module, imports=context.imports, path=context.path,
-                           read_paths=context.read_paths, file=None)
+    here = _Where(context.module, context.imports, context.path, context.read_paths)
     target = code(receiver)
     for node in find(context.module, cst.Assign):
         if any(code(t.target) == target for t in node.targets):
@@ -49,7 +67,7 @@ def hand_written_update(context, receiver: cst.BaseExpression) -> HandWritten | 
     return None
 
 
-def _made_by(where, value: cst.BaseExpression, depth: int) -> HandWritten | None:
+def _made_by(where: _Where, value: cst.BaseExpression, depth: int) -> HandWritten | None:
     if not isinstance(value, cst.Call) or depth > 2:
         return None
     definition, home = _definition(where, value.func)
@@ -71,7 +89,7 @@ def _made_by(where, value: cst.BaseExpression, depth: int) -> HandWritten | None
     return None
 
 
-def _definition(where, func: cst.BaseExpression):
+def _definition(where: _Where, func: cst.BaseExpression):
     """(The def or class ``func`` names, the module it is in), from this module or the project."""
     name = (where.imports.resolve(func) or "") if isinstance(func, (cst.Name, cst.Attribute)) else ""
     if name.split(".", 1)[0] in _LIBRARIES:
@@ -87,9 +105,8 @@ def _definition(where, func: cst.BaseExpression):
     found = project_definition(where, module_name, 0, attribute)
     if found is None:
         return None, where
-    home = SimpleNamespace(module=found.tree, imports=found.imports, path=str(found.path),
-                           read_paths=where.read_paths, file=str(found.path))
-    return found.function, home
+    home = _Where(found.tree, found.imports, str(found.path), where.read_paths, file=str(found.path))
+    return found.definition, home
 
 
 def _calls_super(method: cst.FunctionDef) -> bool:

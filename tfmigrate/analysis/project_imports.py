@@ -22,18 +22,18 @@ import libcst as cst
 
 from tfmigrate.cst.names import ImportTable, dotted_name
 
-__all__ = ["ProjectFunction", "project_definition", "project_function"]
+__all__ = ["ProjectDefinition", "project_definition", "project_function"]
 
 _LEVELS_UP = 3
 _MAX_BYTES = 2_000_000  # a generated or vendored file this large is no helper module
 
 
 @dataclass(frozen=True)
-class ProjectFunction:
-    """A module-level function (or class) of another module of the project, with that
-    module's imports."""
+class ProjectDefinition:
+    """A module-level function or class of another module of the project, with that module's
+    imports."""
 
-    function: cst.FunctionDef | cst.ClassDef
+    definition: cst.FunctionDef | cst.ClassDef
     imports: ImportTable
     path: Path
     module: str  # as the import names it (`utils`; `model_utils` of `.model_utils`)
@@ -41,15 +41,15 @@ class ProjectFunction:
     tree: cst.Module  # the module it is defined in
 
 
-def project_function(context, name: str) -> ProjectFunction | None:
+def project_function(context, name: str) -> ProjectDefinition | None:
     """The function the module binds to ``name`` by importing it from a module of its own
     project (`from utils import average_grads [as avg]`), else None."""
     origin = _origin(context.module, name)
     found = project_definition(context, *origin) if origin is not None else None
-    return found if found is not None and isinstance(found.function, cst.FunctionDef) else None
+    return found if found is not None and isinstance(found.definition, cst.FunctionDef) else None
 
 
-def project_definition(context, module_name: str, level: int, name: str) -> ProjectFunction | None:
+def project_definition(context, module_name: str, level: int, name: str) -> ProjectDefinition | None:
     """The top-level def or class ``name`` of the project module ``module_name`` (imported
     with ``level`` dots), read from its file, else None."""
     if not context.path or not os.path.isfile(context.path):
@@ -62,7 +62,7 @@ def project_definition(context, module_name: str, level: int, name: str) -> Proj
         context.read_paths.add(str(path))
         for statement in module.body:
             if isinstance(statement, (cst.FunctionDef, cst.ClassDef)) and statement.name.value == name:
-                return ProjectFunction(statement, imports, path, module_name, level, module)
+                return ProjectDefinition(statement, imports, path, module_name, level, module)
         return None  # the module is found, and it does not define the name itself
     return None
 
@@ -85,10 +85,11 @@ def _origin(module: cst.Module, name: str) -> tuple[str, int, str] | None:
 def _candidates(folder: Path, module_name: str, level: int) -> list[Path]:
     """The files `module_name` may be, most likely first."""
     parts = [part for part in module_name.split(".") if part]
+    folders = [folder, *folder.parents]  # the importing file's own, then each one above it
     if level:  # `from .utils import f` (level 1) is the importing file's own folder
-        roots = [folder.parents[level - 2] if level > 1 else folder] if level - 2 < len(folder.parents) else []
+        roots = folders[level - 1:level]
     else:
-        roots = [folder, *list(folder.parents)[:_LEVELS_UP]]
+        roots = folders[:_LEVELS_UP + 1]
     found = []
     for root in roots:
         if not parts:  # `from . import utils`-style imports name a module, not a function

@@ -217,7 +217,7 @@ def averaging_helper(helper: str, context, within: cst.ClassDef | None = None) -
     if found is None and within is None:
         imported = project_function(context, helper)
         if imported is not None:
-            found, imports = imported.function, imported.imports
+            found, imports = imported.definition, imported.imports
     if found is None:
         where = "this module or the project modules beside it" if within is None else f"class `{within.name.value}`"
         raise Refused(f"`{helper}` is not defined in {where}, so whether it averages or sums is unknown")
@@ -234,7 +234,7 @@ def helper_import(context, helper: str | None) -> list[ImportItem]:
     imported = project_function(context, helper) if helper and "." not in helper else None
     if imported is None or imported.level:
         return []
-    name = imported.function.name.value
+    name = imported.definition.name.value
     return [ImportItem(imported.module, name, None if name == helper else helper)]
 
 
