@@ -1235,19 +1235,19 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.C
     before: list[cst.BaseStatement] = []
     if method_call(call, "apply_gradients") and first is not None:
         if _may_be_iterator(region, first):  # each replica walks the pairs: a zip would run dry
-            pairs = _fresh_unique(module, taken, "grads_and_vars_list")
+            pairs = fresh_name(module, "grads_and_vars_list", taken)
             before.append(cst.parse_statement(f"{pairs} = list({code(first)})\n"))
             first = cst.Name(pairs)
         scaled = f"{tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g)"
         share = f"share = [({scaled}, v)\n         for g, v in {code(first)} if g is not None]\n"
         call = call.with_changes(args=[cst.Arg(cst.Name("share")), *call.args[1:]])
         why = "MirroredStrategy sums what the replicas apply: each applies 1/N of these gradients."
-        name = _fresh_unique(module, taken, "apply_share")
+        name = fresh_name(module, "apply_share", taken)
     else:
         share = ""
         why = ("Each replica differentiates the loss by its own copy of the weights;\n"
                "MirroredStrategy sums the copies' gradients into the weight's.")
-        name = _fresh_unique(module, taken, "minimize_share")
+        name = fresh_name(module, "minimize_share", taken)
     body = f"{share}return {_one_line(call)}\n"  # unindented; a call over several lines keeps its own
     if dependencies:
         body = f"with {', '.join(dependencies)}:\n" + textwrap.indent(body, "    ")
@@ -2143,11 +2143,6 @@ def _target_names(target: cst.CSTNode) -> set[str]:
 
 def _fresh(module: cst.Module, *names: str) -> str:
     return next((n for n in names if references(module, n) == 0), names[-1] + "_")
-
-
-def _fresh_unique(module: cst.Module, taken: set[str], name: str) -> str:
-    """A name unused in the module and not yet ``taken`` by this rewrite (which it then is)."""
-    return fresh_name(module, name, taken)
 
 
 def _line(rule, node: cst.CSTNode) -> int:
