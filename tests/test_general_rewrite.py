@@ -36,6 +36,7 @@ REWRITTEN = [
     "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices", "general_trainer_sibling_methods",
     "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
     "general_kl_annealing_load", "general_counter_towers", "general_class_train_method",
+    "general_model_methods_chain", "general_staged_tower_loops",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -260,6 +261,97 @@ def test_towers_that_only_compute_become_a_replica_function():
     assert "outputs.append(model(parts[i]))" in out and "tf.concat(outputs, axis=0)" in out
 
 
+def test_towers_built_across_loops_of_one_function_run_under_one_strategy():
+    out = fixed("""
+        import tensorflow as tf
+        def train(opt, parts, n):
+            with tf.Graph().as_default():
+                logits = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        logits.append(model(parts[i]))
+                losses = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        losses.append(tf.reduce_mean(logits[i]))
+                return opt.minimize(tf.add_n(losses) / n)
+    """)
+    assert out.count("MirroredStrategy(") == 1 and out.count("strategy.scope()") == 1
+    # Each loop is its own replica function, run in turn: replica k of the second reads what
+    # replica k of the first made, as tower k did.
+    assert "def tower_fn():" in out and "def tower_fn_2():" in out
+    assert "strategy.extended.call_for_each_replica(tower_fn)" in out
+    assert "strategy.extended.call_for_each_replica(tower_fn_2)" in out
+    assert "losses.append(tf.reduce_mean(logits[i]))" in out
+    assert "opt.minimize(" in out.split("def tower_fn_2():")[1]  # the update moved into the last
+    assert "tf.device" not in out
+
+
+def test_a_tower_loop_group_is_one_finding_and_one_fix(tmp_path):
+    program = tmp_path / "towers.py"
+    program.write_text((FIXTURES / "programs" / "general_model_methods_chain.py").read_text())
+    result = subprocess.run([sys.executable, "-m", "tfmigrate", "fix", "--write", "--unsafe-fixes", "--no-cache",
+                             str(program)], capture_output=True, text=True, cwd=ROOT)
+    assert "Fixed 3 findings in 1 file" in result.stdout + result.stderr  # three loops, one edit
+    out = program.read_text()
+    first, second, third = (out.split(f"    def {name}(")[1] for name in
+                            ("build_predictions", "build_losses", "build_train_op"))
+    # The strategy is made where the first loop runs and kept on the object for the others.
+    assert "self.strategy = tf.distribute.MirroredStrategy(" in first.split("def build_losses")[0]
+    for method in (second, third):
+        assert "with self.strategy.scope():" in method and "MirroredStrategy(" not in method.split("def ")[0]
+    # The device list reads `towers` and `config`: their settings move up, above the strategy.
+    assert first.index("config = self._settings") < first.index("towers = [") < first.index("self.strategy = ")
+
+
+def test_towers_across_methods_whose_results_another_method_trains_on_are_refused():
+    (first, second) = tower_findings(textwrap.dedent("""
+        import tensorflow as tf
+        class Model(object):
+            def add_loss(self, parts, num_gpus):
+                self.tower_loss = []
+                for i in range(num_gpus):
+                    with tf.device('/gpu:{}'.format(i)):
+                        self.tower_loss.append(tf.reduce_mean(parts[i]))
+            def add_optimizer(self, opt, num_gpus):
+                tower_grads = []
+                for i in range(num_gpus):
+                    with tf.device('/gpu:{}'.format(i)):
+                        tower_grads.append(opt.compute_gradients(self.tower_loss[i]))
+                grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+                self.optimize = opt.apply_gradients(grads)
+            def pretrain(self, opt):
+                return opt.minimize(self.tower_loss[0])
+    """))
+    for finding in (first, second):
+        assert not finding.fixable
+        assert "line 16: `opt.minimize` trains in this module" in finding.refusal, finding.refusal
+
+
+@pytest.mark.parametrize("logged, consumer", [
+    ("'decoder out: {}'.format(outputs[0])", False),
+    ("'decoder out: %s' % outputs[0]", False),
+    ("outputs[0].shape", False),
+    ("outputs[0]", True),
+])
+def test_tower_results_logged_as_text_or_shapes_do_not_reach_an_imported_function(logged, consumer):
+    (finding,) = tower_findings(textwrap.dedent(f"""
+        import tensorflow as tf
+        from infolog import log
+        def predict(parts, num_gpus):
+            with tf.Graph().as_default():
+                outputs = []
+                for i in range(num_gpus):
+                    with tf.device('/gpu:%d' % i):
+                        outputs.append(model(parts[i]))
+                log({logged})
+                tf.summary.histogram('predictions', tf.argmax(tf.concat(outputs, 0), 1))
+    """))
+    assert finding.fixable is not consumer
+    if consumer:
+        assert "the towers' results reach `log`, imported from another module" in finding.refusal
+
+
 def test_the_loop_target_of_enumerate_is_the_replicas_element():
     out = fixed("""
         import tensorflow as tf
@@ -299,20 +391,6 @@ REFUSALS = {
                     tower_grads.append(opt.compute_gradients(model(i)))
             return tower_grads
     """, "`tower_grads` is returned to the caller"),
-    "two_loops": ("""
-        import tensorflow as tf
-        def train(opt, n):
-            with tf.Graph().as_default():
-                losses = []
-                for i in range(n):
-                    with tf.device('/gpu:%d' % i):
-                        losses.append(model(i))
-                outputs = []
-                for i in range(n):
-                    with tf.device('/gpu:%d' % i):
-                        outputs.append(head(losses[i]))
-                return tf.add_n(outputs)
-    """, "the towers are built across 2 loops"),
     "gradients_after_the_loop": ("""
         import tensorflow as tf
         def train(opt, n):
@@ -649,24 +727,6 @@ MORE_REFUSALS = {
             grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
             return opt.apply_gradients(grads)
     """, "line 7: `tf.get_collection('losses', 'tower_%d' % i)` filters by the scope `'tower_%d' % i`"),
-    # Towers built across methods of one class, the gradient loop reading the loss loop's
-    # `self.tower_loss[i]` (Tacotron-2): rewritten alone, it read tensors made outside its strategy.
-    "towers_across_methods": ("""
-        import tensorflow as tf
-        class Model(object):
-            def add_loss(self, parts, num_gpus):
-                self.tower_loss = []
-                for i in range(num_gpus):
-                    with tf.device('/gpu:{}'.format(i)):
-                        self.tower_loss.append(tf.reduce_mean(parts[i]))
-            def add_optimizer(self, opt, num_gpus):
-                tower_grads = []
-                for i in range(num_gpus):
-                    with tf.device('/gpu:{}'.format(i)):
-                        tower_grads.append(opt.compute_gradients(self.tower_loss[i]))
-                grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
-                self.optimize = opt.apply_gradients(grads)
-    """, "the towers read `self.tower_loss`, which the tower loop at line 5 fills"),
     # Inception's tower loss keeps a moving average of its losses: each tower makes its own
     # variables, which replicas after the first cannot (the rewrite failed: "does not exist").
     "moving_average_in_the_tower_function": ("""
@@ -783,14 +843,29 @@ MORE_REFUSALS = {
     "devices_set_in_a_block": ("""
         import tensorflow as tf
         def train(opt, parts, flags):
-            if flags.train:
-                n_gpus = flags.n_gpus
+            settings = load_settings(flags)
+            if settings.train:
+                n_gpus = settings.n_gpus
                 tower_losses = []
                 for i in range(n_gpus):
                     with tf.device('/gpu:%d' % i):
                         tower_losses.append(model(parts[i]))
                 return opt.minimize(tf.add_n(tower_losses))
-    """, "line 4: the towers' devices read `n_gpus`, set inside the code the strategy scope must cover"),
+    """, "line 5: the towers' devices read `n_gpus`, set inside the code the strategy scope must cover"),
+    # The statements the device list reads move above the strategy: not when they read a name
+    # set later, inside what the scope covers (`gpus` from `hp`, and `hp` computed there).
+    "device_list_reading_a_name_set_later": ("""
+        import tensorflow as tf
+        def train(opt, parts, make_settings):
+            with tf.device('/cpu:0'):
+                hp = make_settings()
+            gpus = ['/gpu:{}'.format(k) for k in range(hp.num_gpus)]
+            tower_losses = []
+            for i in range(hp.num_gpus):
+                with tf.device(gpus[i]):
+                    tower_losses.append(model(parts[i]))
+            return opt.minimize(tf.add_n(tower_losses))
+    """, "line 4: the towers' devices read `hp`, set inside the code the strategy scope must cover"),
     "forward_towers_in_a_training_module": ("""
         import tensorflow as tf
         def build(settings, parts):

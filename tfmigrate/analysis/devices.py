@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tfmigrate.cst.callargs import callee_name
+from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import ImportTable
-from tfmigrate.cst.traversal import children, contains, events, find, identifiers, names_used, string_parts, walk
+from tfmigrate.cst.traversal import (
+    children, contains, events, find, identifiers, module_parents, names_used, string_parts, walk,
+)
 
 DEVICE_SCOPES = {"tensorflow.device", "tensorflow.device_scope"}
 DEVICE_SPECS = {"tensorflow.DeviceSpec", "tensorflow.python.framework.device_spec.DeviceSpecV1"}
@@ -693,6 +696,66 @@ def tower_group(context, loop: cst.CSTNode) -> list[TowerLoop]:
     """The tower loops building the same towers as the tower loop at ``loop`` (itself
     included, first loop first); empty when ``loop`` is not a tower loop."""
     return tower_groups(context).get(id(loop), [])
+
+
+def method_tower_group(context, loop: cst.CSTNode) -> list[TowerLoop]:
+    """The tower loops of one class that build the same towers across its methods, in the order
+    they run, the loop at ``loop`` included (Tacotron-2: `initialize` fills
+    `self.tower_decoder_output` per tower, `add_loss` reads it and fills `self.tower_loss`,
+    `add_optimizer` reads that). A loop runs after the loops whose results it reads, so the
+    first is the one loop that reads none of the others'. Empty when ``loop`` shares nothing
+    across methods, or the loops do not make such a chain (two in one method, two that could
+    run first, a cycle)."""
+    parents = module_parents(context)
+    home = enclosing_class(loop, parents)
+    if home is None:
+        return []
+    loops = [t for t in module_tower_loops(context) if enclosing_class(t.loop, parents) is home]
+    reads = {id(t.loop): {code(node) for node in find(t.loop.body, cst.Attribute)} for t in loops}
+    fills = {id(t.loop): self_results(t.loop) for t in loops}
+
+    def feeds(first: TowerLoop, later: TowerLoop) -> bool:
+        return first is not later and bool(fills[id(first.loop)] & reads[id(later.loop)])
+
+    members = [t for t in loops if t.loop is loop]
+    grown = True
+    while grown:
+        linked = [t for t in loops if t not in members and any(feeds(t, m) or feeds(m, t) for m in members)]
+        members += linked
+        grown = bool(linked)
+    ordered: list[TowerLoop] = []
+    pending = sorted(members, key=lambda t: loops.index(t))
+    while pending:
+        ready = [t for t in pending if not any(feeds(other, t) for other in pending)]
+        if len(ready) != 1 and not (ordered and ready):
+            return []  # no loop or two loops could run first, or a cycle
+        ordered.append(ready[0])
+        pending.remove(ready[0])
+    if len(ordered) < 2 or len({id(t.owner) for t in ordered}) != len(ordered):
+        return []
+    return ordered
+
+
+def enclosing_class(node: cst.CSTNode, parents: dict) -> cst.ClassDef | None:
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, cst.ClassDef):
+            return node
+    return None
+
+
+def self_results(loop: cst.For) -> set[str]:
+    """`self.<name>` chains the loop collects its towers' results in (`self.x.append(...)`,
+    `self.x[i] = ...`)."""
+    found = set()
+    for node in find(loop.body, cst.Call, cst.Assign):
+        if isinstance(node, cst.Call):
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend", "insert"):
+                found.add(code(func.value))
+        else:
+            found.update(code(t.target.value) for t in node.targets if isinstance(t.target, cst.Subscript))
+    return {name for name in found if name.startswith("self.")}
 
 
 def _per_device_names(context) -> dict[int, frozenset[str]]:

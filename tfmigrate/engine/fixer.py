@@ -109,7 +109,9 @@ def _overlaps(a, b) -> bool:
 def apply_edits(module: cst.Module, edits: list[Edit]) -> tuple[cst.Module, list[int]]:
     """Apply the edits that do not overlap an earlier one; return the module and which were applied.
 
-    Overlapping edits are left for the next pass, when they are recomputed on the new code.
+    Overlapping edits are left for the next pass, when they are recomputed on the new code. One
+    edit shared by several findings (a rewrite of towers built across several loops) applies
+    once and counts for each of them.
     """
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     taken: list = []
@@ -117,6 +119,9 @@ def apply_edits(module: cst.Module, edits: list[Edit]) -> tuple[cst.Module, list
     applied: list[int] = []
     context = CodemodContext()
     for index, edit in enumerate(edits):
+        if any(edits[earlier] is edit for earlier in applied):
+            applied.append(index)
+            continue
         spans = _spans(module, edit, positions)
         if any(_overlaps(s, t) for s in spans for t in taken):
             continue
@@ -130,7 +135,8 @@ def apply_edits(module: cst.Module, edits: list[Edit]) -> tuple[cst.Module, list
     new_module = module.visit(_ApplyChanges(changes))
     if context.scratch.get(AddImportsVisitor.CONTEXT_KEY):
         new_module = AddImportsVisitor(context).transform_module(new_module)
-    removals = [item for i in applied for item in edits[i].remove_imports]
+    unique = {id(edits[i]): edits[i] for i in applied}.values()
+    removals = [item for edit in unique for item in edit.remove_imports]
     if removals:
         remove_context = CodemodContext()
         for item in removals:

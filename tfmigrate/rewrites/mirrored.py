@@ -47,7 +47,8 @@ from pathlib import Path
 import libcst as cst
 
 from tfmigrate.analysis.devices import (
-    device_scope_arg, looks_per_device, mentions_only_cpu, module_tower_loops, tower_group,
+    device_scope_arg, enclosing_class, looks_per_device, mentions_only_cpu, module_tower_loops,
+    self_results, tower_group,
 )
 from tfmigrate.analysis.optimizers import hand_written_update
 from tfmigrate.analysis.project_imports import project_function
@@ -440,22 +441,24 @@ def _check_collection_scopes(rule, loop: cst.For) -> None:
                           "`with tf.name_scope(...) as scope:` value instead")
 
 
-def check_tower(rule, tower, tower_functions: bool = False) -> None:
+def check_tower(rule, tower, tower_functions: bool = False, grouped: bool = False) -> None:
     """Refused for towers no rewrite takes: built by a function called in the loop (unless the
-    rewrite takes ``tower_functions``), spread over several loops, inside an Estimator model_fn,
-    or reading a collection by a spelled-out scope (:func:`_check_collection_scopes`)."""
+    rewrite takes ``tower_functions``), spread over several loops (unless the rewrite takes the
+    loops together: ``grouped``), inside an Estimator model_fn, or reading a collection by a
+    spelled-out scope (:func:`_check_collection_scopes`)."""
     context = rule.context
     if tower.via and not tower_functions:
         names = ", ".join(f"`{fn.name.value}`" for fn in tower.via)
         raise Refused(f"the towers are built by {names}, called in the loop: move its device scope into the loop first")
     group = tower_group(context, tower.loop)
-    if len(group) > 1:
+    if len(group) > 1 and not grouped:
         raise Refused(f"the towers are built across {len(group)} loops; merge them into one loop first")
     owner = tower.owner
     if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
         raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
     _check_collection_scopes(rule, tower.loop)
-    _check_sibling_methods(rule, tower)
+    if not grouped:
+        _check_sibling_methods(rule, tower)
 
 
 def _check_sibling_methods(rule, tower) -> None:
@@ -471,34 +474,12 @@ def _check_sibling_methods(rule, tower) -> None:
     for other in module_tower_loops(rule.context):
         if other is tower or enclosing_class(other.loop, parents) is not home:
             continue
-        shared = sorted(reads & _self_results(other.loop))
+        shared = sorted(reads & self_results(other.loop))
         if shared:
             raise Refused(f"the towers read `{shared[0]}`, which the tower loop at line "
                           f"{rule.position(other.loop).start.line} fills: the towers are built across methods, "
                           "and one loop rewritten alone would read tensors made outside its strategy; "
                           "build them in one loop first")
-
-
-def enclosing_class(node: cst.CSTNode, parents: dict) -> cst.ClassDef | None:
-    while id(node) in parents:
-        node = parents[id(node)]
-        if isinstance(node, cst.ClassDef):
-            return node
-    return None
-
-
-def _self_results(loop: cst.For) -> set[str]:
-    """`self.<name>` chains the loop collects its towers' results in (`self.x.append(...)`,
-    `self.x[i] = ...`)."""
-    found = set()
-    for node in find(loop.body, cst.Call, cst.Assign):
-        if isinstance(node, cst.Call):
-            func = node.func
-            if isinstance(func, cst.Attribute) and func.attr.value in ("append", "extend", "insert"):
-                found.add(code(func.value))
-        else:
-            found.update(code(t.target.value) for t in node.targets if isinstance(t.target, cst.Subscript))
-    return {name for name in found if name.startswith("self.")}
 
 
 @dataclass

@@ -62,7 +62,8 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tfmigrate.analysis.devices import (
-    DEVICE_SPECS, computes_gradients, device_scope_arg, is_device_function, module_tower_loops, ops_device, tower_group,
+    DEVICE_SPECS, computes_gradients, device_scope_arg, enclosing_class, is_device_function, method_tower_group,
+    module_tower_loops, ops_device, tower_group,
 )
 from tfmigrate.analysis.tower_forms import module_tower_forms
 from tfmigrate.cst.callargs import argument, callee_name, split_arguments
@@ -73,7 +74,7 @@ from tfmigrate.cst.traversal import (
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
-    devices_argument, enclosing_class, helper_import, is_docstring, is_reuse_statement, method_call,
+    devices_argument, helper_import, is_docstring, is_reuse_statement, method_call,
     own_optimizer_update, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
@@ -123,21 +124,37 @@ class _Update:
 
 
 def plan(rule, tower) -> Edit:
-    """The replica rewrite of ``tower`` (a :class:`tfmigrate.analysis.devices.TowerLoop`)."""
+    """The replica rewrite of ``tower`` (a :class:`tfmigrate.analysis.devices.TowerLoop`).
+
+    Towers built across several loops (the model in one, the loss in the next, the gradients in
+    a third, each reading what the one before filled: `logits[i]`, `self.tower_loss[i]`) are
+    rewritten together: each loop becomes its own replica function, all run by one strategy,
+    and replica k of a later loop reads what replica k of an earlier one made, as tower k did.
+    One edit does it; every loop's finding carries that edit."""
+    group = tower_group(rule.context, tower.loop)
+    if len(group) < 2:
+        group = method_tower_group(rule.context, tower.loop)
+    if len(group) < 2:
+        return _plan(rule, tower, [])
+    return rule.context.memo(("replica_loop.group", id(group[0].loop)), lambda: _plan(rule, group[-1], group[:-1]))
+
+
+def _plan(rule, tower, earlier: list) -> Edit:
+    """The rewrite of ``tower`` and of the ``earlier`` loops of its group, which only compute
+    what the later ones read (the update follows the last)."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
-    check_tower(rule, tower, tower_functions=True)
-    _check_body(loop)
-    _check_tower_variables(rule, loop)
-    _check_variable_updates(rule, tower)
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
-    if _may_be_iterator(region, loop.iter) and not isinstance(loop.iter, cst.Call):
-        raise Refused(f"the tower loop walks `{code(loop.iter)}`, an iterator made before it: the replicas need "
-                      "a list they can index (`list(...)`)")
+    members = [_member_region(rule, member, [*earlier, tower]) for member in earlier]
+    _check_loops(rule, [*earlier, tower], [*members, region])
     tf = TfNames(rule)
+    across_methods = bool(earlier) and earlier[0].owner is not tower.owner
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     caller = _caller(rule, region) or _method_caller(rule, region)
-    if caller is not None and caller.external:  # the class's user runs them later: the strategy stays on `self`
+    if earlier and caller is not None:
+        raise Refused(f"the towers are built across {len(earlier) + 1} loops and updated by `{caller.owner.name.value}`, "
+                      "their caller: build the update after the last loop")
+    if across_methods or (caller is not None and caller.external):  # the class's user runs them later: the strategy stays on `self`
         strategy = "self." + _fresh(module, "strategy", "mirrored_strategy")
     if caller is None:
         update = _update(rule, region, strategy, tf)
@@ -148,58 +165,142 @@ def plan(rule, tower) -> Edit:
         if caller is None:
             _increment_global_step_once(rule, scope_region, update, tf)
         _check_training_state(rule, scope_region, update)
+    # The group's own update: the function of the last loop (at module level, the code around it), and the loops.
+    last = [region.owner] if isinstance(region.owner, cst.FunctionDef) else [*region.preceding, loop, *region.following]
+    own_update = {id(node) for statement in [*last, *[m.loop for m in members]] for node in walk(statement)}
+    for member_region in members:
+        _check_only_computes(rule, member_region, own_update)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
-    initial_values = _initial_values(rule, loop)
-    initial_value_changes = {key: replacement for key, (_, replacement) in initial_values.items()}
-    variables = _variable_calls(rule)
-    renamed = _optimizers_named_apart(rule)
-    counters = _counted(rule, tower)[0]
-    summed = f"{tf('tensorflow.VariableAggregation')}.SUM"
-    region_changes = {
-        **initial_value_changes,
-        **{key: _trainable(call.visit(ReplaceById(initial_value_changes))) for key, call in variables.items()},
-        **{key: _with_keyword(_trainable(call) if key in variables else call, "aggregation", summed)
-           for key, call in counters.items()},
-        **{key: new for key, (_, new) in renamed.items()},
-        id(loop): _replica_loop(rule, tower, region, update, tf, run_by), **update.changes,
-        **_tower_functions(rule, tower), **_loads_per_copy(rule, scope_region, strategy),
-    }
-    devices = _settings_inlined(rule, scope_region, _devices(rule, tower))
+    steps = _step_names(module, len(earlier) + 1)
+    region_changes = _module_changes(rule, [*earlier, tower], scope_region, strategy, tf)
+    region_changes.update(_loop_changes(rule, tower, region, update, tf, run_by, steps[-1]))
+    for member, member_region, step in zip(earlier, members, steps):
+        region_changes.update(_loop_changes(rule, member, member_region, _Update([]), tf, run_by, step))
+    home = members[0] if across_methods else scope_region  # where the strategy is made
+    devices = _settings_inlined(rule, home, _devices(rule, earlier[0] if across_methods else tower))
     _check_device_names(rule, devices)
     if caller is not None:
         _check_devices_visible(rule, region, devices)
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
-    _check_one_strategy(rule, scope_region)
-    prelude = _device_prelude(rule, scope_region, create)
-    region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in prelude)
-    if _module_run(rule, scope_region):
-        changes = _module_scope(rule, scope_region, region_changes, [*prelude, create], scope_item)
+    _check_one_strategy(rule, home)
+    moving, prelude = _device_prelude(rule, home, create)
+    region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in moving)
+    if _module_run(rule, home):
+        _check_in_run(rule, home, members)
+        changes = _module_scope(rule, home, region_changes, [*prelude, create], scope_item)
     else:
-        anchor, new_anchor = place_scope(scope_region.loop, scope_region.parents, imports, region_changes, create,
-                                         scope_item, prelude)
+        anchor, new_anchor = place_scope(home.loop, home.parents, imports, region_changes, create, scope_item, prelude)
         changes = {anchor: new_anchor}
     for method in scope_region.external:
-        changes[method] = _under_scope(method.visit(ReplaceById(region_changes)), scope_item)
-    # Edits outside what the strategy scope replaced apply on their own.
-    inside = {id(node) for replaced in changes for node in walk(replaced)}
-    owners = [region.owner, scope_region.owner, *tower.via, *scope_region.reaches]
-    nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
-    nodes.update(variables)
-    nodes.update((key, call) for key, (call, _) in renamed.items())
-    nodes.update(counters)
-    nodes.update((key, call) for key, (call, _) in initial_values.items())
-    changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
-    for helper, reads in _helpers_regularization(rule, loop).items():
-        if helper not in changes and id(helper) not in inside:
-            changes[helper] = _counting_helper(helper, reads, tf)
+        changes[method] = _under_scope(method.visit(ReplaceById(region_changes)), scope_item, _BUILT_IN_CONSTRUCTOR)
+    if across_methods:
+        why = _BUILT_ACROSS_METHODS.format(method=earlier[0].owner.name.value)
+        for member in [*earlier[1:], tower]:
+            changes[member.owner] = _under_scope(member.owner.visit(ReplaceById(region_changes)), scope_item, why)
+    _add_outside_changes(rule, changes, region_changes, [*earlier, tower], scope_region, tf)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
+    if earlier:
+        title = (f"rewrite the {len(earlier) + 1} tower loops (lines {', '.join(str(_line(rule, m.loop)) for m in earlier)} "
+                 f"and {_line(rule, loop)}) as replica functions run by one tf.distribute.MirroredStrategy" + update.note)
     if context.target == "tf2":  # the TF2 step is written only for the textbook shape (mirrored.py)
         title += (" (compat target: the Session program stays; a tf.function step with tf.GradientTape is "
                   "written only for a loop that averages and applies its gradients right after it)")
     return Edit(changes, title, add_imports=list(tf.imports), remove_imports=helper_import(context, update.helper),
                 safety=FixSafety.UNSAFE)
+
+
+def _check_loops(rule, towers: list, regions: list[_Region]) -> None:
+    """The checks every loop of a group must pass, as a loop alone would."""
+    for tower, region in zip(towers, regions):
+        check_tower(rule, tower, tower_functions=True, grouped=len(towers) > 1)
+        _check_body(tower.loop)
+        _check_tower_variables(rule, tower.loop)
+        _check_variable_updates(rule, tower)
+        if _may_be_iterator(region, tower.loop.iter) and not isinstance(tower.loop.iter, cst.Call):
+            raise Refused(f"the tower loop walks `{code(tower.loop.iter)}`, an iterator made before it: the "
+                          "replicas need a list they can index (`list(...)`)")
+
+
+def _add_outside_changes(rule, changes: dict, region_changes: dict, towers: list, scope_region: _Region,
+                         tf: TfNames) -> None:
+    """Add to ``changes`` the edits outside what the strategy scope replaced: they apply on their
+    own (a variable made in another function, a helper counting regularization per replica)."""
+    inside = {id(node) for replaced in changes for node in walk(replaced)}
+    owners = [scope_region.owner, *scope_region.reaches, *(node for tower in towers for node in [tower.owner, *tower.via])]
+    owners = [owner if owner is not None else rule.context.module for owner in owners]
+    nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
+    nodes.update(_variable_calls(rule))
+    nodes.update((key, call) for key, (call, _) in _optimizers_named_apart(rule).items())
+    for tower in towers:
+        nodes.update(_counted(rule, tower)[0])
+        nodes.update((key, call) for key, (call, _) in _initial_values(rule, tower.loop).items())
+    changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
+    for tower in towers:
+        for helper, reads in _helpers_regularization(rule, tower.loop).items():
+            if helper not in changes and id(helper) not in inside:
+                changes[helper] = _counting_helper(helper, reads, tf)
+
+
+_BUILT_IN_CONSTRUCTOR = "The towers were built under this strategy (in the constructor); their update runs under it too."
+_BUILT_ACROSS_METHODS = "The towers are built across this class's methods, under the one strategy `{method}` made."
+
+
+def _module_changes(rule, members: list, scope_region: _Region, strategy: str, tf: TfNames) -> dict:
+    """id(node) -> replacement outside the loops: variables made trainable under the strategy
+    (counters summed), `initialized_value()` read as `initial_value`, optimizers over the same
+    variables named apart, `Variable.load` per copy."""
+    initial_values = {}
+    for member in members:
+        initial_values.update({key: new for key, (_, new) in _initial_values(rule, member.loop).items()})
+    variables = _variable_calls(rule)
+    counters = {key: call for member in members for key, call in _counted(rule, member)[0].items()}
+    summed = f"{tf('tensorflow.VariableAggregation')}.SUM"
+    return {
+        **initial_values,
+        **{key: _trainable(call.visit(ReplaceById(initial_values))) for key, call in variables.items()},
+        **{key: _with_keyword(_trainable(call) if key in variables else call, "aggregation", summed)
+           for key, call in counters.items()},
+        **{key: new for key, (_, new) in _optimizers_named_apart(rule).items()},
+        **_loads_per_copy(rule, scope_region, strategy),
+    }
+
+
+def _loop_changes(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str, step: str) -> dict:
+    """id(node) -> replacement for one tower loop: the loop, the update it moved, its tower functions."""
+    return {id(tower.loop): _replica_loop(rule, tower, region, update, tf, run_by, step), **update.changes,
+            **_tower_functions(rule, tower)}
+
+
+def _step_names(module: cst.Module, count: int) -> list[str]:
+    """The replica functions' names: `tower_fn` for one loop; `tower_fn`, `tower_fn_2`, ... for a group."""
+    if count == 1:
+        return [_fresh(module, "tower_fn", "replica_fn")]
+    taken: set[str] = set()
+    return [fresh_name(module, "tower_fn", taken) for _ in range(count)]
+
+
+def _member_region(rule, member, group: list) -> _Region:
+    """The region of an earlier loop of a group, its ``following`` cut where the next loop of the
+    group starts (what runs after that is the later loops' to check)."""
+    region = _region(rule.context, member.loop, member.owner if member.owner is not None else rule.context.module,
+                     rule.imports)
+    others = [m.loop for m in group if m is not member]
+    cut = next((k for k, s in enumerate(region.following) if any(contains(s, other) for other in others)),
+               len(region.following))
+    region.following = region.following[:cut]
+    return region
+
+
+def _check_in_run(rule, home: _Region, members: list[_Region]) -> None:
+    """At module level the strategy scope covers the run of statements around the last loop:
+    every loop of the group must be in it."""
+    run = _module_run(rule, home)
+    for member in members:
+        if not any(contains(statement, member.loop) for statement in run):
+            raise Refused(f"the tower loop at line {_line(rule, member.loop)} is not in the run of statements the strategy "
+                          f"scope covers with the loop at line {_line(rule, home.loop)}: move both into one function")
 
 
 def _variable_calls(rule) -> dict[int, cst.Call]:
@@ -322,10 +423,10 @@ def _with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
     return call.with_changes(args=[*args, added])
 
 
-def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str) -> cst.FlattenSentinel:
-    """What takes the loop's place: the replica function and the strategy's call of it."""
+def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str,
+                  step: str) -> cst.FlattenSentinel:
+    """What takes the loop's place: the replica function ``step`` and the strategy's call of it."""
     loop = region.loop
-    step = _fresh(rule.context.module, "tower_fn", "replica_fn")
     body, rereads = _replica_body(rule, tower, region, update, tf, run_by)
     shared, unbound = _shared_names(region, body, update)
     _check_waits(rule, region, set(shared) - update.binds, _counted(rule, tower)[1])
@@ -1094,13 +1195,13 @@ def _method_caller(rule, region: _Region) -> _Region | None:
     return found if found.reaches else None
 
 
-def _under_scope(method: cst.FunctionDef, scope_item: cst.WithItem) -> cst.FunctionDef:
-    """``method``'s body (after its docstring) under the strategy kept on `self`: its optimizer
-    calls run through `tf.distribute.get_strategy()`, and the variables they make are mirrored."""
+def _under_scope(method: cst.FunctionDef, scope_item: cst.WithItem, why: str) -> cst.FunctionDef:
+    """``method``'s body (after its docstring) under the strategy kept on `self`, ``why`` said
+    in a comment: its optimizer calls run through `tf.distribute.get_strategy()`, and the
+    variables they make are mirrored."""
     body = list(method.body.body)
     at = 1 if body and is_docstring(body[0]) else 0
-    why = cst.EmptyLine(comment=cst.Comment(
-        "# The towers were built under this strategy (in the constructor); their update runs under it too."))
+    why = cst.EmptyLine(comment=cst.Comment(f"# {why}"))
     scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=[blank_lines_unindented(s) for s in body[at:]]),
                       leading_lines=[why])
     return method.with_changes(body=method.body.with_changes(body=[*body[:at], scoped]))
@@ -1305,6 +1406,16 @@ def _may_be_iterator(region: _Region, value: cst.BaseExpression) -> bool:
 def _forward_only(rule, region: _Region) -> _Update:
     """Towers that only compute (predictions, an evaluation) need no update moved, as long as
     nothing trains on what they make: a training step left outside the replicas would fail."""
+    _check_only_computes(rule, region)
+    return _Update([], note=" (the towers only compute: nothing to update)")
+
+
+def _check_only_computes(rule, region: _Region, own_update: frozenset | set = frozenset()) -> None:
+    """Refused when something may train on what the towers make outside the replicas: in the
+    loop or ``region.following``, in the caller they are returned to, in another module, or, when
+    the results leave for storage other functions read, anywhere in the module but the group's
+    own update (the nodes whose ids are in ``own_update``: the loops of a group, and what
+    follows the last)."""
     for statement in [*_statements(region.loop.body), *region.following]:
         call = _training_call(rule, statement)
         if call is not None and _trains(rule, call):
@@ -1322,12 +1433,14 @@ def _forward_only(rule, region: _Region) -> _Update:
     _check_no_foreign_consumer(rule, region, filled)
     # Results can also leave through an argument, a dict, an attribute or a collection: where
     # anything in the module trains, it may train on them outside the replicas.
-    trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in _module_calls(rule) if _trains(rule, c)), None))
+    if own_update:
+        trainer = next((c for c in _module_calls(rule) if id(c) not in own_update and _trains(rule, c)), None)
+    else:
+        trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in _module_calls(rule) if _trains(rule, c)), None))
     if trainer is not None and _results_leave(region):
         raise Refused(f"line {_line(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
                       "results go where the rewrite cannot follow them (an update it does not know, or storage other "
                       "functions read): build the update after the tower loop with an optimizer")
-    return _Update([], note=" (the towers only compute: nothing to update)")
 
 
 # Libraries whose functions are known not to train a model behind the rewrite's back.
@@ -1343,12 +1456,36 @@ def _check_no_foreign_consumer(rule, region: _Region, filled: set[str]) -> None:
         for call in find(statement, cst.Call):
             name = rule.imports.resolve(call.func)
             if (name is not None and name.split(".")[0] not in _KNOWN_LIBRARIES
-                    and any(names_used(arg.value) & reached for arg in call.args)):
+                    and any(_tensors_read(arg.value) & reached for arg in call.args)):
                 raise Refused(f"line {_line(rule, statement)}: the towers' results reach `{code(call.func)}`, "
                               "imported from another module: whether it trains on them outside the replicas "
                               "cannot be seen here")
         if names_used(statement) & reached:
             reached |= _bound_names(statement)
+
+
+def _tensors_read(value: cst.BaseExpression) -> set[str]:
+    """The names whose values ``value`` hands on: none when it is text made from them (a tower
+    result logged, `log('decoder out: {}'.format(out))`, Tacotron-2), or when it reads only what
+    they are made of (`out.shape`, `out.dtype`): text and shapes carry no tensor to train on."""
+    strings = (cst.SimpleString, cst.ConcatenatedString)
+    if isinstance(value, cst.FormattedString) or (
+            isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+            and isinstance(value.func.value, strings) and value.func.attr.value == "format") or (
+            isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo)
+            and isinstance(value.left, strings)):
+        return set()
+    return names_used(value.visit(_WithoutMetadata()))
+
+
+class _WithoutMetadata(cst.CSTTransformer):
+    """Each `x.shape`, `x.get_shape()`, `x.dtype` or `x.name` as `...`, which names nothing."""
+
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+        return cst.Ellipsis() if updated.attr.value in ("shape", "get_shape", "dtype", "name") else updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call):
+        return cst.Ellipsis() if isinstance(updated.func, cst.Ellipsis) else updated
 
 
 def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset()) -> cst.Call | None:
@@ -1927,8 +2064,7 @@ def _targets_read_after(region: _Region) -> set[str]:
     """Loop variables the code after the loop reads (the last tower's piece, its index): the
     replica function binds and shares them, and the last replica leaves them as the last
     iteration did."""
-    targets = names_used(region.loop.target)
-    return targets & set().union(set(), *(free_names(s) for s in region.following))
+    return reads_first(region.following, names_used(region.loop.target))
 
 
 def _device_bindings(tower, loop: cst.For) -> list[cst.BaseStatement]:
@@ -2462,15 +2598,17 @@ def _module_scope(rule, region: _Region, region_changes: dict, creates: list, sc
     return changes
 
 
-def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cst.BaseStatement]:
+def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> tuple[list, list]:
     """The statements before the loop that the strategy's device list reads (`devices = [...]`):
-    they move up with the strategy, above the scope, which is only safe for plain Python."""
+    they move up with the strategy, above the scope, which is only safe for plain Python.
+    Returns (the statements that move, what takes their place above the strategy: the same,
+    reading settings where they read names set later, see :func:`_inline_settings`)."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else _module_run(rule, region)
     # Not the comprehension's own `i`; `self` is a parameter: its attributes are followed instead.
     needed = free_names(create) - {"tf", "self"}
     needed_attributes = _self_attributes(create)  # `self.devices`, set in `__init__` above the loop
-    prelude = []
+    prelude, moved = [], []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
         builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
         if _bound_names(statement) & needed or _assigned_attributes(statement) & needed_attributes:
@@ -2482,10 +2620,13 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> list[cs
         # A call made for its effect on a name the devices read (`parser.add_argument(...)`
         # before `args = parser.parse_args()`) moves up with it, in its place.
         prelude.insert(0, statement)
-        needed |= free_names(statement) - {"self"}
-        needed_attributes |= _self_attributes(statement)
-    _check_bound_before(rule, owner, create, prelude, block)
-    return _declarations(prelude, block) + prelude
+        inlined = _inline_settings(rule, region, statement)
+        moved.insert(0, inlined)
+        needed |= free_names(inlined) - {"self"}
+        needed_attributes |= _self_attributes(inlined)
+    _check_bound_before(rule, owner, [create, *moved], prelude, block)
+    declarations = _declarations(prelude, block)
+    return declarations + prelude, declarations + moved
 
 
 def _declarations(prelude: list[cst.BaseStatement], block) -> list[cst.BaseStatement]:
@@ -2532,26 +2673,38 @@ def _builds_graph(rule, node: cst.CSTNode) -> bool:
 def _settings_inlined(rule, region: _Region, devices: str) -> str:
     """The device list, reading `FLAGS.n_gpus` itself where it read `n_gpus` set from it by
     `n_gpus = FLAGS.n_gpus` inside the code the scope covers (BERT-GPU's `if FLAGS.do_train:`
-    block): the strategy is made above that code. Only for a name bound once, to a plain
-    reading of settings the function does not bind (:func:`_plain_setting`): it has the same
-    value in both places."""
+    block): the strategy is made above that code (see :func:`_inline_settings`)."""
+    return code(_inline_settings(rule, region, cst.parse_expression(devices)))
+
+
+def _inline_settings(rule, region: _Region, node: cst.CSTNode) -> cst.CSTNode:
+    """``node`` reading the value of each name the loop's function binds once, inside a block,
+    by a plain assignment, to a plain reading of settings (:func:`_plain_setting`) that reads
+    nothing the function binds but its parameters it never rebinds (`hp = self._hparams` inside
+    Tacotron-2's `with tf.device(split_device):`): it has the same value in both places. A name
+    bound by a statement of the block the strategy scope covers stays: that statement moves up
+    (:func:`_device_prelude`), as it does at module level."""
     owner = region.owner
     if not isinstance(owner, cst.FunctionDef):
-        return devices  # at module level the statements setting it move up (_device_prelude)
-    expression = cst.parse_expression(devices)
-    statements = _statements(owner)
-    bound_in_owner = {p.name.value for p in find(owner.params, cst.Param)} | _bound_names(owner)
+        return node
+    scope_owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    movable = {id(s) for s in [*owner.body.body, *(scope_owner.body.body if isinstance(scope_owner, cst.With) else ())]}
+    statements = [s for s in _statements(owner) if id(s) not in movable]
+    bound_in_body = _bound_names(owner)
+    bound_in_owner = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
     # Names bound other than by a plain assignment (loop targets, `as` names, `+=`): not settings.
     other_binders = set().union(set(), *(_target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
                                 *(_target_names(n.name) for n in find(owner, cst.AsName)))
     values: dict[str, cst.BaseExpression] = {}
-    for name in (free_names(expression) & bound_in_owner) - other_binders:
+    for name in (free_names(node) & bound_in_owner) - other_binders:
+        if any(name in _bound_names(s) for s in _statements(owner) if id(s) in movable):
+            continue
         bindings = [s for s in statements if name in _bound_names(s)]
         small = single_small(bindings[0]) if len(bindings) == 1 else None
-        if _assigns(small, name) and _plain_setting(small.value) and not names_used(small.value) & bound_in_owner:
+        if _assigns(small, name) and _plain_setting(small.value) and not names_used(small.value) & bound_in_body:
             values[name] = small.value
-    reads = {id(node): values[node.value] for node in name_reads(expression) if node.value in values}
-    return code(expression.visit(ReplaceById(reads))) if reads else devices
+    reads = {id(read): values[read.value] for read in name_reads(node) if read.value in values}
+    return node.visit(ReplaceById(reads)) if reads else node
 
 
 # Calls that only read a setting: `len(cfgs.GPU_GROUP.strip().split(','))` (FPN_Tensorflow).
@@ -2572,13 +2725,15 @@ def _plain_setting(value: cst.BaseExpression) -> bool:
     return True
 
 
-def _check_bound_before(rule, owner: cst.CSTNode, create: cst.BaseStatement, prelude: list, block: list) -> None:
-    """The strategy is made before what its scope covers: the device list must not read a name
-    that code there binds (`n_gpus = FLAGS.n_gpus` inside an `if` above the loop)."""
+def _check_bound_before(rule, owner: cst.CSTNode, above: list, prelude: list, block: list) -> None:
+    """The strategy is made before what its scope covers: the device list, and the statements
+    that move ``above`` it, must not read a name that code there binds (`n_gpus = FLAGS.n_gpus`
+    inside an `if` above the loop)."""
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else block
     moved = {id(s) for s in prelude}
     covered = [s for s in block if id(s) not in moved]
-    late = free_names(create.body[0].value) & set().union(*(_bound_names(s) for s in covered))
+    read = set().union(*(free_names(s) for s in above)) - set().union(set(), *(_bound_names(s) for s in above[1:]))
+    late = read & set().union(*(_bound_names(s) for s in covered))
     if late:
         binding = next(s for s in _statements(owner) if _bound_names(s) & late and id(s) not in moved)
         raise Refused(f"line {_line(rule, binding)}: the towers' devices read "
