@@ -36,7 +36,7 @@ REWRITTEN = [
     "general_concat_example_losses", "general_while_counter", "general_comprehension_towers", "general_wgan_zip_devices", "general_trainer_sibling_methods",
     "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
     "general_kl_annealing_load", "general_counter_towers", "general_class_train_method",
-    "general_model_methods_chain", "general_staged_tower_loops",
+    "general_model_methods_chain", "general_staged_tower_loops", "general_train_and_eval_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -1383,34 +1383,11 @@ def test_the_device_lists_own_loop_variable_is_not_read_from_the_code_before_it(
     assert finding.fixable, finding.refusal
 
 
-def test_two_tower_loops_under_one_strategy_scope_are_refused():
-    """A training loop and a forward-only validation loop in one function: each rewrite opened
-    its own MirroredStrategy, the second inside the first ("Mixing different
-    tf.distribute.Strategy objects"). Snippets one after another at module level nested the same way."""
-    program = textwrap.dedent("""
-        import tensorflow as tf
-        def build(train_parts, val_parts, n, opt):
-            tower_grads = []
-            for i in range(n):
-                with tf.device('/gpu:%d' % i):
-                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(train_parts[i]))))
-            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
-            train_op = opt.apply_gradients(grads)
-            correct = []
-            for i in range(n):
-                with tf.device('/gpu:%d' % i):
-                    correct.append(tf.reduce_mean(model(val_parts[i])))
-            return train_op, tf.add_n(correct)
-    """)
-    findings = tower_findings(program)
-    assert len(findings) == 2 and not any(f.fixable for f in findings)
-    assert "the tower loop at line 10 builds towers under the same graph" in findings[0].refusal
-    # (The validation loop is refused for its own reason first: its results go to the caller.)
-
-
-def test_two_tower_loops_under_one_scope_are_refused_by_the_textbook_rewrite_too():
-    """The general rewrite refused the training loop for the second loop, and the textbook
-    `strategy.run` rewrite, tried next, took it: the strategies nested all the same."""
+def test_a_validation_loop_beside_the_training_loop_runs_under_the_same_strategy():
+    """A training loop and a forward-only validation loop in one function: each rewritten alone
+    opened its own MirroredStrategy, the second inside the first ("Mixing different
+    tf.distribute.Strategy objects"). Rewritten together, one strategy runs both, and the update
+    stays with the loop that feeds it (the first), whatever the tower input setting."""
     program = textwrap.dedent("""
         import tensorflow as tf
         def train(opt, parts, num_gpus):
@@ -1429,8 +1406,54 @@ def test_two_tower_loops_under_one_scope_are_refused_by_the_textbook_rewrite_too
     """)
     for config in ({}, {"tower_input": "dataset"}):
         first, second = [f for f in run_check(program, **config) if f.code == "TFM101"]
-        assert not first.fixable and "the tower loop at line 9 builds towers" in first.refusal, (config, first.refusal)
-        assert not second.fixable
+        assert first.fixable and second.fixable, (config, first.refusal, second.refusal)
+    out = fixed(program)
+    assert out.count("MirroredStrategy(") == 1
+    training, validation = out.split("def tower_fn():")[1].split("def tower_fn_2():")
+    assert "opt.apply_gradients(" in training and "apply_gradients" not in validation
+    assert "tf.summary.histogram('out', model(parts[k]))" in validation
+
+
+def test_a_validation_loop_whose_results_go_to_the_caller_keeps_both_loops_refused():
+    program = textwrap.dedent("""
+        import tensorflow as tf
+        def build(train_parts, val_parts, n, opt):
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(train_parts[i]))))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            train_op = opt.apply_gradients(grads)
+            correct = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    correct.append(tf.reduce_mean(model(val_parts[i])))
+            return train_op, tf.add_n(correct)
+    """)
+    findings = tower_findings(program)
+    assert len(findings) == 2 and not any(f.fixable for f in findings)
+    assert all("the towers' `correct` are returned to the caller" in f.refusal for f in findings)
+
+
+def test_two_tower_loops_that_each_feed_an_update_under_one_graph_are_refused():
+    program = textwrap.dedent("""
+        import tensorflow as tf
+        def build(parts, n, opt):
+            pre = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    pre.append(tf.reduce_mean(encoder(parts[i])))
+            pretrain_op = opt.minimize(tf.add_n(pre) / n)
+            fine = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    fine.append(tf.reduce_mean(classifier(parts[i])))
+            train_op = opt.minimize(tf.add_n(fine) / n)
+            return pretrain_op, train_op
+    """)
+    findings = tower_findings(program)
+    assert len(findings) == 2 and not any(f.fixable for f in findings)
+    assert all("the tower loops at lines 4 and 9 each feed an update" in f.refusal for f in findings)
 
 
 def test_loop_variables_read_after_the_loop_are_left_by_the_last_replica():

@@ -368,6 +368,12 @@ def planned(rule, tower) -> Planned:
     def compute() -> Planned:
         from tfmigrate.rewrites import replica_loop
 
+        if len(replica_loop.towers_together(rule, tower)) > 1:
+            # Only the general rewrite takes several loops at once (under one strategy).
+            try:
+                return Planned(replica_loop.plan(rule, tower), feeds_kept=GENERAL_FEEDS)
+            except Refused as reason:
+                return Planned(None, refused=str(reason))
         try:
             replica_loop.check_other_towers(rule, tower)
         except StateRefused as reason:

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import re
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -65,7 +65,7 @@ from tfmigrate.analysis.devices import (
     DEVICE_SPECS, computes_gradients, device_scope_arg, enclosing_class, is_device_function, method_tower_group,
     module_tower_loops, ops_device, tower_group,
 )
-from tfmigrate.analysis.tower_forms import module_tower_forms
+from tfmigrate.analysis.tower_forms import TowerForm, module_tower_forms
 from tfmigrate.cst.callargs import argument, callee_name, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
@@ -127,32 +127,70 @@ def plan(rule, tower) -> Edit:
     """The replica rewrite of ``tower`` (a :class:`tfmigrate.analysis.devices.TowerLoop`).
 
     Towers built across several loops (the model in one, the loss in the next, the gradients in
-    a third, each reading what the one before filled: `logits[i]`, `self.tower_loss[i]`) are
-    rewritten together: each loop becomes its own replica function, all run by one strategy,
-    and replica k of a later loop reads what replica k of an earlier one made, as tower k did.
-    One edit does it; every loop's finding carries that edit."""
-    group = tower_group(rule.context, tower.loop)
+    a third, each reading what the one before filled: `logits[i]`, `self.tower_loss[i]`), and
+    tower loops that build into one graph side by side (training towers and forward-only
+    validation towers), are rewritten together: each loop becomes its own replica function, all
+    run by one strategy, and replica k of a later loop reads what replica k of an earlier one
+    made, as tower k did. One loop of them may update the model; the others only compute. One
+    edit does it; every loop's finding carries that edit."""
+    group = _towers_together(rule, tower)
     if len(group) < 2:
-        group = method_tower_group(rule.context, tower.loop)
-    if len(group) < 2:
-        return _plan(rule, tower, [])
-    return rule.context.memo(("replica_loop.group", id(group[0].loop)), lambda: _plan(rule, group[-1], group[:-1]))
+        return _plan(rule, tower, [tower])
+    return rule.context.memo(("replica_loop.group", id(group[0].loop)),
+                             lambda: _plan(rule, _updating_member(rule, group), group))
 
 
-def _plan(rule, tower, earlier: list) -> Edit:
-    """The rewrite of ``tower`` and of the ``earlier`` loops of its group, which only compute
-    what the later ones read (the update follows the last)."""
+def _towers_together(rule, tower) -> list:
+    """The tower loops rewritten with ``tower`` under one strategy, in the order they run: those
+    building the same towers (:func:`tower_group`, :func:`method_tower_group`) and the others
+    under the same strategy scope (a validation loop beside the training loop)."""
+    group = tower_group(rule.context, tower.loop) or [tower]
+    if len(group) < 2:
+        across = method_tower_group(rule.context, tower.loop)
+        if len(across) > 1:
+            return across
+    owner = tower.owner if tower.owner is not None else rule.context.module
+    region = _region(rule.context, tower.loop, owner, rule.imports)
+    beside = {id(other.loop) for other in _other_towers(rule, region) if not isinstance(other, TowerForm)}
+    together = [t for t in module_tower_loops(rule.context) if id(t.loop) in beside | {id(t.loop) for t in group}]
+    return together if len(together) > 1 else [tower]
+
+
+def _updating_member(rule, group: list):
+    """The loop of ``group`` whose towers feed the update: the one that computes gradients or
+    updates in its body, or whose results a training step after it reads (a GAN's
+    discriminator loop, read by both `minimize` calls); the last when none does (all only
+    compute). Refused when two loops do."""
+    found = []
+    for member in group:
+        region = _member_region(rule, member, group)
+        filled = {c.target for c in _collected(member.loop)} | _bound_names(member.loop.body)
+        after = [s for s in region.following if names_used(s) & filled]
+        if any(_training_call(rule, s) is not None for s in [*_statements(member.loop.body), *after]):
+            found.append(member)
+    if len(found) > 1:
+        lines = " and ".join(str(_line(rule, member.loop)) for member in found)
+        raise Refused(f"the tower loops at lines {lines} each feed an update, under one graph: one strategy must "
+                      "run both, and the rewrite moves one update only")
+    return found[0] if found else group[-1]
+
+
+def _plan(rule, tower, group: list) -> Edit:
+    """The rewrite of the loops of ``group`` (``tower`` alone, or with the loops rewritten with
+    it), where ``tower`` feeds the update and the others only compute."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
     region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
-    members = [_member_region(rule, member, [*earlier, tower]) for member in earlier]
-    _check_loops(rule, [*earlier, tower], [*members, region])
+    others = [member for member in group if member is not tower]
+    regions = {id(member.loop): _member_region(rule, member, group) for member in others}
+    regions[id(loop)] = region
+    _check_loops(rule, group, [regions[id(member.loop)] for member in group])
     tf = TfNames(rule)
-    across_methods = bool(earlier) and earlier[0].owner is not tower.owner
+    across_methods = any(member.owner is not tower.owner for member in others)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     caller = _caller(rule, region) or _method_caller(rule, region)
-    if earlier and caller is not None:
-        raise Refused(f"the towers are built across {len(earlier) + 1} loops and updated by `{caller.owner.name.value}`, "
+    if others and caller is not None:
+        raise Refused(f"the towers are built across {len(group)} loops and updated by `{caller.owner.name.value}`, "
                       "their caller: build the update after the last loop")
     if across_methods or (caller is not None and caller.external):  # the class's user runs them later: the strategy stays on `self`
         strategy = "self." + _fresh(module, "strategy", "mirrored_strategy")
@@ -165,29 +203,26 @@ def _plan(rule, tower, earlier: list) -> Edit:
         if caller is None:
             _increment_global_step_once(rule, scope_region, update, tf)
         _check_training_state(rule, scope_region, update)
-    # The group's own update: the function of the last loop (at module level, the code around it), and the loops.
-    last = [region.owner] if isinstance(region.owner, cst.FunctionDef) else [*region.preceding, loop, *region.following]
-    own_update = {id(node) for statement in [*last, *[m.loop for m in members]] for node in walk(statement)}
-    for member_region in members:
-        _check_only_computes(rule, member_region, own_update)
+    _check_others_compute(rule, region, others, regions)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
-    steps = _step_names(module, len(earlier) + 1)
-    region_changes = _module_changes(rule, [*earlier, tower], scope_region, strategy, tf)
-    region_changes.update(_loop_changes(rule, tower, region, update, tf, run_by, steps[-1]))
-    for member, member_region, step in zip(earlier, members, steps):
-        region_changes.update(_loop_changes(rule, member, member_region, _Update([]), tf, run_by, step))
-    home = members[0] if across_methods else scope_region  # where the strategy is made
-    devices = _settings_inlined(rule, home, _devices(rule, earlier[0] if across_methods else tower))
+    steps = dict(zip([id(member.loop) for member in group], _step_names(module, len(group))))
+    region_changes = _module_changes(rule, group, scope_region, strategy, tf)
+    region_changes.update(_loop_changes(rule, tower, region, update, tf, run_by, steps[id(loop)]))
+    for member in others:
+        region_changes.update(_loop_changes(rule, member, regions[id(member.loop)], _Update([]), tf, run_by,
+                                            steps[id(member.loop)]))
+    home = regions[id(group[0].loop)] if across_methods else scope_region  # where the strategy is made
+    devices = _settings_inlined(rule, home, _devices(rule, group[0] if across_methods else tower))
     _check_device_names(rule, devices)
     if caller is not None:
         _check_devices_visible(rule, region, devices)
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
-    _check_one_strategy(rule, home)
+    _check_one_strategy(rule, home, group)
     moving, prelude = _device_prelude(rule, home, create)
     region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in moving)
     if _module_run(rule, home):
-        _check_in_run(rule, home, members)
+        _check_in_run(rule, home, [regions[id(member.loop)] for member in others])
         changes = _module_scope(rule, home, region_changes, [*prelude, create], scope_item)
     else:
         anchor, new_anchor = place_scope(home.loop, home.parents, imports, region_changes, create, scope_item, prelude)
@@ -195,15 +230,16 @@ def _plan(rule, tower, earlier: list) -> Edit:
     for method in scope_region.external:
         changes[method] = _under_scope(method.visit(ReplaceById(region_changes)), scope_item, _BUILT_IN_CONSTRUCTOR)
     if across_methods:
-        why = _BUILT_ACROSS_METHODS.format(method=earlier[0].owner.name.value)
-        for member in [*earlier[1:], tower]:
+        why = _BUILT_ACROSS_METHODS.format(method=group[0].owner.name.value)
+        for member in group[1:]:
             changes[member.owner] = _under_scope(member.owner.visit(ReplaceById(region_changes)), scope_item, why)
-    _add_outside_changes(rule, changes, region_changes, [*earlier, tower], scope_region, tf)
+    _add_outside_changes(rule, changes, region_changes, group, scope_region, tf)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
-    if earlier:
-        title = (f"rewrite the {len(earlier) + 1} tower loops (lines {', '.join(str(_line(rule, m.loop)) for m in earlier)} "
-                 f"and {_line(rule, loop)}) as replica functions run by one tf.distribute.MirroredStrategy" + update.note)
+    if others:
+        lines = [str(_line(rule, member.loop)) for member in group]
+        title = (f"rewrite the {len(group)} tower loops (lines {', '.join(lines[:-1])} and {lines[-1]}) as replica "
+                 "functions run by one tf.distribute.MirroredStrategy" + update.note)
     if context.target == "tf2":  # the TF2 step is written only for the textbook shape (mirrored.py)
         title += (" (compat target: the Session program stays; a tf.function step with tf.GradientTape is "
                   "written only for a loop that averages and applies its gradients right after it)")
@@ -241,6 +277,21 @@ def _add_outside_changes(rule, changes: dict, region_changes: dict, towers: list
         for helper, reads in _helpers_regularization(rule, tower.loop).items():
             if helper not in changes and id(helper) not in inside:
                 changes[helper] = _counting_helper(helper, reads, tf)
+
+
+def _check_others_compute(rule, region: _Region, others: list, regions: dict) -> None:
+    """The loops rewritten beside the updating one (``region``) only compute: nothing trains on
+    what they make outside the replicas. What follows the updating loop is its update's to
+    judge, and the loops themselves are replica functions; the update's function holds the
+    optimizer the module's training calls make (at module level, the code around the loop)."""
+    loops = [region.loop, *(member.loop for member in others)]
+    judged = {id(node) for statement in [*region.following, *loops] for node in walk(statement)}
+    home = [region.owner] if isinstance(region.owner, cst.FunctionDef) else [*region.preceding, *region.following]
+    trainers = judged | {id(node) for statement in [*home, *loops] for node in walk(statement)}
+    for member in others:
+        member_region = regions[id(member.loop)]
+        unjudged = [s for s in member_region.following if id(s) not in judged]
+        _check_only_computes(rule, replace(member_region, following=unjudged), trainers)
 
 
 _BUILT_IN_CONSTRUCTOR = "The towers were built under this strategy (in the constructor); their update runs under it too."
@@ -2487,13 +2538,14 @@ def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression
     return device
 
 
-def _check_one_strategy(rule, region: _Region) -> None:
-    """The strategy is made where the graph is built. A function that builds into its caller's
-    graph and runs more than once (a model class made for training and for evaluation, sharing
-    variables) would make one strategy per call, and the second would find the first's
-    variables mirrored onto other devices."""
+def _check_one_strategy(rule, region: _Region, group: list) -> None:
+    """The strategy is made where the graph is built, and runs every tower loop built there
+    (``group``, rewritten together). A function that builds into its caller's graph and runs
+    more than once (a model class made for training and for evaluation, sharing variables)
+    would make one strategy per call, and the second would find the first's variables
+    mirrored onto other devices."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
-    _check_other_towers(rule, region, owner)
+    _check_other_towers(rule, region, group)
     if not isinstance(owner, cst.FunctionDef):
         return  # a `with` that opens a graph of its own, or the module
     name, parent = owner.name.value, region.parents.get(id(owner))
@@ -2512,30 +2564,45 @@ def _check_one_strategy(rule, region: _Region) -> None:
                       "own MirroredStrategy over the same variables; make one strategy where the graph is built")
 
 
+def towers_together(rule, tower) -> list:
+    """The tower loops rewritten with ``tower`` by one edit (itself alone: ``[tower]``)."""
+    return _towers_together(rule, tower)
+
+
 def check_other_towers(rule, tower) -> None:
-    """StateRefused when another tower loop builds under the strategy scope this loop's rewrite
-    would open (asked before any rewrite of the loop: each would open its own strategy)."""
+    """StateRefused when another tower (a `while` or comprehension form) builds under the
+    strategy scope this loop's rewrite would open (asked before any rewrite of the loop)."""
     owner = tower.owner if tower.owner is not None else rule.context.module
-    region = _region(rule.context, tower.loop, owner, rule.imports)
-    _check_other_towers(rule, region, strategy_scope_owner(region.loop, region.parents, rule.imports))
+    _check_other_towers(rule, _region(rule.context, tower.loop, owner, rule.imports), _towers_together(rule, tower))
 
 
-def _check_other_towers(rule, region: _Region, owner: cst.CSTNode) -> None:
-    """Another tower loop (not one of this loop's group) under the same strategy scope: each
-    rewrite would open its own MirroredStrategy, one inside the other (a training loop and a
-    forward-only validation loop in one function crashed: "Mixing different tf.distribute.Strategy
-    objects"). One strategy must run both; that is left to a person, and no other rewrite of
-    the loop may take it (each opens a strategy of its own)."""
+def _other_towers(rule, region: _Region) -> list:
+    """The other tower loops (and tower forms) that build under the strategy scope this loop's
+    rewrite opens: one strategy must run them all (two, one inside the other, crashed:
+    "Mixing different tf.distribute.Strategy objects")."""
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     group = {id(t.loop) for t in tower_group(rule.context, region.loop)} | {id(region.loop)}
     # At module level the scope covers the run of statements around the loop only.
     covered = _module_run(rule, region) if isinstance(owner, cst.Module) else [owner]
-    others = [t.loop for t in module_tower_loops(rule.context)] + [f.statement for f in module_tower_forms(rule.context)]
-    for other in others:
-        if id(other) in group or not any(contains(node, other) for node in covered):
+    found = []
+    for other in [*module_tower_loops(rule.context), *module_tower_forms(rule.context)]:
+        node = other.statement if isinstance(other, TowerForm) else other.loop
+        if id(node) in group or not any(contains(scope, node) for scope in covered):
             continue
-        if strategy_scope_owner(other, region.parents, rule.imports) is owner:
-            raise StateRefused(f"the tower loop at line {_line(rule, other)} builds towers under the same graph: "
-                          "each would get its own MirroredStrategy, one inside the other; one strategy must run both")
+        if strategy_scope_owner(node, region.parents, rule.imports) is owner:
+            found.append(other)
+    return found
+
+
+def _check_other_towers(rule, region: _Region, group: list) -> None:
+    """Every tower loop under the strategy scope is rewritten with this one: any other (a
+    `make_parallel` form, a loop the group does not take) would open its own strategy."""
+    taken = {id(member.loop) for member in group}
+    for other in _other_towers(rule, region):
+        node = other.statement if isinstance(other, TowerForm) else other.loop
+        if id(node) not in taken:
+            raise StateRefused(f"the tower loop at line {_line(rule, node)} builds towers under the same graph: "
+                               "each would get its own MirroredStrategy, one inside the other; one strategy must run both")
 
 
 def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
