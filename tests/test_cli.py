@@ -444,3 +444,19 @@ def test_a_location_is_never_read_as_an_emoji_code(tmp_path):
     result = run(["fix", "--unsafe-fixes", "--show-refusals", "--no-cache", "towers.py"], tmp_path)
     assert "towers.py:100:5: TFM101 no automatic fix:" in result.stderr, result.stderr
     assert "\U0001f4af" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["check", "--no-cache"], ["fix", "--diff", "--unsafe-fixes", "--no-cache"]])
+def test_a_reader_that_stops_early_ends_the_run_quietly(tmp_path, command):
+    """`tfmigrate check src | head -3`: the pipe closes after three lines; the run stops with no
+    traceback (it printed "BrokenPipeError" with one before)."""
+    program = (Path(__file__).parent.parent / "fixtures" / "programs" / "general_staged_tower_loops.py").read_text()
+    for n in range(40):
+        (tmp_path / f"towers_{n}.py").write_text(program)
+    process = subprocess.Popen([sys.executable, "-m", "tfmigrate", *command, str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    process.stdout.readline()
+    process.stdout.close()  # the reader goes away
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import TYPE_CHECKING, List, Optional
 
@@ -381,6 +382,16 @@ def _plain_check(argv: list[str]) -> dict | None:
 
 
 def main() -> None:
+    try:
+        _main()
+    except BrokenPipeError:
+        # The reader went away (`tfmigrate check src | head`): stop quietly, as ruff does, with
+        # nothing more written to the closed pipe (Python would report it again at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def _main() -> None:
     arguments = _plain_check(sys.argv[1:])
     if arguments is None:
         __getattr__("app")()

@@ -290,8 +290,21 @@ def _check_others_compute(rule, region: _Region, others: list, regions: dict) ->
     trainers = judged | {id(node) for statement in [*home, *loops] for node in walk(statement)}
     for member in others:
         member_region = regions[id(member.loop)]
-        unjudged = [s for s in member_region.following if id(s) not in judged]
+        filled = {c.target for c in _collected(member.loop)} | _bound_names(member.loop.body)
+        # What the code between the loops does with other things (makes the optimizer the
+        # update will use, reads the placeholders) is not this loop's results' business.
+        unjudged = _reaching([s for s in member_region.following if id(s) not in judged], filled)
         _check_only_computes(rule, replace(member_region, following=unjudged), trainers)
+
+
+def _reaching(statements: list, names: set[str]) -> list:
+    """The ``statements`` that read ``names``, or what earlier ones of them bound from them."""
+    reached, found = set(names), []
+    for statement in statements:
+        if names_used(statement) & reached:
+            found.append(statement)
+            reached |= _bound_names(statement)
+    return found
 
 
 _BUILT_IN_CONSTRUCTOR = "The towers were built under this strategy (in the constructor); their update runs under it too."
