@@ -352,6 +352,31 @@ def test_tower_results_logged_as_text_or_shapes_do_not_reach_an_imported_functio
         assert "the towers' results reach `log`, imported from another module" in finding.refusal
 
 
+@pytest.mark.parametrize("after, kept", [
+    ("step_pi = policy(step_x)", True),  # builds again in the same scope: it counted on the reuse
+    ("summary = tf.summary.merge_all()", False),  # gets no variables: nothing to keep
+])
+def test_a_reuse_the_towers_left_on_the_scope_around_the_loop_is_kept_for_the_code_after(after, kept):
+    out = fixed(f"""
+        import tensorflow as tf
+        def policy(x):
+            return tf.layers.dense(x, 4, name='pi')
+        def build(opt, parts, step_x, n):
+            losses = []
+            with tf.variable_scope('model'):
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i), tf.name_scope('tower%d' % i):
+                        losses.append(tf.reduce_mean(policy(parts[i])))
+                        tf.get_variable_scope().reuse_variables()
+                {after}
+            return opt.minimize(tf.add_n(losses) / n)
+    """)
+    call = "strategy.extended.call_for_each_replica(tower_fn)"
+    assert call in out
+    assert ("tf.get_variable_scope().reuse_variables()" in out.split(call)[1]) is kept
+    assert "reuse_variables" not in out.split("def tower_fn():")[1].split(call)[0]  # not in the replicas
+
+
 def test_the_loop_target_of_enumerate_is_the_replicas_element():
     out = fixed("""
         import tensorflow as tf

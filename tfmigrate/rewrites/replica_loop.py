@@ -498,11 +498,44 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
     replacement = [function.with_changes(leading_lines=blank), call.with_changes(leading_lines=blank),
-                   *(rereads[name] for name in shared if name in rereads), *update.after_run]
+                   *_reuse_left_on(rule, loop), *(rereads[name] for name in shared if name in rereads),
+                   *update.after_run]
     if unbound:
         replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
     replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
     return cst.FlattenSentinel(replacement)
+
+
+def _reuse_left_on(rule, loop: cst.For) -> list[cst.BaseStatement]:
+    """`tf.get_variable_scope().reuse_variables()` in the body, outside any variable scope the
+    body opens, left the scope around the loop reusing its variables once the first tower had
+    made them, and the code after the loop in that block may count on it (an A2C model's step
+    policy, built after the towers in the same `tf.variable_scope('model')`, failed with "already
+    exists"). The replica function drops the call (the strategy shares the variables itself);
+    it comes back once, after the strategy's call, where that code may get variables."""
+    scopes = {"tensorflow.variable_scope", "tensorflow.compat.v1.variable_scope"}
+    opened = [w for w in find(loop.body, cst.With)
+              if any(isinstance(i.item, cst.Call) and rule.imports.resolve(i.item.func) in scopes for i in w.items)]
+    reuse = next((s for s in _statements(loop.body) if is_reuse_statement(s) and not any(contains(w, s) for w in opened)),
+                 None)
+    block = module_parents(rule.context).get(id(loop))
+    siblings = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
+    after = siblings[_index(siblings, loop) + 1:] if reuse is not None and siblings else []
+    if not any(_may_get_variables(rule, call) for statement in after for call in find(statement, cst.Call)):
+        return []
+    why = cst.EmptyLine(comment=cst.Comment("# The towers left this scope reusing their variables; the code below counts on it."))
+    return [reuse.with_changes(leading_lines=[why])]
+
+
+def _may_get_variables(rule, call: cst.Call) -> bool:
+    """A call that may make or get variables by name: the module's own functions and classes, a
+    method of `self`, `tf.get_variable`, a `tf.layers` layer."""
+    if isinstance(call.func, cst.Name):
+        return call.func.value in _module_functions(rule) or any(
+            isinstance(s, cst.ClassDef) and s.name.value == call.func.value for s in rule.context.module.body)
+    name = rule.imports.resolve(call.func) or ""
+    return (code(call.func).startswith("self.") or name in ("tensorflow.get_variable", "tensorflow.compat.v1.get_variable")
+            or name.startswith(("tensorflow.layers.", "tensorflow.compat.v1.layers.")))
 
 
 def _check_waits(rule, region: _Region, shared: set[str], counting: set[int]) -> None:
