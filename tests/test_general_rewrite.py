@@ -37,6 +37,7 @@ REWRITTEN = [
     "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
     "general_kl_annealing_load", "general_counter_towers", "general_class_train_method",
     "general_model_methods_chain", "general_staged_tower_loops", "general_train_and_eval_towers",
+    "general_hand_written_adam",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -375,6 +376,66 @@ def test_a_reuse_the_towers_left_on_the_scope_around_the_loop_is_kept_for_the_co
     assert call in out
     assert ("tf.get_variable_scope().reuse_variables()" in out.split(call)[1]) is kept
     assert "reuse_variables" not in out.split("def tower_fn():")[1].split(call)[0]  # not in the replicas
+
+
+HAND_WRITTEN = """
+    import tensorflow as tf
+
+    def sgd_updates(params, cost_or_grads, lr):
+        if type(cost_or_grads) is not list:
+            grads = tf.gradients(cost_or_grads, params)
+        else:
+            grads = cost_or_grads
+        t = tf.Variable(0., trainable=False)
+        tt = t + 1
+        updates = [t.assign(tt)]
+        for p, g in zip(params, grads):
+            updates.append(p.assign(p - lr / tf.sqrt(tt) * g))
+        return tf.group(*updates)
+
+    def train(xs, n, lr):
+        params = tf.trainable_variables()
+        grads = []
+        for i in range(n):
+            with tf.device('/gpu:%d' % i):
+                grads.append(tf.gradients(model(xs[i]), params, gate_gradients=True))
+        with tf.device('/gpu:0'):
+            for i in range(1, n):
+                for j in range(len(grads[0])):
+                    grads[0][j] += grads[i][j]
+            return sgd_updates(params, grads[0], lr)
+"""
+
+
+def test_gradients_applied_by_hand_written_assignments_stay_after_the_loop():
+    out = fixed(HAND_WRITTEN)
+    # Outside the replicas an assignment sets every replica's copy: the update stays as written.
+    after = out.split("strategy.extended.call_for_each_replica(tower_fn)")[1]
+    assert "grads[0][j] += grads[i][j]" in after and "return sgd_updates(params, grads[0], lr)" in after
+    assert "grads.append(tf.gradients(model(xs[i]), params, gate_gradients=True))" in out.split("def tower_fn():")[1]
+
+
+@pytest.mark.parametrize("change, reason", [
+    # The helper computes gradients itself when handed a loss: outside the replicas.
+    ("return sgd_updates(params, grads[0], lr)", "return sgd_updates(params, tf.add_n([g[0] for g in grads]), lr)"),
+    # A helper of another module: whether it assigns cannot be seen.
+    ("return sgd_updates(params, grads[0], lr)", "return nn.adam_updates(params, grads[0], lr)"),
+    # A counter read while it is incremented, nothing ordering the two (pixel-cnn's nn.py).
+    ("updates = [t.assign(tt)]", "updates = [t.assign_add(1.)]"),
+])
+def test_hand_written_updates_that_cannot_keep_their_meaning_are_refused(change, reason):
+    old, new = change, reason
+    program = textwrap.dedent(HAND_WRITTEN).replace(old, new)
+    if "nn." in new:
+        program = "import nn\n" + program
+    (finding,) = tower_findings(program)
+    assert not finding.fixable
+    expected = {
+        "add_n": "gradients are computed after the tower loop",
+        "nn.": "the towers' gradients reach `nn.adam_updates`, not defined in this module",
+        "assign_add": "the hand-written update reads `t` while it updates it",
+    }
+    assert next(v for k, v in expected.items() if k in new) in finding.refusal, finding.refusal
 
 
 def test_the_loop_target_of_enumerate_is_the_replicas_element():

@@ -113,14 +113,31 @@ def test_the_tower_rewrites_refusal_names_the_lines_of_the_file_as_it_is():
     # second loop): the line it names must be the second loop's line in the file.
     code = WHILE_TOWERS.replace("        return opt.apply_gradients(average_gradients(tower_grads))\n", """\
         train_op = opt.apply_gradients(average_gradients(tower_grads))
+        losses = []
+        for k in range(num_gpus):
+            with tf.device('/gpu:%d' % k):
+                losses.append(tf.reduce_mean(head(parts[k])))
+        return train_op, opt.minimize(tf.add_n(losses))
+""")
+    first, second = towers(code)
+    assert second.start.row == 15
+    # (The `while` loop's towers start at its counter, line 7: the `for` loop it becomes is there.)
+    assert "the tower loops at lines 7 and 15 each feed an update" in first.refusal, first.refusal
+
+
+def test_a_while_tower_loop_and_a_validation_loop_are_rewritten_together():
+    code = WHILE_TOWERS.replace("        return opt.apply_gradients(average_gradients(tower_grads))\n", """\
+        train_op = opt.apply_gradients(average_gradients(tower_grads))
         for k in range(num_gpus):
             with tf.device('/gpu:%d' % k):
                 tf.summary.histogram('out', model(parts[k]))
         return train_op
 """)
-    first, second = towers(code)
-    assert second.start.row == 14
-    assert "the tower loop at line 14 builds towers under the same graph" in first.refusal, first.refusal
+    first, _ = towers(code)  # the `while` loop's fix takes the other loop with it
+    assert first.fixable, first.refusal
+    out = unsafe_fix(textwrap.dedent(code).lstrip("\n"))
+    assert out.count("MirroredStrategy(") == 1 and "while" not in out
+    assert "def tower_fn():" in out and "def tower_fn_2():" in out
 
 
 def test_a_comprehension_variable_read_later_is_refused():

@@ -1139,6 +1139,8 @@ def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
         update = None
     if update is None:
         update = _wrapped_update(rule, region, strategy, tf)
+    if update is None:
+        update = _hand_written_update(rule, region)
     if update is None and moved_refusal is not None:
         raise moved_refusal
     return update or _forward_only(rule, region)
@@ -1198,6 +1200,129 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
         update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted)
         update.wrapped.append(line)
     return update
+
+
+def _hand_written_update(rule, region: _Region) -> _Update | None:
+    """Gradients the towers compute, combined after the loop as the program combines them (an
+    in-place sum, a helper) and applied by assignments written by hand (OpenAI's
+    `adam_updates`: `p.assign(p - lr * g_t)`, its moments and step counter `tf.Variable`s):
+    all of it stays after the loop, as written. Outside the replicas, assigning a mirrored
+    variable sets every replica's copy, and reading one reads replica 0's, equal to the others:
+    one update of one set of weights, as the legacy program made. None when the code after the
+    loop assigns no variable from the towers' results."""
+    loop = region.loop
+    if _training_call(rule, loop.body, _computes_gradients) is None:
+        return None
+    filled = {c.target for c in _collected(loop)} | _bound_names(loop.body)
+    reaching = _reaching(region.following, filled)
+    reached = filled.union(*(_bound_names(statement) for statement in reaching))
+    if not any(_training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
+        if not any(_unknown_callee(rule, statement, reached) for statement in reaching):
+            return None  # no update here at all: not this shape
+    for statement in reaching:
+        if _training_call(rule, statement, _computes_gradients) is not None:
+            raise Refused(f"line {_line(rule, statement)}: gradients are computed after the tower loop, outside the "
+                          "replicas: under MirroredStrategy they would see one replica's copy of the weights")
+        step = _training_call(rule, statement, _steps_optimizer)
+        if step is not None:
+            raise Refused(f"line {_line(rule, statement)}: `{code(step.func)}` updates through an optimizer inside, "
+                          "outside the replicas, where a TF1 optimizer cannot run under MirroredStrategy")
+        unknown = _unknown_callee(rule, statement, reached)
+        if unknown is not None:
+            raise Refused(f"line {_line(rule, statement)}: the towers' gradients reach `{unknown}`, not defined in this "
+                          "module: whether it updates the weights by assignment, as the update here does, cannot be seen")
+    for body in [*reaching, *_functions_called(rule, reaching)]:
+        _check_reads_ordered(rule, body)
+    return _Update([], note=" (the hand-written update after the loop stays: outside the replicas an assignment "
+                            "sets every replica's copy of a variable)")
+
+
+def _functions_called(rule, statements: list) -> list[cst.FunctionDef]:
+    """The module's functions that ``statements`` call, and those they call, once each."""
+    functions, found, pending = _module_functions(rule), {}, list(statements)
+    while pending:
+        for call in find(pending.pop(), cst.Call):
+            name = call.func.value if isinstance(call.func, cst.Name) else None
+            if name in functions and name not in found:
+                found[name] = functions[name]
+                pending.append(functions[name])
+    return list(found.values())
+
+
+def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
+    """Refused when ``body`` updates a variable (`t.assign_add(1)`) and reads it elsewhere
+    (`tf.pow(mom1, t)` for Adam's bias correction) with nothing ordering the two: OpenAI's
+    `adam_updates`. Which runs first is the runtime's choice; the legacy program's ran the read
+    first, the migrated one's (resource variables, other ops) did not, and a pixel-cnn-style
+    program trained differently from step 1. A read whose value feeds the update itself
+    (`v.assign(mom1 * v + ...)`, `tt = t + 1; t.assign(tt)`) is ordered by it."""
+    values: dict[str, list[cst.BaseExpression]] = {}
+    for assign in find(body, cst.Assign):
+        for target in assign.targets:
+            for name in _target_names(target.target):
+                values.setdefault(name, []).append(assign.value)
+    ordered = [w for w in find(body, cst.With) if any(
+        isinstance(i.item, cst.Call) and code(i.item.func).endswith("control_dependencies") for i in w.items)]
+    for call in find(body, cst.Call):
+        update = _variable_update(rule, call)
+        if update is None or not isinstance(update[1], cst.Name) or any(contains(w, call) for w in ordered):
+            continue
+        variable, feeding = update[1].value, [arg.value for arg in call.args]
+        names, pending = set(), [n for value in feeding for n in names_used(value)]
+        while pending:  # what the update's value is computed from, through the body's assignments
+            name = pending.pop()
+            if name not in names:
+                names.add(name)
+                feeding += values.get(name, [])
+                pending += [n for value in values.get(name, []) for n in names_used(value)]
+        fed = {id(node) for value in feeding for node in walk(value)} | {id(update[1])}
+        read = next((n for n in _value_reads(body) if n.value == variable and id(n) not in fed), None)
+        if read is not None:
+            raise Refused(f"line {_line(rule, read)}: the hand-written update reads `{variable}` while it updates it "
+                          f"(line {_line(rule, call)}) with nothing ordering the two: which runs first is the runtime's "
+                          "choice, and the migrated program's may choose otherwise than the legacy one's; put the update "
+                          "under `tf.control_dependencies` of what reads it, then fix again")
+
+
+def _value_reads(node: cst.CSTNode) -> list[cst.Name]:
+    """The names ``node`` reads as values: not assignment or loop targets, not attribute names,
+    and not `x.shape`, `x.get_shape()`, `x.dtype` or `x.name` (what a tensor is made of)."""
+    found: list[cst.Name] = []
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.Name):
+            found.append(current)
+        elif isinstance(current, cst.Attribute):
+            if current.attr.value not in ("shape", "get_shape", "dtype", "name"):
+                stack.append(current.value)
+        elif isinstance(current, (cst.AssignTarget, cst.For, cst.CompFor)):
+            stack += [c for c in children(current) if c is not current.target]
+        else:
+            stack += children(current)
+    return found
+
+
+def _assigns_variable(rule, call: cst.Call) -> bool:
+    return _variable_update(rule, call) is not None
+
+
+def _steps_optimizer(rule, call: cst.Call) -> bool:
+    return _optimizer_step(call)
+
+
+def _unknown_callee(rule, statement: cst.CSTNode, names: set[str]) -> str | None:
+    """The first function ``statement`` hands ``names`` (or what it made of them) to that is
+    neither the module's own nor a known library's, else None."""
+    for call in find(statement, cst.Call):
+        if not any(_tensors_read(arg.value) & names for arg in call.args):
+            continue
+        if isinstance(call.func, cst.Name) and call.func.value in _module_functions(rule):
+            continue
+        resolved = rule.imports.resolve(call.func)
+        if resolved is not None and resolved.split(".")[0] not in _KNOWN_LIBRARIES:
+            return code(call.func)
+    return None
 
 
 def _countable_global_steps(rule, region: _Region, line) -> set[int]:
@@ -1585,20 +1710,97 @@ class _WithoutMetadata(cst.CSTTransformer):
         return cst.Ellipsis() if isinstance(updated.func, cst.Ellipsis) else updated
 
 
-def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset()) -> cst.Call | None:
+def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset(),
+                   lists: frozenset = frozenset()) -> cst.Call | None:
     """The first call under ``node`` that trains (or passes another ``test``), looking into the
-    module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss)."""
+    module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss).
+    In a function called with a list for a parameter (``lists``: OpenAI's `adam_updates(params,
+    grads[0])`), a branch taken only for a non-list (`if type(cost_or_grads) is not list:
+    grads = tf.gradients(...)`) does not run."""
     test = test or _trains
     functions = _module_functions(rule)
-    for call in find(node, cst.Call):
+    for call in _live_calls(node, lists):
         if test(rule, call):
             return call
         name = call.func.value if isinstance(call.func, cst.Name) else None
-        if name in functions and name not in seen and rule.context.memo(
-                ("replica_loop.function_trains", name, test),
-                lambda: _training_call(rule, functions[name], test, seen | {name}) is not None):
-            return call
+        if name in functions and name not in seen:
+            known = _list_parameters(rule, functions[name], call)
+            if rule.context.memo(("replica_loop.function_trains", name, test, known),
+                                 lambda: _training_call(rule, functions[name], test, seen | {name}, known) is not None):
+                return call
     return None
+
+
+def _live_calls(node: cst.CSTNode, lists: frozenset) -> list[cst.Call]:
+    """The calls under ``node``, but those of an `if` branch that cannot run when the names in
+    ``lists`` hold lists."""
+    if not lists:
+        return find(node, cst.Call)
+    dead = set()
+    for branch in find(node, cst.If):
+        holds = _list_test(branch.test, lists)
+        if holds is False:
+            dead.add(id(branch.body))
+        elif holds is True and branch.orelse is not None:
+            dead.add(id(branch.orelse))
+    return [n for n in _own_nodes(node, frozenset(dead), into_scopes=True) if type(n) is cst.Call]
+
+
+def _list_test(test: cst.BaseExpression, lists: frozenset) -> bool | None:
+    """Whether `type(x) is list`, `isinstance(x, list)` (or their negations) holds for ``x`` in
+    ``lists``; None for any other test."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _list_test(test.expression, lists)
+        return None if inner is None else not inner
+    if (isinstance(test, cst.Call) and code(test.func) == "isinstance" and len(test.args) == 2
+            and code(test.args[0].value) in lists and code(test.args[1].value) == "list"):
+        return True
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        left, (target,) = test.left, test.comparisons
+        if (isinstance(left, cst.Call) and code(left.func) == "type" and len(left.args) == 1
+                and code(left.args[0].value) in lists and code(target.comparator) == "list"):
+            if isinstance(target.operator, (cst.Is, cst.Equal)):
+                return True
+            if isinstance(target.operator, (cst.IsNot, cst.NotEqual)):
+                return False
+    return None
+
+
+def _list_parameters(rule, function: cst.FunctionDef, call: cst.Call) -> frozenset:
+    """The parameters of ``function`` that ``call`` passes a list (:func:`_known_list`)."""
+    params = [p.name.value for p in function.params.params]
+    found = set()
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            break
+        name = arg.keyword.value if arg.keyword is not None else (params[position] if position < len(params) else None)
+        if name is not None and _known_list(rule, arg.value):
+            found.add(name)
+    return frozenset(found)
+
+
+_GRADIENT_LISTS = {"tensorflow.gradients", "tensorflow.compat.v1.gradients"}
+
+
+def _known_list(rule, value: cst.BaseExpression, depth: int = 0) -> bool:
+    """A list for sure: a list display, `tf.gradients(...)`, a name the module binds once to
+    one, or an item of a list the module fills only with them (`grads[0]` of `grads.append(
+    tf.gradients(...))`)."""
+    if isinstance(value, (cst.List, cst.ListComp)):
+        return True
+    if isinstance(value, cst.Call):
+        return rule.imports.resolve(value.func) in _GRADIENT_LISTS
+    if depth > 2:
+        return False
+    module = rule.context.module
+    if isinstance(value, cst.Name):
+        bindings = [a.value for a in find(module, cst.Assign) if any(code(t.target) == value.value for t in a.targets)]
+        return len(bindings) == 1 and _known_list(rule, bindings[0], depth + 1)
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name):
+        appended = [c.args[0].value for c in find(module, cst.Call) if method_call(c, "append") and len(c.args) == 1
+                    and code(c.func.value) == value.value.value]
+        return bool(appended) and all(_known_list(rule, a, depth + 1) for a in appended)
+    return False
 
 
 def _module_functions(rule) -> dict[str, cst.FunctionDef]:

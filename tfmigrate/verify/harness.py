@@ -11,8 +11,9 @@ What is captured, per training step:
 * ``Session.run`` (``tf.compat.v1.Session`` and anything built on it, e.g. MonitoredSession):
   a run is a training step when the graph cone of its fetches (data and control inputs)
   contains an op returned by ``Optimizer.apply_gradients`` / ``minimize`` (recorded by a
-  wrapper), an op in the ``TRAIN_OP`` collection, or a kernel of type ``*Apply*`` (the
-  optimizers' update kernels). The step's loss is the fetched float scalar (preferring a tensor
+  wrapper), an op in the ``TRAIN_OP`` collection, a kernel of type ``*Apply*`` (the
+  optimizers' update kernels), or, for an optimizer written by hand with ``tf.assign``, an
+  assignment to a trainable variable with gradients (ops under a ``gradients`` scope) upstream. The step's loss is the fetched float scalar (preferring a tensor
   that was passed to ``compute_gradients``, then one named ``*loss*``). When that scalar is one
   of several tower losses feeding the same ``apply_gradients`` (the legacy habit of printing
   the last tower's loss), the harness fetches all tower losses too and reports their mean --
@@ -342,6 +343,10 @@ def install_tf1_shim(tf, keras_module) -> None:
 
 
 TRAIN_KERNEL = re.compile(r"^(Resource)?(Sparse)?Apply")
+# A hand-written optimizer's update: an assignment (to a trainable variable) fed by gradients.
+ASSIGN_KERNELS = {"Assign", "AssignSub", "AssignAdd", "AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp"}
+GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
+REPLICA_COPY = re.compile(r"/replica_\d+$")
 SOURCE_OPS = {
     "IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
     "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2",
@@ -493,7 +498,7 @@ class Recorder:
         recorded = self.apply_ops.get(id(graph), {})
         train_marks = {op for op in recorded if op in upstream}
         train_collection = self._train_collection(graph, upstream)
-        kernels = [op for op in upstream if TRAIN_KERNEL.match(op.type)]
+        kernels = [op for op in upstream if TRAIN_KERNEL.match(op.type)] or self._hand_written_updates(graph, upstream)
         if not (train_marks or train_collection or kernels):
             self.cache[key] = None
             return None
@@ -517,6 +522,17 @@ class Recorder:
             except Exception:
                 elements.append(None)
         return elements
+
+    def _hand_written_updates(self, graph, upstream) -> list:
+        """Assignments to trainable variables computed from gradients: an optimizer written
+        with `tf.assign` (OpenAI's `adam_updates`). A data-dependent initialisation assigns
+        trainable variables too, but no gradient reaches it."""
+        if not any(GRADIENT_SCOPE.search(op.name) for op in upstream):
+            return []
+        # By name: a mirrored variable's copies are `<name>/replica_<k>`.
+        trainable = {v.name.split(":")[0] for v in graph.get_collection(self.tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
+        return [op for op in upstream if op.type in ASSIGN_KERNELS and op.inputs
+                and REPLICA_COPY.sub("", op.inputs[0].op.name) in trainable]
 
     def _train_collection(self, graph, upstream) -> set:
         """The ops of the graph's TRAIN_OP collection that the fetches depend on."""
