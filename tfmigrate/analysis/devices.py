@@ -639,9 +639,9 @@ def _reads(node: cst.CSTNode) -> set[str]:
     return names_used(node, keywords=False) - {"True", "False", "None"}
 
 
-def _iteration_key(iterable: cst.CSTNode, module: cst.Module) -> str:
+def iteration_key(iterable: cst.CSTNode, module: cst.Module) -> str:
     """What a loop iterates over, spelled one way: `enumerate(X)` and `range(len(X))` are X,
-    `range(0, n)` is `range(n)`."""
+    `range(0, n)` and `xrange(n)` are `range(n)`."""
     node = iterable
     while True:
         if isinstance(node, cst.Call) and isinstance(node.func, cst.Name):
@@ -649,8 +649,10 @@ def _iteration_key(iterable: cst.CSTNode, module: cst.Module) -> str:
             if node.func.value in ("enumerate", "list", "tuple") and len(args) == 1:
                 node = args[0]
                 continue
-            if node.func.value == "range" and len(args) == 2 and isinstance(args[0], cst.Integer) and args[0].value == "0":
+            if node.func.value in ("range", "xrange") and len(args) == 2 and isinstance(args[0], cst.Integer) and args[0].value == "0":
                 return "range(" + "".join(module.code_for_node(args[1]).split()) + ")"
+            if node.func.value == "xrange" and len(args) == 1:
+                return "range(" + "".join(module.code_for_node(args[0]).split()) + ")"
             if node.func.value == "range" and len(args) == 1 and isinstance(args[0], cst.Call):
                 inner = args[0]
                 if isinstance(inner.func, cst.Name) and inner.func.value == "len" and len(inner.args) == 1:
@@ -675,7 +677,7 @@ def tower_groups(context) -> dict[int, list[TowerLoop]]:
             return groups
         open_groups: dict[tuple[int, str], list[tuple[list[TowerLoop], set[str]]]] = {}
         for tower in towers:
-            key = (id(tower.owner), _iteration_key(tower.loop.iter, context.module))
+            key = (id(tower.owner), iteration_key(tower.loop.iter, context.module))
             filled = _filled_names(tower.loop)
             used = _reads(tower.loop.body) - filled  # what it reads, not what it collects in
             for group, group_filled in open_groups.get(key, []):
@@ -733,6 +735,8 @@ def method_tower_group(context, loop: cst.CSTNode) -> list[TowerLoop]:
         pending.remove(ready[0])
     if len(ordered) < 2 or len({id(t.owner) for t in ordered}) != len(ordered):
         return []
+    if len({iteration_key(t.loop.iter, context.module) for t in ordered}) > 1:
+        return []  # over different devices (or spelled so): not one set of replicas
     return ordered
 
 

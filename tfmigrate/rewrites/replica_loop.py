@@ -62,8 +62,8 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 
 from tfmigrate.analysis.devices import (
-    DEVICE_SPECS, computes_gradients, device_scope_arg, enclosing_class, is_device_function, method_tower_group,
-    module_tower_loops, ops_device, tower_group,
+    DEVICE_SPECS, computes_gradients, device_scope_arg, enclosing_class, is_device_function, iteration_key,
+    method_tower_group, module_tower_loops, ops_device, tower_group,
 )
 from tfmigrate.analysis.tower_forms import TowerForm, module_tower_forms
 from tfmigrate.cst.callargs import argument, callee_name, split_arguments
@@ -151,7 +151,10 @@ def _towers_together(rule, tower) -> list:
             return across
     owner = tower.owner if tower.owner is not None else rule.context.module
     region = _region(rule.context, tower.loop, owner, rule.imports)
-    beside = {id(other.loop) for other in _other_towers(rule, region) if not isinstance(other, TowerForm)}
+    # Over the same devices only: a loop over others (one evaluation GPU) is not these replicas.
+    key = iteration_key(tower.loop.iter, rule.context.module)
+    beside = {id(other.loop) for other in _other_towers(rule, region)
+              if not isinstance(other, TowerForm) and iteration_key(other.loop.iter, rule.context.module) == key}
     together = [t for t in module_tower_loops(rule.context) if id(t.loop) in beside | {id(t.loop) for t in group}]
     return together if len(together) > 1 else [tower]
 
