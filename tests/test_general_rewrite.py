@@ -1521,6 +1521,25 @@ def test_a_validation_loop_whose_results_go_to_the_caller_keeps_both_loops_refus
     assert all("the towers' `correct` are returned to the caller" in f.refusal for f in findings)
 
 
+def test_a_loop_over_other_devices_is_not_rewritten_with_the_training_loop():
+    program = textwrap.dedent("""
+        import tensorflow as tf
+        def build(parts, n, opt):
+            losses = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(tf.reduce_mean(model(parts[i])))
+            train_op = opt.minimize(tf.add_n(losses) / n)
+            for k in range(1):
+                with tf.device('/gpu:%d' % k):
+                    tf.summary.histogram('out', model(parts[k]))
+            return train_op
+    """)
+    findings = tower_findings(program)
+    assert len(findings) == 2 and not any(f.fixable for f in findings)
+    assert "the tower loop at line 8 builds towers under the same graph" in findings[0].refusal, findings[0].refusal
+
+
 def test_two_tower_loops_that_each_feed_an_update_under_one_graph_are_refused():
     program = textwrap.dedent("""
         import tensorflow as tf

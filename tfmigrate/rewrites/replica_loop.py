@@ -152,11 +152,23 @@ def _towers_together(rule, tower) -> list:
     owner = tower.owner if tower.owner is not None else rule.context.module
     region = _region(rule.context, tower.loop, owner, rule.imports)
     # Over the same devices only: a loop over others (one evaluation GPU) is not these replicas.
-    key = iteration_key(tower.loop.iter, rule.context.module)
     beside = {id(other.loop) for other in _other_towers(rule, region)
-              if not isinstance(other, TowerForm) and iteration_key(other.loop.iter, rule.context.module) == key}
+              if not isinstance(other, TowerForm) and _same_replicas(rule, tower, other)}
     together = [t for t in module_tower_loops(rule.context) if id(t.loop) in beside | {id(t.loop) for t in group}]
     return together if len(together) > 1 else [tower]
+
+
+def _same_replicas(rule, tower, other) -> bool:
+    """Whether two tower loops run over the same devices: they iterate over the same thing
+    (`range(n)`, `enumerate(gpus)`), or their towers' device lists read the same (`DEVICES` for
+    `enumerate(DEVICES)` and `zip(DEVICES, splits)`)."""
+    module = rule.context.module
+    if iteration_key(tower.loop.iter, module) == iteration_key(other.loop.iter, module):
+        return True
+    try:
+        return _devices(rule, tower) == _devices(rule, other)
+    except Refused:
+        return False
 
 
 def _updating_member(rule, group: list):
