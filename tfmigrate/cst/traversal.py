@@ -162,8 +162,11 @@ def names_used(node: cst.CSTNode, *, keywords: bool = True) -> set[str]:
     return {name.value for name in name_reads(node, keywords=keywords)}
 
 
-def name_reads(node: cst.CSTNode, *, keywords: bool = True) -> list[cst.Name]:
-    """The Name nodes behind :func:`names_used` (to replace a name where it is read)."""
+def name_reads(node: cst.CSTNode, *, keywords: bool = True, targets: bool = True,
+               skipped_attributes: frozenset[str] | tuple[str, ...] = ()) -> list[cst.Name]:
+    """The Name nodes behind :func:`names_used` (to replace a name where it is read). With
+    ``targets=False`` not the names an assignment, a loop or a comprehension binds; not the
+    names under an attribute in ``skipped_attributes`` (`x.shape`: what ``x`` is made of)."""
     found: list[cst.Name] = []
     stack = [node]
     while stack:
@@ -171,9 +174,12 @@ def name_reads(node: cst.CSTNode, *, keywords: bool = True) -> list[cst.Name]:
         if isinstance(current, cst.Name):
             found.append(current)
         elif isinstance(current, cst.Attribute):
-            stack.append(current.value)
+            if current.attr.value not in skipped_attributes:
+                stack.append(current.value)
         elif not keywords and isinstance(current, cst.Arg):
             stack.append(current.value)
+        elif not targets and isinstance(current, (cst.AssignTarget, cst.For, cst.CompFor)):
+            stack.extend(child for child in children(current) if child is not current.target)
         else:
             stack.extend(children(current))
     return found

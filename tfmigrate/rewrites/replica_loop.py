@@ -1291,31 +1291,13 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
                 feeding += values.get(name, [])
                 pending += [n for value in values.get(name, []) for n in names_used(value)]
         fed = {id(node) for value in feeding for node in walk(value)} | {id(update[1])}
-        read = next((n for n in _value_reads(body) if n.value == variable and id(n) not in fed), None)
+        reads = name_reads(body, targets=False, skipped_attributes=_METADATA)
+        read = next((n for n in reads if n.value == variable and id(n) not in fed), None)
         if read is not None:
             raise Refused(f"line {_line(rule, read)}: the hand-written update reads `{variable}` while it updates it "
                           f"(line {_line(rule, call)}) with nothing ordering the two: which runs first is the runtime's "
                           "choice, and the migrated program's may choose otherwise than the legacy one's; put the update "
                           "under `tf.control_dependencies` of what reads it, then fix again")
-
-
-def _value_reads(node: cst.CSTNode) -> list[cst.Name]:
-    """The names ``node`` reads as values: not assignment or loop targets, not attribute names,
-    and not `x.shape`, `x.get_shape()`, `x.dtype` or `x.name` (what a tensor is made of)."""
-    found: list[cst.Name] = []
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, cst.Name):
-            found.append(current)
-        elif isinstance(current, cst.Attribute):
-            if current.attr.value not in ("shape", "get_shape", "dtype", "name"):
-                stack.append(current.value)
-        elif isinstance(current, (cst.AssignTarget, cst.For, cst.CompFor)):
-            stack += [c for c in children(current) if c is not current.target]
-        else:
-            stack += children(current)
-    return found
 
 
 def _assigns_variable(rule, call: cst.Call) -> bool:
@@ -1712,17 +1694,11 @@ def _tensors_read(value: cst.BaseExpression) -> set[str]:
             isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo)
             and isinstance(value.left, strings)):
         return set()
-    return names_used(value.visit(_WithoutMetadata()))
+    return {name.value for name in name_reads(value, skipped_attributes=_METADATA)}
 
 
-class _WithoutMetadata(cst.CSTTransformer):
-    """Each `x.shape`, `x.get_shape()`, `x.dtype` or `x.name` as `...`, which names nothing."""
-
-    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
-        return cst.Ellipsis() if updated.attr.value in ("shape", "get_shape", "dtype", "name") else updated
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call):
-        return cst.Ellipsis() if isinstance(updated.func, cst.Ellipsis) else updated
+# What a tensor is made of, not its value: reading it hands on no tensor.
+_METADATA = ("shape", "get_shape", "dtype", "name")
 
 
 def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset(),
