@@ -101,6 +101,15 @@ class ManualTowerLoop(Rule):
         where they are: the strategy is made in the calling method. Where the sibling is a
         method the class's user calls later (carpedm20 DCGAN's `train()`), the strategy is kept
         on `self` (`self.strategy`) and that method's body runs under `self.strategy.scope()`.
+        Towers built across several loops (in one function, reading each other's lists; in
+        several methods of one class, reading each other's `self.tower_*` lists; or side by side
+        over the same devices, as training and validation towers) are rewritten together by one
+        fix: each loop is its own replica function, all run by one strategy (on `self`, made by
+        the first method, across methods), and one of them may feed the update. Gradients
+        combined after the loop and applied by assignments written by hand (OpenAI's
+        `adam_updates`) stay after the loop as written: outside the replicas an assignment sets
+        every replica's copy. Such an update that reads a variable it also updates, with nothing
+        ordering the two, is refused (the runtimes order them differently).
 
         With `tower-input = "dataset"` (pyproject.toml, or `fix --tower-input dataset`), the
         textbook shape is rewritten as a step a TF2 program can take over: `strategy.run` of a
