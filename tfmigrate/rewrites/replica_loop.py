@@ -143,19 +143,25 @@ def plan(rule, tower) -> Edit:
 def _towers_together(rule, tower) -> list:
     """The tower loops rewritten with ``tower`` under one strategy, in the order they run: those
     building the same towers (:func:`tower_group`, :func:`method_tower_group`) and the others
-    under the same strategy scope (a validation loop beside the training loop)."""
-    group = tower_group(rule.context, tower.loop) or [tower]
-    if len(group) < 2:
-        across = method_tower_group(rule.context, tower.loop)
-        if len(across) > 1:
-            return across
-    owner = tower.owner if tower.owner is not None else rule.context.module
-    region = _region(rule.context, tower.loop, owner, rule.imports)
-    # Over the same devices only: a loop over others (one evaluation GPU) is not these replicas.
-    beside = {id(other.loop) for other in _other_towers(rule, region)
-              if not isinstance(other, TowerForm) and _same_replicas(rule, tower, other)}
-    together = [t for t in module_tower_loops(rule.context) if id(t.loop) in beside | {id(t.loop) for t in group}]
-    return together if len(together) > 1 else [tower]
+    under the same strategy scope over the same devices (a validation loop beside the training
+    loop), and so on from each of them: the same loops whichever of them is asked about."""
+    across = method_tower_group(rule.context, tower.loop)
+    if len(across) > 1 and len(tower_group(rule.context, tower.loop)) < 2:
+        return across
+    loops = module_tower_loops(rule.context)
+    members, pending = {id(tower.loop): tower}, [tower]
+    while pending:
+        member = pending.pop()
+        owner = member.owner if member.owner is not None else rule.context.module
+        region = _region(rule.context, member.loop, owner, rule.imports)
+        # Over the same devices only: a loop over others (one evaluation GPU) is not these replicas.
+        beside = [other for other in _other_towers(rule, region)
+                  if not isinstance(other, TowerForm) and _same_replicas(rule, member, other)]
+        for other in [*tower_group(rule.context, member.loop), *beside]:
+            if id(other.loop) not in members:
+                members[id(other.loop)] = other
+                pending.append(other)
+    return [t for t in loops if id(t.loop) in members]
 
 
 def _same_replicas(rule, tower, other) -> bool:
