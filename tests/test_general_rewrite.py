@@ -1537,7 +1537,7 @@ def test_a_loop_over_other_devices_is_not_rewritten_with_the_training_loop():
     """)
     findings = tower_findings(program)
     assert len(findings) == 2 and not any(f.fixable for f in findings)
-    assert "the tower loop at line 8 builds towers under the same graph" in findings[0].refusal, findings[0].refusal
+    assert "the tower loop at line 8 builds towers under the same graph over other devices (`range(1)`)" in findings[0].refusal, findings[0].refusal
 
 
 def test_two_tower_loops_that_each_feed_an_update_under_one_graph_are_refused():

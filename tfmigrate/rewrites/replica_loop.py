@@ -2845,9 +2845,13 @@ def _check_other_towers(rule, region: _Region, group: list) -> None:
     taken = {id(member.loop) for member in group}
     for other in _other_towers(rule, region):
         node = other.statement if isinstance(other, TowerForm) else other.loop
-        if id(node) not in taken:
+        if id(node) in taken:
+            continue
+        if isinstance(other, TowerForm):
             raise StateRefused(f"the tower loop at line {_line(rule, node)} builds towers under the same graph: "
                                "each would get its own MirroredStrategy, one inside the other; one strategy must run both")
+        raise StateRefused(f"the tower loop at line {_line(rule, node)} builds towers under the same graph over other "
+                           f"devices (`{code(other.loop.iter)}`): one strategy cannot run both, and two would nest")
 
 
 def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
