@@ -2554,3 +2554,87 @@ def test_an_averaging_helper_imported_relatively_is_read_from_the_package(tmp_pa
     result = fix_text(source, Config(root=tmp_path), unsafe=True, path=str(package / "train.py"))
     assert "scalar_mul(1.0 / strategy.num_replicas_in_sync, g)" in result  # read as averaging
     assert "average_gradients(tower_grads)" not in result
+
+
+WEIGHT_DECAY_BY_OP_NAME = '''
+import numpy as np
+import tensorflow as tf
+
+
+class Trainer(object):
+    def __init__(self, num_gpus=2):
+        self.num_gpus = num_gpus
+        self.x = tf.placeholder(tf.float32, [16, 4])
+        self.y = tf.placeholder(tf.float32, [16, 1])
+
+    def _tower_loss(self, x, y):
+        hidden = tf.layers.dense(x, 8, tf.nn.tanh, name='fc1')
+        out = tf.layers.dense(hidden, 1, name='fc2')
+        decayed = [v for v in tf.trainable_variables() if v.op.name in ('fc1/kernel', 'fc2/kernel')]
+        return tf.reduce_mean(tf.square(out - y)) + 1e-2 * tf.add_n([tf.nn.l2_loss(v) for v in decayed])
+
+    def build(self):
+        opt = tf.train.GradientDescentOptimizer(0.1)
+        xs, ys = tf.split(self.x, self.num_gpus), tf.split(self.y, self.num_gpus)
+        tower_grads, losses = [], []
+        for i in range(self.num_gpus):
+            with tf.device('/gpu:%d' % i), tf.variable_scope('', reuse=i > 0):
+                loss = self._tower_loss(xs[i], ys[i])
+                losses.append(loss)
+                tower_grads.append(opt.compute_gradients(loss))
+        grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        self.train_op = opt.apply_gradients(grads)
+        self.loss = tf.reduce_mean(losses)
+
+
+def main():
+    rng = np.random.RandomState(0)
+    tf.set_random_seed(0)
+    trainer = Trainer()
+    trainer.build()
+    with tf.Session() as sess:
+        sess.run(tf.global_variables_initializer())
+        for step in range(12):
+            x = rng.randn(16, 4).astype(np.float32)
+            _, value = sess.run([trainer.train_op, trainer.loss], {trainer.x: x, trainer.y: x[:, :1] * 2.0})
+            print('step %d loss %.5f' % (step, value))
+
+
+main()
+'''
+
+
+def test_a_variable_filter_by_op_name_reads_the_name_the_replicas_share(tmp_path):
+    """In a replica after the first a mirrored variable's op is its copy's (`fc1/kernel/replica_1`):
+    the weight-decay filter by `v.op.name` selected nothing there and `tf.add_n([])` failed."""
+    fixed_text = unsafe_fix(WEIGHT_DECAY_BY_OP_NAME)
+    assert "if v.name.split(':')[0] in ('fc1/kernel', 'fc2/kernel')" in fixed_text and "v.op.name" not in fixed_text
+    pytest.importorskip("tensorflow")
+    old, new = tmp_path / "trainer.py", tmp_path / "trainer_new.py"
+    old.write_text(WEIGHT_DECAY_BY_OP_NAME)
+    new.write_text(fixed_text)
+    status, report = run_verify(old, new, tmp_path, steps=10)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
+def test_control_dependencies_on_joined_lists_are_entered_again_in_the_replicas():
+    out = fixed("""
+        import tensorflow as tf
+        def train(opt, parts, n):
+            tower_grads, losses = [], []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    loss = tf.reduce_mean(model(parts[i]))
+                    losses.append(loss)
+                    tower_grads.append(opt.compute_gradients(loss))
+            mean_loss = tf.reduce_mean(losses)
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            update_ops = tf.get_collection(tf.GraphKeys.UPDATE_OPS)
+            with tf.control_dependencies(update_ops + [mean_loss]):
+                train_op = opt.apply_gradients(grads)
+            return train_op
+    """)
+    # Each replica's apply waits for the same ops (read again there, not made twice).
+    step = out.split("def apply_share():")[1]
+    assert step.lstrip().startswith("with tf.control_dependencies(update_ops + [mean_loss]):")
+    assert "opt.apply_gradients(share)" in step

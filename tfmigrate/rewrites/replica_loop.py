@@ -290,6 +290,7 @@ def _add_outside_changes(rule, changes: dict, region_changes: dict, towers: list
     nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
     nodes.update(_variable_calls(rule))
     nodes.update((key, call) for key, (call, _) in _optimizers_named_apart(rule).items())
+    nodes.update((key, read) for key, (read, _) in _variable_op_names(rule, towers).items())
     for tower in towers:
         nodes.update(_counted(rule, tower)[0])
         nodes.update((key, call) for key, (call, _) in _initial_values(rule, tower.loop).items())
@@ -349,7 +350,53 @@ def _module_changes(rule, members: list, scope_region: _Region, strategy: str, t
            for key, call in counters.items()},
         **{key: new for key, (_, new) in _optimizers_named_apart(rule).items()},
         **_loads_per_copy(rule, scope_region, strategy),
+        **{key: new for key, (_, new) in _variable_op_names(rule, members).items()},
     }
+
+
+def _called_by(rule, loop: cst.For) -> list[cst.FunctionDef]:
+    """The module's functions, and the methods of the class around the loop, that the loop body
+    calls, and those they call: code that runs in the replicas."""
+    functions = _module_functions(rule)
+    home = enclosing_class(loop, module_parents(rule.context))
+    methods = {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
+    found: dict[int, cst.FunctionDef] = {}
+    pending: list[cst.CSTNode] = [loop.body]
+    while pending:
+        for call in find(pending.pop(), cst.Call):
+            name = callee_name(call, receivers=("self",)) or ""
+            called = (functions if isinstance(call.func, cst.Name) else methods).get(name)
+            if called is not None and id(called) not in found:
+                found[id(called)] = called
+                pending.append(called)
+    return list(found.values())
+
+
+_VARIABLE_LISTS = {f"tensorflow.{name}" for name in (
+    "trainable_variables", "global_variables", "all_variables", "model_variables", "local_variables", "get_collection")}
+
+
+def _variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
+    """`v.op.name` of a variable the towers walk (`[v for v in tf.trainable_variables() if
+    v.op.name in ('fc3/kernel', ...)]`, a weight-decay filter in the tower's loss) read as
+    `v.name.split(':')[0]`: the same name in the legacy program, but in a replica after the
+    first a mirrored variable's op is its own copy's, `fc3/kernel/replica_1`, where its name
+    stays `fc3/kernel:0` (the filter selected nothing there and `tf.add_n([])` failed, a ResNet
+    trainer class probe). Outside the replicas the op is replica 0's: left as written."""
+    replicas = [node for tower in towers for node in [tower.loop.body, *_called_by(rule, tower.loop)]]
+    found = {}
+    for node in [n for body in replicas for n in find(body, cst.CompFor, cst.For)]:
+        if not isinstance(node.target, cst.Name):
+            continue
+        if not (isinstance(node.iter, cst.Call) and rule.imports.resolve(node.iter.func) in _VARIABLE_LISTS):
+            continue
+        variable = node.target.value
+        scope = module_parents(rule.context).get(id(node)) if isinstance(node, cst.CompFor) else node.body
+        for read in find(scope, cst.Attribute):
+            if (read.attr.value == "name" and isinstance(read.value, cst.Attribute) and read.value.attr.value == "op"
+                    and isinstance(read.value.value, cst.Name) and read.value.value.value == variable):
+                found[id(read)] = (read, cst.parse_expression(f"{variable}.name.split(':')[0]"))
+    return found
 
 
 def _loop_changes(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str, step: str) -> dict:
@@ -1538,14 +1585,18 @@ def _control_dependencies(rule, region: _Region, line: cst.CSTNode) -> list[str]
 
 
 def _reads_only(rule, value: cst.BaseExpression) -> bool:
-    """Names, attributes, lists of them, collection reads, and groupings of such (`tf.group(*ops)`,
-    a no-op that waits for them): entered again, nothing that does work is made twice."""
+    """Names, attributes, lists of them (joined with `+`), collection reads, and groupings of
+    such (`tf.group(*ops)`, a no-op that waits for them): entered again, nothing that does work
+    is made twice."""
     if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
         return True
     if isinstance(value, (cst.List, cst.Tuple)):
         return all(_reads_only(rule, element.value) for element in value.elements)
     if isinstance(value, cst.StarredElement):
         return _reads_only(rule, value.value)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
+        # `update_ops + [loss]`: lists joined (control inputs are a list, not a sum of tensors)
+        return _reads_only(rule, value.left) and _reads_only(rule, value.right)
     name = rule.imports.resolve(value.func) if isinstance(value, cst.Call) else None
     if name in ("tensorflow.group", "tensorflow.tuple"):
         return all(_reads_only(rule, arg.value) for arg in value.args if arg.keyword is None)
