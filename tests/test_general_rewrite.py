@@ -2638,3 +2638,40 @@ def test_control_dependencies_on_joined_lists_are_entered_again_in_the_replicas(
     step = out.split("def apply_share():")[1]
     assert step.lstrip().startswith("with tf.control_dependencies(update_ops + [mean_loss]):")
     assert "opt.apply_gradients(share)" in step
+
+
+CONSTRUCTOR_TOWERS = """
+    import tensorflow as tf
+
+    N_GPUS = 2
+
+    class Siamese(object):
+        def __init__(self, n_gpus=N_GPUS):
+            self.x = tf.placeholder(tf.float32, [None, 4])
+            parts = tf.split(self.x, n_gpus)
+            losses = []
+            for i in range(n_gpus):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(tf.reduce_mean(embed(parts[i])))
+            self.loss = tf.reduce_mean(tf.stack(losses))
+
+    net = Siamese()
+    train_step = tf.train.GradientDescentOptimizer(0.01).minimize(net.loss)
+"""
+
+
+def test_towers_a_constructor_leaves_on_the_object_run_under_the_strategy_of_the_code_that_trains():
+    """siamese_tf_mnist: `net = siamese()` at module level, then `minimize(net.loss)`: the strategy
+    is made where the object is, the constructor's towers run through it, and the parameter
+    the device list reads is the value the construction passes (its default here)."""
+    out = fixed(CONSTRUCTOR_TOWERS)
+    constructor, script = out.split("net = Siamese()")[0], out.split("class Siamese")[1]
+    assert "tf.distribute.get_strategy().extended.call_for_each_replica(tower_fn)" in constructor
+    assert "strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % i for i in range(N_GPUS)])" in script
+    assert "def minimize_share():" in out.split("net = Siamese()")[1]
+
+
+def test_towers_of_a_constructor_called_twice_are_not_taken_by_the_code_that_trains():
+    program = textwrap.dedent(CONSTRUCTOR_TOWERS) + "eval_net = Siamese()\n"
+    (finding,) = tower_findings(program)
+    assert not finding.fixable

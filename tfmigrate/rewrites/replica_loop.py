@@ -107,6 +107,9 @@ class _Region:
     # Those of them the class's user calls (carpedm20 DCGAN's `train()`): they run under the
     # strategy kept on `self`.
     external: list[cst.FunctionDef] = field(default_factory=list)
+    # For a caller's region: its call of the function with the loop (its arguments give the
+    # parameters the towers' devices read).
+    call: cst.Call | None = None
 
 
 @dataclass
@@ -209,7 +212,7 @@ def _plan(rule, tower, group: list) -> Edit:
     tf = TfNames(rule)
     across_methods = any(member.owner is not tower.owner for member in others)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
-    caller = _caller(rule, region) or _method_caller(rule, region)
+    caller = _caller(rule, region) or _method_caller(rule, region) or _constructor_caller(rule, region)
     if others and caller is not None:
         raise Refused(f"the towers are built across {len(group)} loops and updated by `{caller.owner.name.value}`, "
                       "their caller: build the update after the last loop")
@@ -236,6 +239,7 @@ def _plan(rule, tower, group: list) -> Edit:
     devices = _settings_inlined(rule, home, _devices(rule, group[0] if across_methods else tower))
     _check_device_names(rule, devices)
     if caller is not None:
+        devices = _devices_in_caller(region, caller, devices)
         _check_devices_visible(rule, region, devices)
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
@@ -1414,7 +1418,40 @@ def _caller(rule, region: _Region) -> _Region | None:
         caller = node if isinstance(node, cst.FunctionDef) else None
     if caller is None or caller is owner:
         return None
-    return _region(rule.context, statement, caller, rule.imports)
+    found = _region(rule.context, statement, caller, rule.imports)
+    found.call = calls[0]
+    return found
+
+
+def _constructor_caller(rule, region: _Region) -> _Region | None:
+    """A model class whose constructor builds the towers and leaves their results on `self`
+    (`self.loss = tf.reduce_mean(tower_losses)`), made once in the module by code that then
+    trains on them (siamese_tf_mnist: `net = siamese()`, then `minimize(net.loss)` at module
+    level): the region around that construction, as the loop's region would be; else None."""
+    owner, parents, module = region.owner, region.parents, rule.context.module
+    holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
+    if not (isinstance(holder, cst.ClassDef) and owner.name.value == "__init__" and any(s is holder for s in module.body)):
+        return None
+    lines = _lines([region.loop.body, *region.following])
+    if any(_optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
+        return None  # the constructor updates itself
+    if not any(code(t.target).startswith("self.") for line in lines for t in find(line, cst.AssignTarget)):
+        return None  # nothing left on the object
+    name = holder.name.value
+    calls = [c for c in _module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
+    if len(calls) != 1 or references(module, name) != 2:
+        return None
+    statement = parents.get(id(parents.get(id(calls[0]))))
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    home: cst.CSTNode = statement
+    while home is not module and not isinstance(home, cst.FunctionDef):
+        home = parents[id(home)]
+    found = _region(rule.context, statement, home, rule.imports)
+    if not any(_optimizer_step(c) for line in _lines(found.following) for c in find(line, cst.Call)):
+        return None
+    found.call = calls[0]
+    return found
 
 
 def _method_caller(rule, region: _Region) -> _Region | None:
@@ -1506,17 +1543,41 @@ def _first_parameter(function: cst.FunctionDef) -> str | None:
 def _caller_update(rule, region: _Region, caller: _Region, strategy: str, tf: TfNames) -> _Update:
     update = _wrapped_update(rule, caller, strategy, tf, towers=region)
     if update is None:
-        raise Refused(f"the towers' results go back to `{caller.owner.name.value}`, which does not update the model "
+        raise Refused(f"the towers' results go back to {_owner_name(caller.owner)}, which does not update the model "
                       "through an optimizer: build the update in the function with the tower loop")
     where = {_method_of(caller, line) or caller.owner for line in update.wrapped}
-    names = ", ".join(sorted(f"`{owner.name.value}`" for owner in where))
+    names = ", ".join(sorted(_owner_name(owner) for owner in where))
     update.note = f" (the update stays in {names}; each replica runs its optimizer call)"
     return update
+
+
+def _owner_name(owner: cst.CSTNode) -> str:
+    return f"`{owner.name.value}`" if isinstance(owner, cst.FunctionDef) else "the module's code"
 
 
 def _method_of(region: _Region, node: cst.CSTNode) -> cst.FunctionDef | None:
     """The method of ``region.reaches`` that holds ``node``, else None."""
     return next((method for method in region.reaches if contains(method, node)), None)
+
+
+def _devices_in_caller(region: _Region, caller: _Region, devices: str) -> str:
+    """The device list as the caller reads it: the parameters of the function with the loop it
+    reads (`range(n_gpus)` of `def __init__(self, n_gpus=N_GPUS)`) replaced by what the call
+    passes for them, or their defaults (`N_GPUS` for `siamese()`)."""
+    owner, call = region.owner, caller.call
+    if call is None or not isinstance(owner, cst.FunctionDef):
+        return devices
+    params = list(owner.params.params)
+    if params and params[0].name.value == "self" and owner.name.value == "__init__":
+        params = params[1:]  # `C(...)` passes the rest
+    passed: dict[str, cst.BaseExpression] = {}
+    for position, param in enumerate(params):
+        keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param.name.value), None)
+        positional = [a.value for a in call.args if a.keyword is None and not a.star]
+        value = keyword if keyword is not None else (positional[position] if position < len(positional) else param.default)
+        if value is not None:
+            passed[param.name.value] = value
+    return code(cst.parse_expression(devices).visit(_PassedArguments(passed)))
 
 
 def _check_devices_visible(rule, region: _Region, devices: str) -> None:
