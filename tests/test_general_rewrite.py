@@ -432,7 +432,7 @@ def test_hand_written_updates_that_cannot_keep_their_meaning_are_refused(change,
     assert not finding.fixable
     expected = {
         "add_n": "gradients are computed after the tower loop",
-        "nn.": "the towers' gradients reach `nn.adam_updates`, not defined in this module",
+        "nn.": "the towers' gradients reach `nn.adam_updates`, not defined in this module (nor an optimizer call",
         "assign_add": "the hand-written update reads `t` while it updates it",
     }
     assert next(v for k, v in expected.items() if k in new) in finding.refusal, finding.refusal
@@ -2675,3 +2675,50 @@ def test_towers_of_a_constructor_called_twice_are_not_taken_by_the_code_that_tra
     program = textwrap.dedent(CONSTRUCTOR_TOWERS) + "eval_net = Siamese()\n"
     (finding,) = tower_findings(program)
     assert not finding.fixable
+
+
+def test_a_global_step_made_in_the_constructor_is_counted_once_after_a_sibling_methods_update():
+    """OpenSeq2Seq's layout: `__init__` makes the step, `build()` calls `_build_towers()` then
+    `_build_optimizer()`, which applies with `global_step=self.global_step`: the replicas apply
+    without it, and it is incremented once after their update (it was refused)."""
+    out = fixed("""
+        import tensorflow as tf
+        class Model(object):
+            def __init__(self, num_gpus):
+                self.num_gpus = num_gpus
+                self.global_step = tf.train.get_or_create_global_step()
+            def build(self, parts):
+                self._build_towers(parts)
+                self._build_optimizer()
+            def _build_towers(self, parts):
+                self.tower_grads = []
+                for i in range(self.num_gpus):
+                    with tf.device('/gpu:%d' % i):
+                        loss = tf.reduce_mean(model(parts[i]))
+                        self.tower_grads.append(tf.train.GradientDescentOptimizer(0.1).compute_gradients(loss))
+            def _build_optimizer(self):
+                grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*self.tower_grads)]
+                self.train_op = tf.train.GradientDescentOptimizer(0.1).apply_gradients(grads, global_step=self.global_step)
+    """)
+    optimizer = out.split("def _build_optimizer(self):")[1]
+    assert "global_step=self.global_step" not in optimizer
+    assert "with tf.control_dependencies([self.train_op]):" in optimizer
+    assert "self.train_op = self.global_step.assign_add(1).op" in optimizer
+
+
+def test_a_device_count_passed_by_the_caller_is_read_there():
+    out = fixed("""
+        import tensorflow as tf
+        def tower_losses(model_fn, inputs, num_gpus):
+            parts = tf.split(inputs, num_gpus)
+            losses = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    losses.append(model_fn(parts[i]))
+            return losses
+        def build_train_op(model_fn, inputs, gpus, opt):
+            loss = tf.reduce_mean(tf.stack(tower_losses(model_fn, inputs, gpus)))
+            return opt.minimize(loss)
+    """)
+    caller = out.split("def build_train_op")[1]
+    assert "MirroredStrategy(devices=['/gpu:%d' % i for i in range(gpus)])" in caller

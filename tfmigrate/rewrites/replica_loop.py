@@ -239,8 +239,8 @@ def _plan(rule, tower, group: list) -> Edit:
     devices = _settings_inlined(rule, home, _devices(rule, group[0] if across_methods else tower))
     _check_device_names(rule, devices)
     if caller is not None:
-        devices = _devices_in_caller(region, caller, devices)
-        _check_devices_visible(rule, region, devices)
+        _check_devices_visible(rule, region, devices, passed=_passed_arguments(region, caller))
+        devices = code(cst.parse_expression(devices).visit(_PassedArguments(_passed_arguments(region, caller))))
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
     _check_one_strategy(rule, home, group)
@@ -1265,8 +1265,8 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
     taken: set[str] = set()
     for line in {id(line): line for line, _ in steps}.values():
         calls = [call for at, call in steps if at is line]
-        if towers is region:  # a step made outside the scope is counted once, after the update
-            update.counted |= _countable_global_steps(rule, region, line)
+        # A step made outside the scope is counted once, after the update.
+        update.counted |= _countable_global_steps(rule, region, line)
         # In a method the caller calls after the towers, the caller's strategy is the current one.
         run_by = strategy if not _method_of(region, line) else f"{tf('tensorflow.distribute.get_strategy')}()"
         update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted)
@@ -1302,7 +1302,7 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
         unknown = _unknown_callee(rule, statement, reached)
         if unknown is not None:
             raise Refused(f"line {_line(rule, statement)}: the towers' gradients reach `{unknown}`, not defined in this "
-                          "module: whether it updates the weights by assignment, as the update here does, cannot be seen")
+                          "module (nor an optimizer call after the loop): what it does with them cannot be seen")
     for body in [*reaching, *_functions_called(rule, reaching)]:
         _check_reads_ordered(rule, body)
     return _Update([], note=" (the hand-written update after the loop stays: outside the replicas an assignment "
@@ -1560,32 +1560,34 @@ def _method_of(region: _Region, node: cst.CSTNode) -> cst.FunctionDef | None:
     return next((method for method in region.reaches if contains(method, node)), None)
 
 
-def _devices_in_caller(region: _Region, caller: _Region, devices: str) -> str:
-    """The device list as the caller reads it: the parameters of the function with the loop it
-    reads (`range(n_gpus)` of `def __init__(self, n_gpus=N_GPUS)`) replaced by what the call
-    passes for them, or their defaults (`N_GPUS` for `siamese()`)."""
+def _passed_arguments(region: _Region, caller: _Region) -> dict[str, cst.BaseExpression]:
+    """What the caller's call passes for each parameter of the function with the loop (or the
+    parameter's default): the device list, made by the caller, reads these in their place
+    (`range(n_gpus)` of `def __init__(self, n_gpus=N_GPUS)` is `range(N_GPUS)` for `siamese()`)."""
     owner, call = region.owner, caller.call
     if call is None or not isinstance(owner, cst.FunctionDef):
-        return devices
+        return {}
     params = list(owner.params.params)
     if params and params[0].name.value == "self" and owner.name.value == "__init__":
         params = params[1:]  # `C(...)` passes the rest
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
     passed: dict[str, cst.BaseExpression] = {}
     for position, param in enumerate(params):
         keyword = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param.name.value), None)
-        positional = [a.value for a in call.args if a.keyword is None and not a.star]
         value = keyword if keyword is not None else (positional[position] if position < len(positional) else param.default)
         if value is not None:
             passed[param.name.value] = value
-    return code(cst.parse_expression(devices).visit(_PassedArguments(passed)))
+    return passed
 
 
-def _check_devices_visible(rule, region: _Region, devices: str) -> None:
-    """The strategy is made by the caller: its device list must not read the tower function's names."""
+def _check_devices_visible(rule, region: _Region, devices: str, passed: dict) -> None:
+    """The strategy is made by the caller: its device list must not read the tower function's
+    names, but the parameters the caller's call gives values for (``passed``)."""
     owner = region.owner
     local = {p.name.value for p in find(owner.params, cst.Param)} | set().union(
         *(_bound_names(s) for s in owner.body.body))
     local.discard("self")  # a method of the caller's own object (_method_caller): the same `self`
+    local -= {name for name in passed if name not in set().union(*(_bound_names(s) for s in owner.body.body))}
     hidden = sorted(free_names(cst.parse_expression(devices)) & local)
     if hidden:
         raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
