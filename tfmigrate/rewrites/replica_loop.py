@@ -2773,9 +2773,9 @@ def _zipped_devices(loop: cst.For, device: cst.BaseExpression) -> str | None:
     if not (isinstance(iterable, cst.Call) and code(iterable.func) == "zip" and isinstance(target, cst.Tuple)
             and len(target.elements) == len(iterable.args) and not any(a.star or a.keyword for a in iterable.args)):
         return None
-    for element, argument in zip(target.elements, iterable.args):
+    for element, zipped in zip(target.elements, iterable.args):
         if isinstance(element.value, cst.Name) and isinstance(device, cst.Name) and element.value.value == device.value:
-            return _indexable(argument.value)
+            return _indexable(zipped.value)
     return None
 
 
