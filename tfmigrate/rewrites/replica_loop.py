@@ -1878,14 +1878,18 @@ def _list_test(test: cst.BaseExpression, lists: frozenset) -> bool | None:
 
 
 def _list_parameters(rule, function: cst.FunctionDef, call: cst.Call) -> frozenset:
-    """The parameters of ``function`` that ``call`` passes a list (:func:`_known_list`)."""
+    """The parameters of ``function`` that it tests for being a list and that ``call`` passes
+    a list (:func:`_known_list`)."""
     params = [p.name.value for p in function.params.params]
+    tested = rule.context.memo(("replica_loop.list_tests", id(function)), lambda: frozenset(
+        name for name in params
+        if any(_list_test(branch.test, frozenset({name})) is not None for branch in find(function, cst.If))))
     found = set()
     for position, arg in enumerate(call.args):
-        if arg.star:
+        if arg.star or not tested:
             break
         name = arg.keyword.value if arg.keyword is not None else (params[position] if position < len(params) else None)
-        if name is not None and _known_list(rule, arg.value):
+        if name in tested and _known_list(rule, arg.value):
             found.add(name)
     return frozenset(found)
 
@@ -1903,15 +1907,28 @@ def _known_list(rule, value: cst.BaseExpression, depth: int = 0) -> bool:
         return rule.imports.resolve(value.func) in _GRADIENT_LISTS
     if depth > 2:
         return False
-    module = rule.context.module
+    bindings, appended = rule.context.memo("replica_loop.bindings", lambda: _bindings_and_appends(rule.context.module))
     if isinstance(value, cst.Name):
-        bindings = [a.value for a in find(module, cst.Assign) if any(code(t.target) == value.value for t in a.targets)]
-        return len(bindings) == 1 and _known_list(rule, bindings[0], depth + 1)
+        values = bindings.get(value.value, [])
+        return len(values) == 1 and _known_list(rule, values[0], depth + 1)
     if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name):
-        appended = [c.args[0].value for c in find(module, cst.Call) if method_call(c, "append") and len(c.args) == 1
-                    and code(c.func.value) == value.value.value]
-        return bool(appended) and all(_known_list(rule, a, depth + 1) for a in appended)
+        values = appended.get(value.value.value, [])
+        return bool(values) and all(_known_list(rule, a, depth + 1) for a in values)
     return False
+
+
+def _bindings_and_appends(module: cst.Module) -> tuple[dict, dict]:
+    """What the module assigns to each plain name, and appends to each list named plainly."""
+    bindings: dict[str, list[cst.BaseExpression]] = {}
+    for assign in find(module, cst.Assign):
+        for target in assign.targets:
+            if isinstance(target.target, cst.Name):
+                bindings.setdefault(target.target.value, []).append(assign.value)
+    appended: dict[str, list[cst.BaseExpression]] = {}
+    for call in find(module, cst.Call):
+        if method_call(call, "append") and len(call.args) == 1 and isinstance(call.func.value, cst.Name):
+            appended.setdefault(call.func.value.value, []).append(call.args[0].value)
+    return bindings, appended
 
 
 def _module_functions(rule) -> dict[str, cst.FunctionDef]:
