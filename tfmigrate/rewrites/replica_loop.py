@@ -148,6 +148,10 @@ def _towers_together(rule, tower) -> list:
     building the same towers (:func:`tower_group`, :func:`method_tower_group`) and the others
     under the same strategy scope over the same devices (a validation loop beside the training
     loop), and so on from each of them: the same loops whichever of them is asked about."""
+    return rule.context.memo(("replica_loop.together", id(tower.loop)), lambda: _find_towers_together(rule, tower))
+
+
+def _find_towers_together(rule, tower) -> list:
     across = method_tower_group(rule.context, tower.loop)
     if len(across) > 1 and len(tower_group(rule.context, tower.loop)) < 2:
         return across
@@ -387,6 +391,11 @@ def _variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst
     first a mirrored variable's op is its own copy's, `fc3/kernel/replica_1`, where its name
     stays `fc3/kernel:0` (the filter selected nothing there and `tf.add_n([])` failed, a ResNet
     trainer class probe). Outside the replicas the op is replica 0's: left as written."""
+    key = ("replica_loop.op_names", tuple(id(tower.loop) for tower in towers))
+    return rule.context.memo(key, lambda: _find_variable_op_names(rule, towers))
+
+
+def _find_variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
     replicas = [node for tower in towers for node in [tower.loop.body, *_called_by(rule, tower.loop)]]
     found = {}
     for node in [n for body in replicas for n in find(body, cst.CompFor, cst.For)]:
