@@ -92,3 +92,8 @@ def callee_name(call: cst.Call, receivers: Sequence[str] = ("self", "cls"), plai
     if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in receivers:
         return func.attr.value
     return None
+
+
+def method_call(call: cst.CSTNode, method: str) -> bool:
+    """Whether ``call`` calls a method named ``method`` (`opt.minimize(...)`)."""
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method

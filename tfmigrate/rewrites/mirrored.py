@@ -52,7 +52,7 @@ from tfmigrate.analysis.devices import (
 )
 from tfmigrate.analysis.optimizers import hand_written_update
 from tfmigrate.analysis.project_imports import project_function
-from tfmigrate.cst.callargs import argument, is_none
+from tfmigrate.cst.callargs import argument, is_none, method_call
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
 from tfmigrate.rewrites import tower_feeds, tower_input
@@ -103,10 +103,6 @@ def assigned_name(statement: cst.CSTNode) -> str | None:
             if isinstance(target, cst.Name):
                 return target.value
     return None
-
-
-def method_call(call: cst.CSTNode, method: str) -> bool:
-    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
 
 
 @dataclass

@@ -66,16 +66,19 @@ from tfmigrate.analysis.devices import (
     method_tower_group, module_tower_loops, ops_device, tower_group,
 )
 from tfmigrate.analysis.tower_forms import TowerForm, module_tower_forms
-from tfmigrate.cst.callargs import argument, callee_name, split_arguments
+from tfmigrate.cst.callargs import argument, callee_name, method_call, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, children, concrete_types, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, single_small, walk,
+    blank_lines_unindented, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
-    devices_argument, helper_import, is_docstring, is_reuse_statement, method_call,
+    devices_argument, helper_import, is_docstring, is_reuse_statement,
     own_optimizer_update, place_scope, references, strategy_scope_owner, tf_root,
+)
+from tfmigrate.analysis.training import (
+    KNOWN_LIBRARIES, METADATA, gradient_computation, module_functions, optimizer_step, own_nodes, tensors_read, training_call, trains, variable_update,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rule import Edit, FixSafety
@@ -87,11 +90,6 @@ _LOSS_MEANS = {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean"}
 _LOSS_SUMS = {"tensorflow.add_n", "tensorflow.math.add_n", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
 _REDUCE_SUMS = {"tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
 _STACKS = {"tensorflow.stack", "tensorflow.concat", "tensorflow.convert_to_tensor"}
-# Nodes that open their own scope: names bound inside them are not the loop body's.
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-_SCOPE_TYPES = concrete_types(_SCOPES)
-
-
 @dataclass
 class _Region:
     """Where the loop sits: its function (or module), and the statements that follow it."""
@@ -194,7 +192,7 @@ def _updating_member(rule, group: list):
         region = _member_region(rule, member, group)
         filled = {c.target for c in _collected(member.loop)} | _bound_names(member.loop.body)
         after = [s for s in region.following if names_used(s) & filled]
-        if any(_training_call(rule, s) is not None for s in [*_statements(member.loop.body), *after]):
+        if any(training_call(rule, s) is not None for s in [*_statements(member.loop.body), *after]):
             found.append(member)
     if len(found) > 1:
         lines = " and ".join(str(_line(rule, member.loop)) for member in found)
@@ -365,7 +363,7 @@ def _module_changes(rule, members: list, scope_region: _Region, strategy: str, t
 def _called_by(rule, loop: cst.For) -> list[cst.FunctionDef]:
     """The module's functions, and the methods of the class around the loop, that the loop body
     calls, and those they call: code that runs in the replicas."""
-    functions = _module_functions(rule)
+    functions = module_functions(rule)
     home = enclosing_class(loop, module_parents(rule.context))
     methods = {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
     found: dict[int, cst.FunctionDef] = {}
@@ -612,7 +610,7 @@ def _may_get_variables(rule, call: cst.Call) -> bool:
     """A call that may make or get variables by name: the module's own functions and classes, a
     method of `self`, `tf.get_variable`, a `tf.layers` layer."""
     if isinstance(call.func, cst.Name):
-        return call.func.value in _module_functions(rule) or any(
+        return call.func.value in module_functions(rule) or any(
             isinstance(s, cst.ClassDef) and s.name.value == call.func.value for s in rule.context.module.body)
     name = rule.imports.resolve(call.func) or ""
     return (code(call.func).startswith("self.") or name in ("tensorflow.get_variable", "tensorflow.compat.v1.get_variable")
@@ -650,7 +648,7 @@ def _waits(rule, call: cst.Call) -> bool:
 def _check_body(loop: cst.For) -> None:
     if loop.orelse is not None:
         raise Refused("the tower loop has an `else:` clause")
-    for node in _own_nodes(loop.body):
+    for node in own_nodes(loop.body):
         if isinstance(node, (cst.Return, cst.Yield, cst.Await)):
             raise Refused("the tower loop body returns or yields: a replica function cannot do that for the caller")
         if isinstance(node, (cst.Break, cst.Continue)) and not _inside_inner_loop(node, loop):
@@ -670,7 +668,7 @@ def _check_tower_variables(rule, loop: cst.For) -> None:
     by replica 0 only (summaries are recorded there only), the moving average's own merge call
     meets the other replicas' optimizer merge call, and the strategy fails ("Values to regroup
     had different lengths"): refused."""
-    call = _training_call(rule, loop.body, _makes_moving_average)
+    call = training_call(rule, loop.body, _makes_moving_average)
     if call is not None:
         raise Refused(f"line {_line(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
                       "each tower its own variables; under MirroredStrategy replicas after the first can only "
@@ -694,7 +692,7 @@ def _check_variable_updates(rule, tower) -> None:
             # `.../replica_1`): mean-teacher's getter, keyed by `var.op.name`, failed on replica 1.
             raise Refused(f"line {_line(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
                           "a variable (named `.../replica_1` after the first), where the towers saw one variable")
-        call = _training_call(rule, node, _updates_variable)
+        call = training_call(rule, node, _updates_variable)
         if call is not None and id(call) not in _counted(rule, tower)[1]:
             raise Refused(f"line {_line(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
                           "under MirroredStrategy each replica would update its own copy of it; update it once "
@@ -726,23 +724,8 @@ def _counted(rule, tower) -> tuple[dict[int, cst.Call], set[int]]:
 
 def _counter_target(rule, call: cst.Call) -> cst.BaseExpression | None:
     """The variable of `tf.assign_add(v, n)`, `v.assign_add(n)` (or `assign_sub`)."""
-    update = _variable_update(rule, call)
+    update = variable_update(rule, call)
     return update[1] if update is not None and update[0] in ("assign_add", "assign_sub") else None
-
-
-def _variable_update(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None, cst.BaseExpression | None] | None:
-    """(The update, the variable, the value) of `tf.assign_add(v, n)` or `v.assign_add(n)` (any
-    of :data:`_VARIABLE_UPDATES`), else None."""
-    resolved = rule.imports.resolve(call.func) or ""
-    if resolved.startswith("tensorflow"):
-        name = resolved.rsplit(".", 1)[-1]
-        target, value = (call.args[0].value if call.args else None), (call.args[1].value if len(call.args) > 1 else None)
-    elif isinstance(call.func, cst.Attribute):
-        name = call.func.attr.value
-        target, value = call.func.value, (call.args[0].value if call.args else None)
-    else:
-        return None
-    return (name, target, value) if name in _VARIABLE_UPDATES else None
 
 
 def _variable_maker(rule, target: cst.BaseExpression) -> cst.Call | None:
@@ -759,13 +742,9 @@ def _variable_maker(rule, target: cst.BaseExpression) -> cst.Call | None:
     return maker
 
 
-_VARIABLE_UPDATES = ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_add", "scatter_sub",
-                     "scatter_nd_update", "scatter_nd_add", "count_up_to")
-
-
 def _updates_variable(rule, call: cst.Call) -> bool:
     """A call that counts or stores into a variable (not a moving average of it)."""
-    update = _variable_update(rule, call)
+    update = variable_update(rule, call)
     if update is None:
         return False
     name, target, value = update
@@ -785,20 +764,6 @@ def _makes_moving_average(rule, call: cst.Call) -> bool:
 def _runs_the_graph(call: cst.Call) -> bool:
     """`sess.run(...)`, `self._sess.run(...)`, `session.run(...)`."""
     return method_call(call, "run") and "sess" in code(call.func.value).lower()
-
-
-def _own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes: bool = False):
-    """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions
-    (unless ``into_scopes``), and outside the nodes whose ids are in ``skipped``."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if id(current) in skipped:
-            continue
-        yield current
-        if current is not node and type(current) in _SCOPE_TYPES and not into_scopes:
-            continue
-        stack.extend(reversed(children(current)))
 
 
 def _inside_inner_loop(node: cst.CSTNode, loop: cst.For) -> bool:
@@ -875,7 +840,7 @@ def _collected(loop: cst.For, imports=None) -> list[_Collected]:
 
 
 def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
-    return [n for n in _own_nodes(node) if type(n) is cst.SimpleStatementLine]
+    return [n for n in own_nodes(node) if type(n) is cst.SimpleStatementLine]
 
 
 def _lines(statements: list[cst.BaseStatement]) -> list[cst.SimpleStatementLine]:
@@ -887,7 +852,7 @@ def _mentions(node: cst.CSTNode, target: str, skipped: frozenset = frozenset()) 
     """Whether ``node`` reads the name or attribute chain ``target`` (`x`, `self.x`), outside
     the nodes whose ids are ``skipped`` (those the rewrite replaces)."""
     if skipped:
-        parts = list(_own_nodes(node, skipped, into_scopes=True))
+        parts = list(own_nodes(node, skipped, into_scopes=True))
         if "." not in target:
             return any(isinstance(n, cst.Name) and n.value == target for n in parts)
         return any(isinstance(n, cst.Attribute) and code(n) == target for n in parts)
@@ -1233,13 +1198,9 @@ def _steps_left_behind(region: _Region, update: _Update) -> bool:
     for line in _lines(kept):
         changed = [node for node in walk(line) if id(node) in update.changes]
         for call in find(line, cst.Call):
-            if _optimizer_step(call) and not any(contains(node, call) for node in changed):
+            if optimizer_step(call) and not any(contains(node, call) for node in changed):
                 return True
     return False
-
-
-# What computes gradients: after the loop, outside the replicas, it would see one replica's weights.
-_GRADIENT_COMPUTATIONS = {"tensorflow.gradients", "tensorflow.GradientTape", "tensorflow.contrib.layers.optimize_loss"}
 
 
 def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _Region | None = None) -> _Update | None:
@@ -1257,17 +1218,17 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
     """
     towers = towers or region
     lines = _lines(region.following)
-    steps = [(line, call) for line in lines for call in find(line, cst.Call) if _optimizer_step(call)]
+    steps = [(line, call) for line in lines for call in find(line, cst.Call) if optimizer_step(call)]
     if not steps:
         return None
     if towers is not region:
         lines += _lines(towers.following)
     for line in lines:
-        if _training_call(rule, line, _computes_gradients) is not None:
+        if training_call(rule, line, gradient_computation) is not None:
             raise Refused(f"line {_line(rule, line)}: gradients are computed after the tower loop, outside the "
                           "replicas: under MirroredStrategy they would see one replica's copy of the weights")
     for statement in _statements(towers.loop.body):
-        if any(_optimizer_step(call) for call in find(statement, cst.Call)):
+        if any(optimizer_step(call) for call in find(statement, cst.Call)):
             raise Refused(f"line {_line(rule, statement)}: each tower updates the model itself as well as the "
                           "update after the loop")
     update = _Update([], note=" (the update after the loop stays; each replica runs its optimizer call)")
@@ -1292,19 +1253,19 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
     one update of one set of weights, as the legacy program made. None when the code after the
     loop assigns no variable from the towers' results."""
     loop = region.loop
-    if _training_call(rule, loop.body, _computes_gradients) is None:
+    if training_call(rule, loop.body, gradient_computation) is None:
         return None
     filled = {c.target for c in _collected(loop)} | _bound_names(loop.body)
     reaching = _reaching(region.following, filled)
     reached = filled.union(*(_bound_names(statement) for statement in reaching))
-    if not any(_training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
+    if not any(training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
         if not any(_unknown_callee(rule, statement, reached) for statement in reaching):
             return None  # no update here at all: not this shape
     for statement in reaching:
-        if _training_call(rule, statement, _computes_gradients) is not None:
+        if training_call(rule, statement, gradient_computation) is not None:
             raise Refused(f"line {_line(rule, statement)}: gradients are computed after the tower loop, outside the "
                           "replicas: under MirroredStrategy they would see one replica's copy of the weights")
-        step = _training_call(rule, statement, _steps_optimizer)
+        step = training_call(rule, statement, _steps_optimizer)
         if step is not None:
             raise Refused(f"line {_line(rule, statement)}: `{code(step.func)}` updates through an optimizer inside, "
                           "outside the replicas, where a TF1 optimizer cannot run under MirroredStrategy")
@@ -1320,7 +1281,7 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
 
 def _functions_called(rule, statements: list) -> list[cst.FunctionDef]:
     """The module's functions that ``statements`` call, and those they call, once each."""
-    functions, found, pending = _module_functions(rule), {}, list(statements)
+    functions, found, pending = module_functions(rule), {}, list(statements)
     while pending:
         for call in find(pending.pop(), cst.Call):
             name = call.func.value if isinstance(call.func, cst.Name) else None
@@ -1345,7 +1306,7 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
     ordered = [w for w in find(body, cst.With) if any(
         isinstance(i.item, cst.Call) and code(i.item.func).endswith("control_dependencies") for i in w.items)]
     for call in find(body, cst.Call):
-        update = _variable_update(rule, call)
+        update = variable_update(rule, call)
         if update is None or not isinstance(update[1], cst.Name) or any(contains(w, call) for w in ordered):
             continue
         variable, feeding = update[1].value, [arg.value for arg in call.args]
@@ -1357,7 +1318,7 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
                 feeding += values.get(name, [])
                 pending += [n for value in values.get(name, []) for n in names_used(value)]
         fed = {id(node) for value in feeding for node in walk(value)} | {id(update[1])}
-        reads = name_reads(body, targets=False, skipped_attributes=_METADATA)
+        reads = name_reads(body, targets=False, skipped_attributes=METADATA)
         read = next((n for n in reads if n.value == variable and id(n) not in fed), None)
         if read is not None:
             raise Refused(f"line {_line(rule, read)}: the hand-written update reads `{variable}` while it updates it "
@@ -1367,23 +1328,23 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
 
 
 def _assigns_variable(rule, call: cst.Call) -> bool:
-    return _variable_update(rule, call) is not None
+    return variable_update(rule, call) is not None
 
 
 def _steps_optimizer(rule, call: cst.Call) -> bool:
-    return _optimizer_step(call)
+    return optimizer_step(call)
 
 
 def _unknown_callee(rule, statement: cst.CSTNode, names: set[str]) -> str | None:
     """The first function ``statement`` hands ``names`` (or what it made of them) to that is
     neither the module's own nor a known library's, else None."""
     for call in find(statement, cst.Call):
-        if not any(_tensors_read(arg.value) & names for arg in call.args):
+        if not any(tensors_read(arg.value) & names for arg in call.args):
             continue
-        if isinstance(call.func, cst.Name) and call.func.value in _module_functions(rule):
+        if isinstance(call.func, cst.Name) and call.func.value in module_functions(rule):
             continue
         resolved = rule.imports.resolve(call.func)
-        if resolved is not None and resolved.split(".")[0] not in _KNOWN_LIBRARIES:
+        if resolved is not None and resolved.split(".")[0] not in KNOWN_LIBRARIES:
             return code(call.func)
     return None
 
@@ -1411,7 +1372,7 @@ def _caller(rule, region: _Region) -> _Region | None:
     filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
     returned = set().union(*(names_used(r) for r in find(owner, cst.Return) if r.value is not None))
     lines = _lines(region.following)
-    if not filled & returned or any(_optimizer_step(c) for line in lines for c in find(line, cst.Call)):
+    if not filled & returned or any(optimizer_step(c) for line in lines for c in find(line, cst.Call)):
         return None
     name = owner.name.value
     calls = [c for c in _module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
@@ -1442,7 +1403,7 @@ def _constructor_caller(rule, region: _Region) -> _Region | None:
     if not (isinstance(holder, cst.ClassDef) and owner.name.value == "__init__" and any(s is holder for s in module.body)):
         return None
     lines = _lines([region.loop.body, *region.following])
-    if any(_optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
+    if any(optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
         return None  # the constructor updates itself
     if not any(code(t.target).startswith("self.") for line in lines for t in find(line, cst.AssignTarget)):
         return None  # nothing left on the object
@@ -1457,7 +1418,7 @@ def _constructor_caller(rule, region: _Region) -> _Region | None:
     while home is not module and not isinstance(home, cst.FunctionDef):
         home = parents[id(home)]
     found = _region(rule.context, statement, home, rule.imports)
-    if not any(_optimizer_step(c) for line in _lines(found.following) for c in find(line, cst.Call)):
+    if not any(optimizer_step(c) for line in _lines(found.following) for c in find(line, cst.Call)):
         return None
     found.call = calls[0]
     return found
@@ -1481,7 +1442,7 @@ def _method_caller(rule, region: _Region) -> _Region | None:
         return None
     if not any(c.target.startswith("self.") for c in _collected(region.loop)):
         return None  # the results do not stay on the object
-    if any(_optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
+    if any(optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
         return None  # the method updates itself
     methods = {s.name.value: s for s in holder.body.body if isinstance(s, cst.FunctionDef)}
     calls = [c for c in find(holder, cst.Call) if _self_method(c) == owner.name.value]
@@ -1535,7 +1496,7 @@ def _external_updates(holder: cst.ClassDef, methods: dict, owner, caller, result
         if method is owner or method is caller or name in called or _first_parameter(method) != "self":
             continue
         reads = {code(a) for a in find(method, cst.Attribute)}
-        if reads & results and any(_optimizer_step(c) for c in find(method, cst.Call)):
+        if reads & results and any(optimizer_step(c) for c in find(method, cst.Call)):
             found.append(method)
     return found
 
@@ -1601,10 +1562,6 @@ def _check_devices_visible(rule, region: _Region, devices: str, passed: dict) ->
     if hidden:
         raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
                       f"`{owner.name.value}`, but the strategy must be made by its caller")
-
-
-def _optimizer_step(call: cst.CSTNode) -> bool:
-    return method_call(call, "apply_gradients") or method_call(call, "minimize")
 
 
 def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, calls: list[cst.Call], taken: set[str],
@@ -1765,8 +1722,8 @@ def _check_only_computes(rule, region: _Region, own_update: frozenset | set = fr
     own update (the nodes whose ids are in ``own_update``: the loops of a group, and what
     follows the last)."""
     for statement in [*_statements(region.loop.body), *region.following]:
-        call = _training_call(rule, statement)
-        if call is not None and _trains(rule, call):
+        call = training_call(rule, statement)
+        if call is not None and trains(rule, call):
             raise Refused(f"line {_line(rule, statement)}: the towers' gradients or losses reach "
                           f"`{code(call.func)}` in a shape the rewrite does not know")
         if call is not None:  # a function of the module that computes gradients or updates
@@ -1782,17 +1739,13 @@ def _check_only_computes(rule, region: _Region, own_update: frozenset | set = fr
     # Results can also leave through an argument, a dict, an attribute or a collection: where
     # anything in the module trains, it may train on them outside the replicas.
     if own_update:
-        trainer = next((c for c in _module_calls(rule) if id(c) not in own_update and _trains(rule, c)), None)
+        trainer = next((c for c in _module_calls(rule) if id(c) not in own_update and trains(rule, c)), None)
     else:
-        trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in _module_calls(rule) if _trains(rule, c)), None))
+        trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in _module_calls(rule) if trains(rule, c)), None))
     if trainer is not None and _results_leave(region):
         raise Refused(f"line {_line(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
                       "results go where the rewrite cannot follow them (an update it does not know, or storage other "
                       "functions read): build the update after the tower loop with an optimizer")
-
-
-# Libraries whose functions are known not to train a model behind the rewrite's back.
-_KNOWN_LIBRARIES = ("tensorflow", "numpy", "keras", "tf_keras", "math", "os", "sys", "logging", "time", "json")
 
 
 def _check_no_foreign_consumer(rule, region: _Region, filled: set[str]) -> None:
@@ -1803,151 +1756,13 @@ def _check_no_foreign_consumer(rule, region: _Region, filled: set[str]) -> None:
     for statement in region.following:
         for call in find(statement, cst.Call):
             name = rule.imports.resolve(call.func)
-            if (name is not None and name.split(".")[0] not in _KNOWN_LIBRARIES
-                    and any(_tensors_read(arg.value) & reached for arg in call.args)):
+            if (name is not None and name.split(".")[0] not in KNOWN_LIBRARIES
+                    and any(tensors_read(arg.value) & reached for arg in call.args)):
                 raise Refused(f"line {_line(rule, statement)}: the towers' results reach `{code(call.func)}`, "
                               "imported from another module: whether it trains on them outside the replicas "
                               "cannot be seen here")
         if names_used(statement) & reached:
             reached |= _bound_names(statement)
-
-
-def _tensors_read(value: cst.BaseExpression) -> set[str]:
-    """The names whose values ``value`` hands on: none when it is text made from them (a tower
-    result logged, `log('decoder out: {}'.format(out))`, Tacotron-2), or when it reads only what
-    they are made of (`out.shape`, `out.dtype`): text and shapes carry no tensor to train on."""
-    strings = (cst.SimpleString, cst.ConcatenatedString)
-    if isinstance(value, cst.FormattedString) or (
-            isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
-            and isinstance(value.func.value, strings) and value.func.attr.value == "format") or (
-            isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo)
-            and isinstance(value.left, strings)):
-        return set()
-    return {name.value for name in name_reads(value, skipped_attributes=_METADATA)}
-
-
-# What a tensor is made of, not its value: reading it hands on no tensor.
-_METADATA = ("shape", "get_shape", "dtype", "name")
-
-
-def _training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset(),
-                   lists: frozenset = frozenset()) -> cst.Call | None:
-    """The first call under ``node`` that trains (or passes another ``test``), looking into the
-    module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss).
-    In a function called with a list for a parameter (``lists``: OpenAI's `adam_updates(params,
-    grads[0])`), a branch taken only for a non-list (`if type(cost_or_grads) is not list:
-    grads = tf.gradients(...)`) does not run."""
-    test = test or _trains
-    functions = _module_functions(rule)
-    for call in _live_calls(node, lists):
-        if test(rule, call):
-            return call
-        name = call.func.value if isinstance(call.func, cst.Name) else None
-        if name in functions and name not in seen:
-            known = _list_parameters(rule, functions[name], call)
-            if rule.context.memo(("replica_loop.function_trains", name, test, known),
-                                 lambda: _training_call(rule, functions[name], test, seen | {name}, known) is not None):
-                return call
-    return None
-
-
-def _live_calls(node: cst.CSTNode, lists: frozenset) -> list[cst.Call]:
-    """The calls under ``node``, but those of an `if` branch that cannot run when the names in
-    ``lists`` hold lists."""
-    if not lists:
-        return find(node, cst.Call)
-    dead = set()
-    for branch in find(node, cst.If):
-        holds = _list_test(branch.test, lists)
-        if holds is False:
-            dead.add(id(branch.body))
-        elif holds is True and branch.orelse is not None:
-            dead.add(id(branch.orelse))
-    return [n for n in _own_nodes(node, frozenset(dead), into_scopes=True) if type(n) is cst.Call]
-
-
-def _list_test(test: cst.BaseExpression, lists: frozenset) -> bool | None:
-    """Whether `type(x) is list`, `isinstance(x, list)` (or their negations) holds for ``x`` in
-    ``lists``; None for any other test."""
-    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
-        inner = _list_test(test.expression, lists)
-        return None if inner is None else not inner
-    if (isinstance(test, cst.Call) and code(test.func) == "isinstance" and len(test.args) == 2
-            and code(test.args[0].value) in lists and code(test.args[1].value) == "list"):
-        return True
-    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
-        left, (target,) = test.left, test.comparisons
-        if (isinstance(left, cst.Call) and code(left.func) == "type" and len(left.args) == 1
-                and code(left.args[0].value) in lists and code(target.comparator) == "list"):
-            if isinstance(target.operator, (cst.Is, cst.Equal)):
-                return True
-            if isinstance(target.operator, (cst.IsNot, cst.NotEqual)):
-                return False
-    return None
-
-
-def _list_parameters(rule, function: cst.FunctionDef, call: cst.Call) -> frozenset:
-    """The parameters of ``function`` that it tests for being a list and that ``call`` passes
-    a list (:func:`_known_list`)."""
-    params = [p.name.value for p in function.params.params]
-    tested = rule.context.memo(("replica_loop.list_tests", id(function)), lambda: frozenset(
-        name for name in params
-        if any(_list_test(branch.test, frozenset({name})) is not None for branch in find(function, cst.If))))
-    found = set()
-    for position, arg in enumerate(call.args):
-        if arg.star or not tested:
-            break
-        name = arg.keyword.value if arg.keyword is not None else (params[position] if position < len(params) else None)
-        if name in tested and _known_list(rule, arg.value):
-            found.add(name)
-    return frozenset(found)
-
-
-_GRADIENT_LISTS = {"tensorflow.gradients", "tensorflow.compat.v1.gradients"}
-
-
-def _known_list(rule, value: cst.BaseExpression, depth: int = 0) -> bool:
-    """A list for sure: a list display, `tf.gradients(...)`, a name the module binds once to
-    one, or an item of a list the module fills only with them (`grads[0]` of `grads.append(
-    tf.gradients(...))`)."""
-    if isinstance(value, (cst.List, cst.ListComp)):
-        return True
-    if isinstance(value, cst.Call):
-        return rule.imports.resolve(value.func) in _GRADIENT_LISTS
-    if depth > 2:
-        return False
-    bindings, appended = rule.context.memo("replica_loop.bindings", lambda: _bindings_and_appends(rule.context.module))
-    if isinstance(value, cst.Name):
-        values = bindings.get(value.value, [])
-        return len(values) == 1 and _known_list(rule, values[0], depth + 1)
-    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name):
-        values = appended.get(value.value.value, [])
-        return bool(values) and all(_known_list(rule, a, depth + 1) for a in values)
-    return False
-
-
-def _bindings_and_appends(module: cst.Module) -> tuple[dict, dict]:
-    """What the module assigns to each plain name, and appends to each list named plainly."""
-    bindings: dict[str, list[cst.BaseExpression]] = {}
-    for assign in find(module, cst.Assign):
-        for target in assign.targets:
-            if isinstance(target.target, cst.Name):
-                bindings.setdefault(target.target.value, []).append(assign.value)
-    appended: dict[str, list[cst.BaseExpression]] = {}
-    for call in find(module, cst.Call):
-        if method_call(call, "append") and len(call.args) == 1 and isinstance(call.func.value, cst.Name):
-            appended.setdefault(call.func.value.value, []).append(call.args[0].value)
-    return bindings, appended
-
-
-def _module_functions(rule) -> dict[str, cst.FunctionDef]:
-    """The module's top-level functions by name, found once per module."""
-    return rule.context.memo("replica_loop.functions", lambda: {
-        s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)})
-
-
-def _computes_gradients(rule, call: cst.Call) -> bool:
-    return method_call(call, "compute_gradients") or rule.imports.resolve(call.func) in _GRADIENT_COMPUTATIONS
 
 
 def _results_leave(region: _Region) -> bool:
@@ -1964,7 +1779,7 @@ def _results_leave(region: _Region) -> bool:
         return not (isinstance(base, cst.Name) and base.value in local)  # a local dict's item stays here
 
     for statement in [region.loop.body, *region.following]:
-        for node in _own_nodes(statement):
+        for node in own_nodes(statement):
             if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.target, (cst.Attribute, cst.Subscript)):
                 if not_local(node.target):
                     return True
@@ -2224,19 +2039,6 @@ def _fixed_regularization(rule) -> cst.CSTNode | None:
     return None
 
 
-# What trains: optimizer steps, gradients, and the names projects give their own training helpers
-# (`optimize_loss`, an `Optimizer` class, `register_gradients` / `apply_updates`).
-_TRAINING_METHODS = ("minimize", "apply_gradients", "compute_gradients", "register_gradients", "apply_updates",
-                     # Keras trains through the model: a functional model over the towers' outputs.
-                     "compile", "fit", "fit_generator", "train_on_batch")
-
-
-def _trains(rule, call: cst.Call) -> bool:
-    name = code(call.func).rsplit(".", 1)[-1]
-    return (any(method_call(call, m) for m in _TRAINING_METHODS) or name == "optimize_loss" or name.endswith("Optimizer")
-            or rule.imports.resolve(call.func) in {"tensorflow.gradients", "tensorflow.GradientTape"})
-
-
 def _find_reduction(rule, region: _Region, tower_list: str):
     """`total = tf.add_n(L) / K`, `tf.reduce_mean(L)`, `tf.reduce_mean(tf.stack(L))`, `tf.add_n(L)`:
     (statement, the total's code, the replica's share as a format of {loss} and {n}, whether the
@@ -2467,7 +2269,7 @@ def _helpers_regularization(rule, loop: cst.For) -> dict[cst.FunctionDef, list[c
     if not isinstance(_fixed_regularization(rule), cst.Arg) or _lazy_regularization(rule):
         return {}
     module = rule.context.module
-    functions = _module_functions(rule)
+    functions = module_functions(rule)
     home = enclosing_class(loop, module_parents(rule.context))
     methods = {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
     found: dict[cst.FunctionDef, list[cst.Call]] = {}
@@ -2672,7 +2474,7 @@ def _replica_function(region: _Region, step: str, body, shared: list[str], tf: T
 def _bound_names(node: cst.CSTNode, skipped: frozenset = frozenset()) -> set[str]:
     """Names a statement binds in its own scope (not inside nested functions or comprehensions)."""
     found: set[str] = set()
-    for current in _own_nodes(node, skipped):
+    for current in own_nodes(node, skipped):
         kind = type(current)
         if kind not in _BINDERS:  # most nodes (tested by type: isinstance on LibCST classes is slow)
             continue

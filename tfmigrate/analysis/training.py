@@ -1,0 +1,216 @@
+"""What trains, what updates a variable, what a tower's code hands on: the questions the tower
+rewrite asks of the code around a loop, answered without changing it.
+
+`training_call` finds the first call under a node that trains (an optimizer step, gradients,
+the names projects give their own training helpers), following the module's own functions
+it calls, and, in a function called with a list, skipping a branch taken only for a non-list
+(OpenAI's `adam_updates(params, grads)`: `if type(cost_or_grads) is not list: tf.gradients(...)`).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tfmigrate.cst.callargs import method_call
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import children, concrete_types, find, name_reads
+
+# Nodes that open their own scope: names bound inside them are not the loop body's.
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_SCOPE_TYPES = concrete_types(_SCOPES)
+
+
+def variable_update(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None, cst.BaseExpression | None] | None:
+    """(The update, the variable, the value) of `tf.assign_add(v, n)` or `v.assign_add(n)` (any
+    of :data:`VARIABLE_UPDATES`), else None."""
+    resolved = rule.imports.resolve(call.func) or ""
+    if resolved.startswith("tensorflow"):
+        name = resolved.rsplit(".", 1)[-1]
+        target, value = (call.args[0].value if call.args else None), (call.args[1].value if len(call.args) > 1 else None)
+    elif isinstance(call.func, cst.Attribute):
+        name = call.func.attr.value
+        target, value = call.func.value, (call.args[0].value if call.args else None)
+    else:
+        return None
+    return (name, target, value) if name in VARIABLE_UPDATES else None
+
+
+VARIABLE_UPDATES = ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_add", "scatter_sub",
+                    "scatter_nd_update", "scatter_nd_add", "count_up_to")
+
+
+def own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes: bool = False):
+    """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions
+    (unless ``into_scopes``), and outside the nodes whose ids are in ``skipped``."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if id(current) in skipped:
+            continue
+        yield current
+        if current is not node and type(current) in _SCOPE_TYPES and not into_scopes:
+            continue
+        stack.extend(reversed(children(current)))
+
+
+# What computes gradients: after the loop, outside the replicas, it would see one replica's weights.
+_GRADIENT_COMPUTATIONS = {"tensorflow.gradients", "tensorflow.GradientTape", "tensorflow.contrib.layers.optimize_loss"}
+
+
+def optimizer_step(call: cst.CSTNode) -> bool:
+    return method_call(call, "apply_gradients") or method_call(call, "minimize")
+
+
+# Libraries whose functions are known not to train a model behind the rewrite's back.
+KNOWN_LIBRARIES = ("tensorflow", "numpy", "keras", "tf_keras", "math", "os", "sys", "logging", "time", "json")
+
+
+def tensors_read(value: cst.BaseExpression) -> set[str]:
+    """The names whose values ``value`` hands on: none when it is text made from them (a tower
+    result logged, `log('decoder out: {}'.format(out))`, Tacotron-2), or when it reads only what
+    they are made of (`out.shape`, `out.dtype`): text and shapes carry no tensor to train on."""
+    strings = (cst.SimpleString, cst.ConcatenatedString)
+    if isinstance(value, cst.FormattedString) or (
+            isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute)
+            and isinstance(value.func.value, strings) and value.func.attr.value == "format") or (
+            isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo)
+            and isinstance(value.left, strings)):
+        return set()
+    return {name.value for name in name_reads(value, skipped_attributes=METADATA)}
+
+
+# What a tensor is made of, not its value: reading it hands on no tensor.
+METADATA = ("shape", "get_shape", "dtype", "name")
+
+
+def training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset(),
+                   lists: frozenset = frozenset()) -> cst.Call | None:
+    """The first call under ``node`` that trains (or passes another ``test``), looking into the
+    module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss).
+    In a function called with a list for a parameter (``lists``: OpenAI's `adam_updates(params,
+    grads[0])`), a branch taken only for a non-list (`if type(cost_or_grads) is not list:
+    grads = tf.gradients(...)`) does not run."""
+    test = test or trains
+    functions = module_functions(rule)
+    for call in _live_calls(node, lists):
+        if test(rule, call):
+            return call
+        name = call.func.value if isinstance(call.func, cst.Name) else None
+        if name in functions and name not in seen:
+            known = _list_parameters(rule, functions[name], call)
+            if rule.context.memo(("training.function_trains", name, test, known),
+                                 lambda: training_call(rule, functions[name], test, seen | {name}, known) is not None):
+                return call
+    return None
+
+
+def _live_calls(node: cst.CSTNode, lists: frozenset) -> list[cst.Call]:
+    """The calls under ``node``, but those of an `if` branch that cannot run when the names in
+    ``lists`` hold lists."""
+    if not lists:
+        return find(node, cst.Call)
+    dead = set()
+    for branch in find(node, cst.If):
+        holds = _list_test(branch.test, lists)
+        if holds is False:
+            dead.add(id(branch.body))
+        elif holds is True and branch.orelse is not None:
+            dead.add(id(branch.orelse))
+    return [n for n in own_nodes(node, frozenset(dead), into_scopes=True) if type(n) is cst.Call]
+
+
+def _list_test(test: cst.BaseExpression, lists: frozenset) -> bool | None:
+    """Whether `type(x) is list`, `isinstance(x, list)` (or their negations) holds for ``x`` in
+    ``lists``; None for any other test."""
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _list_test(test.expression, lists)
+        return None if inner is None else not inner
+    if (isinstance(test, cst.Call) and code(test.func) == "isinstance" and len(test.args) == 2
+            and code(test.args[0].value) in lists and code(test.args[1].value) == "list"):
+        return True
+    if isinstance(test, cst.Comparison) and len(test.comparisons) == 1:
+        left, (target,) = test.left, test.comparisons
+        if (isinstance(left, cst.Call) and code(left.func) == "type" and len(left.args) == 1
+                and code(left.args[0].value) in lists and code(target.comparator) == "list"):
+            if isinstance(target.operator, (cst.Is, cst.Equal)):
+                return True
+            if isinstance(target.operator, (cst.IsNot, cst.NotEqual)):
+                return False
+    return None
+
+
+def _list_parameters(rule, function: cst.FunctionDef, call: cst.Call) -> frozenset:
+    """The parameters of ``function`` that it tests for being a list and that ``call`` passes
+    a list (:func:`_known_list`)."""
+    params = [p.name.value for p in function.params.params]
+    tested = rule.context.memo(("training.list_tests", id(function)), lambda: frozenset(
+        name for name in params
+        if any(_list_test(branch.test, frozenset({name})) is not None for branch in find(function, cst.If))))
+    found = set()
+    for position, arg in enumerate(call.args):
+        if arg.star or not tested:
+            break
+        name = arg.keyword.value if arg.keyword is not None else (params[position] if position < len(params) else None)
+        if name in tested and _known_list(rule, arg.value):
+            found.add(name)
+    return frozenset(found)
+
+
+_GRADIENT_LISTS = {"tensorflow.gradients", "tensorflow.compat.v1.gradients"}
+
+
+def _known_list(rule, value: cst.BaseExpression, depth: int = 0) -> bool:
+    """A list for sure: a list display, `tf.gradients(...)`, a name the module binds once to
+    one, or an item of a list the module fills only with them (`grads[0]` of `grads.append(
+    tf.gradients(...))`)."""
+    if isinstance(value, (cst.List, cst.ListComp)):
+        return True
+    if isinstance(value, cst.Call):
+        return rule.imports.resolve(value.func) in _GRADIENT_LISTS
+    if depth > 2:
+        return False
+    bindings, appended = rule.context.memo("training.bindings", lambda: _bindings_and_appends(rule.context.module))
+    if isinstance(value, cst.Name):
+        values = bindings.get(value.value, [])
+        return len(values) == 1 and _known_list(rule, values[0], depth + 1)
+    if isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name):
+        values = appended.get(value.value.value, [])
+        return bool(values) and all(_known_list(rule, a, depth + 1) for a in values)
+    return False
+
+
+def _bindings_and_appends(module: cst.Module) -> tuple[dict, dict]:
+    """What the module assigns to each plain name, and appends to each list named plainly."""
+    bindings: dict[str, list[cst.BaseExpression]] = {}
+    for assign in find(module, cst.Assign):
+        for target in assign.targets:
+            if isinstance(target.target, cst.Name):
+                bindings.setdefault(target.target.value, []).append(assign.value)
+    appended: dict[str, list[cst.BaseExpression]] = {}
+    for call in find(module, cst.Call):
+        if method_call(call, "append") and len(call.args) == 1 and isinstance(call.func.value, cst.Name):
+            appended.setdefault(call.func.value.value, []).append(call.args[0].value)
+    return bindings, appended
+
+
+def module_functions(rule) -> dict[str, cst.FunctionDef]:
+    """The module's top-level functions by name, found once per module."""
+    return rule.context.memo("training.functions", lambda: {
+        s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)})
+
+
+def gradient_computation(rule, call: cst.Call) -> bool:
+    return method_call(call, "compute_gradients") or rule.imports.resolve(call.func) in _GRADIENT_COMPUTATIONS
+
+
+# What trains: optimizer steps, gradients, and the names projects give their own training helpers
+# (`optimize_loss`, an `Optimizer` class, `register_gradients` / `apply_updates`).
+_TRAINING_METHODS = ("minimize", "apply_gradients", "compute_gradients", "register_gradients", "apply_updates",
+                     # Keras trains through the model: a functional model over the towers' outputs.
+                     "compile", "fit", "fit_generator", "train_on_batch")
+
+
+def trains(rule, call: cst.Call) -> bool:
+    name = code(call.func).rsplit(".", 1)[-1]
+    return (any(method_call(call, m) for m in _TRAINING_METHODS) or name == "optimize_loss" or name.endswith("Optimizer")
+            or rule.imports.resolve(call.func) in {"tensorflow.gradients", "tensorflow.GradientTape"})
