@@ -13,8 +13,9 @@ What is captured, per training step:
   contains an op returned by ``Optimizer.apply_gradients`` / ``minimize`` (recorded by a
   wrapper), an op in the ``TRAIN_OP`` collection, a kernel of type ``*Apply*`` (the
   optimizers' update kernels), or, for an optimizer written by hand with ``tf.assign``, an
-  assignment to a trainable variable with gradients (ops under a ``gradients`` scope) upstream. The step's loss is the fetched float scalar (preferring a tensor
-  that was passed to ``compute_gradients``, then one named ``*loss*``). When that scalar is one
+  assignment to a trainable variable with gradients (ops under a ``gradients`` scope)
+  upstream. The step's loss is the fetched float scalar (preferring a tensor that was passed
+  to ``compute_gradients``, then one named ``*loss*``). When that scalar is one
   of several tower losses feeding the same ``apply_gradients`` (the legacy habit of printing
   the last tower's loss), the harness fetches all tower losses too and reports their mean --
   the loss over the global batch when towers split it evenly.
