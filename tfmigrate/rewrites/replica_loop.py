@@ -216,7 +216,7 @@ def _plan(rule, tower, group: list) -> Edit:
     strategy = _fresh(module, "strategy", "mirrored_strategy")
     caller = _caller(rule, region) or _method_caller(rule, region) or _constructor_caller(rule, region)
     if others and caller is not None:
-        raise Refused(f"the towers are built across {len(group)} loops and updated by `{caller.owner.name.value}`, "
+        raise Refused(f"the towers are built across {len(group)} loops and updated by {_owner_name(caller.owner)}, "
                       "their caller: build the update after the last loop")
     if across_methods or (caller is not None and caller.external):  # the class's user runs them later: the strategy stays on `self`
         strategy = "self." + _fresh(module, "strategy", "mirrored_strategy")
