@@ -2722,3 +2722,57 @@ def test_a_device_count_passed_by_the_caller_is_read_there():
     """)
     caller = out.split("def build_train_op")[1]
     assert "MirroredStrategy(devices=['/gpu:%d' % i for i in range(gpus)])" in caller
+
+
+FINETUNE_STYLE = """
+    import tensorflow as tf
+
+    def assign_to_gpu(gpu=0, ps_dev='/device:CPU:0'):
+        def _assign(op):
+            node_def = op if isinstance(op, tf.NodeDef) else op.node_def
+            return ps_dev if node_def.op in ('Variable', 'VariableV2', 'VarHandleOp') else '/gpu:%d' % gpu
+        return _assign
+
+    def adam(params, grads, lr, b1=0.9):
+        t = tf.Variable(0, dtype=tf.float32, trainable=False)
+        tt = t + 1
+        updates = [t.assign(tt)]
+        for p, g in zip(params, grads):
+            if p is None or g is None:
+                continue
+            m = tf.Variable(tf.zeros_like(p), trainable=False)
+            mt = b1 * m + (1 - b1) * g
+            updates.extend([m.assign(mt), p.assign(p - lr * mt / (1 - b1 ** tt))])
+        return tf.group(*updates)
+
+    opt_fns = {'adam': adam}
+
+    def mgpu_train(n_gpu, opt, *xs):
+        gpu_grads = []
+        xs = (tf.split(x, n_gpu, 0) for x in xs)
+        for i, xs in enumerate(zip(*xs)):
+            with tf.device(assign_to_gpu(i, '/gpu:0')), tf.variable_scope(tf.get_variable_scope(), reuse=i > 0):
+                loss = model(*xs)
+                params = tf.trainable_variables()
+                gpu_grads.append(tf.gradients(loss, params, gate_gradients=True))
+        grads = [tf.add_n(list(gs)) / n_gpu for gs in zip(*gpu_grads)]
+        return opt_fns[opt](params, grads, 0.01)
+"""
+
+
+def test_finetune_transformer_lm_shape_keeps_its_hand_written_update_and_numbers_its_gpus():
+    """OpenAI's finetune-transformer-lm: `assign_to_gpu(i)` numbers the GPU of `enumerate(zip(*xs))`
+    over a generator of `tf.split` pieces, and `opt_fns[opt](...)` dispatches to a hand-written
+    Adam. The device list was `[i for i, xs in enumerate(zip(*xs))]` (numbers, and the
+    generator walked again), and each replica re-walked the spent generator."""
+    out = fixed(FINETUNE_STYLE)
+    assert "MirroredStrategy(devices=['/gpu:%d' % k for k in range(n_gpu)])" in out
+    assert "tower_inputs = list(zip(*xs))" in out.split("def tower_fn")[0]  # walked once, before the replicas
+    assert "xs = tower_inputs[i]" in out.split("def tower_fn")[1]
+    assert "return opt_fns[opt](params, grads, 0.01)" in out  # the update stays, outside the replicas
+
+
+def test_a_dispatched_hand_written_update_that_races_is_refused():
+    program = textwrap.dedent(FINETUNE_STYLE).replace("updates = [t.assign(tt)]", "updates = [t.assign_add(1.)]")
+    (finding,) = tower_findings(program)
+    assert not finding.fixable and "the hand-written update reads `t` while it updates it" in finding.refusal

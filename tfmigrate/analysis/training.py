@@ -95,13 +95,32 @@ def training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozense
     for call in _live_calls(node, lists):
         if test(rule, call):
             return call
-        name = call.func.value if isinstance(call.func, cst.Name) else None
-        if name in functions and name not in seen:
+        for name in called_functions(rule, call):
+            if name in seen:
+                continue
             known = _list_parameters(rule, functions[name], call)
             if rule.context.memo(("training.function_trains", name, test, known),
                                  lambda: training_call(rule, functions[name], test, seen | {name}, known) is not None):
                 return call
     return None
+
+
+def called_functions(rule, call: cst.Call) -> list[str]:
+    """The module's functions ``call`` may call: the one it names, or every function of a
+    module-level table it looks one up in (finetune-transformer-lm's `opt_fns[opt](params,
+    grads, ...)` over `opt_fns = {'adam': adam}`)."""
+    functions = module_functions(rule)
+    func = call.func
+    if isinstance(func, cst.Name):
+        return [func.value] if func.value in functions else []
+    if isinstance(func, cst.Subscript) and isinstance(func.value, cst.Name):
+        values = rule.context.memo("training.bindings", lambda: _bindings_and_appends(rule.context.module))[0].get(
+            func.value.value, [])
+        if len(values) == 1 and isinstance(values[0], cst.Dict):
+            names = [e.value.value for e in values[0].elements if isinstance(e, cst.DictElement)
+                     and isinstance(e.value, cst.Name)]
+            return [name for name in names if name in functions]
+    return []
 
 
 def _live_calls(node: cst.CSTNode, lists: frozenset) -> list[cst.Call]:

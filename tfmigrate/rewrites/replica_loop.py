@@ -78,7 +78,7 @@ from tfmigrate.rewrites.mirrored import (
     own_optimizer_update, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.analysis.training import (
-    KNOWN_LIBRARIES, METADATA, gradient_computation, module_functions, optimizer_step, own_nodes, tensors_read, training_call, trains, variable_update,
+    KNOWN_LIBRARIES, METADATA, called_functions, gradient_computation, module_functions, optimizer_step, own_nodes, tensors_read, training_call, trains, variable_update,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rule import Edit, FixSafety
@@ -570,7 +570,8 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
                   step: str) -> cst.FlattenSentinel:
     """What takes the loop's place: the replica function ``step`` and the strategy's call of it."""
     loop = region.loop
-    body, rereads = _replica_body(rule, tower, region, update, tf, run_by)
+    hoisted = _hoisted_iterable(rule, region)
+    body, rereads = _replica_body(rule, tower, region, update, tf, run_by, hoisted[0] if hoisted else None)
     shared, unbound = _shared_names(region, body, update)
     _check_waits(rule, region, set(shared) - update.binds, _counted(rule, tower)[1])
     function = _replica_function(region, step, body, shared, tf)
@@ -581,8 +582,30 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
                    *update.after_run]
     if unbound:
         replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
+    if hoisted:
+        replacement.insert(0, hoisted[1])
     replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
     return cst.FlattenSentinel(replacement)
+
+
+def _hoisted_iterable(rule, region: _Region) -> tuple[str, cst.BaseStatement] | None:
+    """`for i, xs in enumerate(zip(*xs))` over a generator (finetune-transformer-lm: `xs =
+    (tf.split(x, n) for x in xs)` first), or whose target rebinds a name the iterable reads:
+    the replicas cannot each walk it again (the first would exhaust the generator, and `xs`
+    would be each replica's own, unbound name; the rewrite crashed). Walked once, before the
+    replica function, into a list the replicas index: (its name, the statement)."""
+    loop, iterable = region.loop, region.loop.iter
+    if not (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1):
+        return None
+    source = iterable.args[0].value
+    if isinstance(source, (cst.Name, cst.Attribute, cst.List, cst.Tuple, cst.Subscript)):
+        return None  # indexed as it is
+    shadowed = names_used(loop.target) & names_used(source)
+    generator = any(isinstance(_single_binding(region.owner, name), cst.GeneratorExp) for name in name_reads(source))
+    if not (shadowed or generator):
+        return None
+    name = fresh_name(rule.context.module, "tower_inputs")
+    return name, cst.parse_statement(f"{name} = list({code(source)})\n")
 
 
 def _reuse_left_on(rule, loop: cst.For) -> list[cst.BaseStatement]:
@@ -1280,14 +1303,15 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
 
 
 def _functions_called(rule, statements: list) -> list[cst.FunctionDef]:
-    """The module's functions that ``statements`` call, and those they call, once each."""
+    """The module's functions that ``statements`` call (by name, or through a table of them),
+    and those they call, once each."""
     functions, found, pending = module_functions(rule), {}, list(statements)
     while pending:
         for call in find(pending.pop(), cst.Call):
-            name = call.func.value if isinstance(call.func, cst.Name) else None
-            if name in functions and name not in found:
-                found[name] = functions[name]
-                pending.append(functions[name])
+            for name in called_functions(rule, call):
+                if name not in found:
+                    found[name] = functions[name]
+                    pending.append(functions[name])
     return list(found.values())
 
 
@@ -1317,7 +1341,7 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
                 names.add(name)
                 feeding += values.get(name, [])
                 pending += [n for value in values.get(name, []) for n in names_used(value)]
-        fed = {id(node) for value in feeding for node in walk(value)} | {id(update[1])}
+        fed = {id(node) for value in feeding for node in walk(value)} | {id(update[1])} | _reads_of_no_value(rule, body)
         reads = name_reads(body, targets=False, skipped_attributes=METADATA)
         read = next((n for n in reads if n.value == variable and id(n) not in fed), None)
         if read is not None:
@@ -1325,6 +1349,23 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
                           f"(line {_line(rule, call)}) with nothing ordering the two: which runs first is the runtime's "
                           "choice, and the migrated program's may choose otherwise than the legacy one's; put the update "
                           "under `tf.control_dependencies` of what reads it, then fix again")
+
+
+def _reads_of_no_value(rule, body: cst.CSTNode) -> set[int]:
+    """Ids of the nodes in ``body`` that read a variable for no value a step computes with: a
+    Python test (`p is None`, `isinstance(g, ...)`), a shape (`tf.zeros_like(p)`), a new
+    variable's initial value (run once, at initialization)."""
+    harmless = []
+    for node in find(body, cst.Comparison, cst.Call):
+        if isinstance(node, cst.Comparison):
+            if all(isinstance(c.operator, (cst.Is, cst.IsNot)) for c in node.comparisons):
+                harmless.append(node)
+        elif code(node.func) in ("isinstance", "len", "type") or (rule.imports.resolve(node.func) or "") in _SHAPE_ONLY:
+            harmless.append(node)
+    return {id(n) for node in harmless for n in walk(node)}
+
+
+_SHAPE_ONLY = {"tensorflow.zeros_like", "tensorflow.ones_like", "tensorflow.Variable", "tensorflow.get_variable"}
 
 
 def _assigns_variable(rule, call: cst.Call) -> bool:
@@ -2208,9 +2249,11 @@ class _EveryReplica(cst.CSTTransformer):
         return updated.with_changes(leading_lines=[note])
 
 
-def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str) -> tuple[list, dict]:
+def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str,
+                  source: str | None = None) -> tuple[list, dict]:
     """The replica function's statements, and the statements that read again after the
-    strategy's call what every replica collected (see _ReplicaBody), by the name they bind."""
+    strategy's call what every replica collected (see _ReplicaBody), by the name they bind.
+    ``source``: the list the loop's elements were walked into before the function, if any."""
     loop = region.loop
     in_body = {k: v for k, v in update.changes.items() if any(id(s) == k for s in _statements(loop.body))}
     for key in in_body:
@@ -2225,7 +2268,7 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
                            frozenset(_variable_calls(rule)), reads)
     body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
-    prelude = _loop_variables(rule, loop, statements, tf, _targets_read_after(region))
+    prelude = _loop_variables(rule, loop, statements, tf, _targets_read_after(region), source)
     if reads:
         prelude.append(_regularization_scale(tf, run_by))
     return [*prelude, *statements], replica.rereads
@@ -2325,9 +2368,10 @@ def _assigns(small: cst.CSTNode | None, name: str) -> bool:
     return isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
 
 
-def _loop_variables(rule, loop: cst.For, statements, tf: TfNames, read_after: set[str]) -> list[cst.BaseStatement]:
+def _loop_variables(rule, loop: cst.For, statements, tf: TfNames, read_after: set[str],
+                    source: str | None = None) -> list[cst.BaseStatement]:
     """The loop target, bound to this replica's index (and element) where the body, or the code
-    after the loop (``read_after``), reads it."""
+    after the loop (``read_after``), reads it; the element read from ``source`` when given."""
     used = set().union(read_after, *(names_used(s) for s in statements))
     index_expression = REPLICA_INDEX.format(tf=tf_root(tf))
     target, iterable = loop.target, loop.iter
@@ -2344,7 +2388,7 @@ def _loop_variables(rule, loop: cst.For, statements, tf: TfNames, read_after: se
         if index.value in used or element_used:
             lines.append(f"{index.value} = {index_expression}")
         if element_used:
-            lines.append(f"{code(element)} = {_indexable(iterable.args[0].value)}[{index.value}]")
+            lines.append(f"{code(element)} = {source or _indexable(iterable.args[0].value)}[{index.value}]")
     else:
         if names_used(target) & used:
             lines.append(f"{code(target)} = {_indexable(iterable)}[{index_expression}]")
@@ -2541,6 +2585,11 @@ def _devices(rule, tower) -> str:
             raise Refused(f"cannot tell the towers' devices from `{code(tower.scopes[0].device)}`")
         if _is_range_index(loop, device):  # `assign_to_gpu(i, ps_device)`: the GPU's number, not its name
             return devices_argument(loop)
+        if _is_enumerate_index(loop, device):  # the same over `enumerate(zip(*splits))` (finetune-transformer-lm)
+            count = _pieces_count(rule, tower, loop.iter, device)
+            if count is None:
+                raise Refused(f"cannot tell how many GPUs `{code(tower.scopes[0].device)}` numbers from `{code(loop.iter)}`")
+            return f"['/gpu:%d' % k for k in range({code(count)})]"
     targets = names_used(loop.target)
     device = _body_value(loop, device)
     body_bound = set().union(*(_bound_names(s) for s in loop.body.body))
@@ -2623,8 +2672,11 @@ def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExp
         node = pieces.pop(0)
         if isinstance(node, cst.Call) and code(node.func) == "zip" and rule.imports.resolve(node.func) is None:
             pieces += [a.value for a in node.args if not a.star]
-            # `zip(*[tf.split(x, n) for x in xs])`: as many as each zipped list has
-            pieces += [a.value.elt for a in node.args if a.star == "*" and isinstance(a.value, (cst.ListComp, cst.GeneratorExp))]
+            # `zip(*[tf.split(x, n) for x in xs])`: as many as each zipped list has (also through a
+            # name bound to the comprehension: `xs = (tf.split(x, n) for x in xs)`, `zip(*xs)`)
+            starred = [_single_binding(owner, a.value) if isinstance(a.value, cst.Name) else a.value
+                       for a in node.args if a.star == "*"]
+            pieces += [value.elt for value in starred if isinstance(value, (cst.ListComp, cst.GeneratorExp))]
         elif (isinstance(node, (cst.ListComp, cst.GeneratorExp)) and node.for_in.inner_for_in is None
               and not node.for_in.ifs):
             pieces.append(node.for_in.iter)  # one piece per element it walks (Show-and-Tell's dict per shard)
@@ -2634,12 +2686,15 @@ def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExp
             count = split_arguments(node)[1]
             if count is not None and not isinstance(count, (cst.List, cst.Tuple)):
                 return count
-        elif isinstance(node, cst.Name):
-            bound = [a.value for a in find(owner, cst.Assign)
-                     if len(a.targets) == 1 and code(a.targets[0].target) == node.value]
-            if len(bound) == 1:
-                pieces.append(bound[0])
+        elif isinstance(node, cst.Name) and _single_binding(owner, node) is not None:
+            pieces.append(_single_binding(owner, node))
     return None
+
+
+def _single_binding(owner: cst.CSTNode, name: cst.Name) -> cst.BaseExpression | None:
+    """The value of the one plain assignment to ``name`` in ``owner``, else None."""
+    bound = [a.value for a in find(owner, cst.Assign) if len(a.targets) == 1 and code(a.targets[0].target) == name.value]
+    return bound[0] if len(bound) == 1 else None
 
 
 def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
@@ -2704,6 +2759,14 @@ class _PassedArguments(cst.CSTTransformer):
 
     def leave_Attribute(self, original, updated):
         return updated.with_changes(attr=original.attr)
+
+
+def _is_enumerate_index(loop: cst.For, node: cst.CSTNode) -> bool:
+    """Whether ``node`` is the index of `for i, x in enumerate(...)`."""
+    target = loop.target
+    return (isinstance(node, cst.Name) and isinstance(target, cst.Tuple) and len(target.elements) == 2
+            and isinstance(target.elements[0].value, cst.Name) and target.elements[0].value.value == node.value
+            and isinstance(loop.iter, cst.Call) and code(loop.iter.func) == "enumerate")
 
 
 def _is_range_index(loop: cst.For, node: cst.CSTNode) -> bool:
