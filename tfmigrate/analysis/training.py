@@ -175,9 +175,6 @@ def _list_parameters(rule, function: cst.FunctionDef, call: cst.Call) -> frozens
     return frozenset(found)
 
 
-_GRADIENT_LISTS = {"tensorflow.gradients", "tensorflow.compat.v1.gradients"}
-
-
 def _known_list(rule, value: cst.BaseExpression, depth: int = 0) -> bool:
     """A list for sure: a list display, `tf.gradients(...)`, a name the module binds once to
     one, or an item of a list the module fills only with them (`grads[0]` of `grads.append(
@@ -185,7 +182,7 @@ def _known_list(rule, value: cst.BaseExpression, depth: int = 0) -> bool:
     if isinstance(value, (cst.List, cst.ListComp)):
         return True
     if isinstance(value, cst.Call):
-        return rule.imports.resolve(value.func) in _GRADIENT_LISTS
+        return rule.imports.resolve(value.func) == "tensorflow.gradients"
     if depth > 2:
         return False
     bindings, appended = rule.context.memo("training.bindings", lambda: _bindings_and_appends(rule.context.module))

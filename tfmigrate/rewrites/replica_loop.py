@@ -615,9 +615,8 @@ def _reuse_left_on(rule, loop: cst.For) -> list[cst.BaseStatement]:
     policy, built after the towers in the same `tf.variable_scope('model')`, failed with "already
     exists"). The replica function drops the call (the strategy shares the variables itself);
     it comes back once, after the strategy's call, where that code may get variables."""
-    scopes = {"tensorflow.variable_scope", "tensorflow.compat.v1.variable_scope"}
-    opened = [w for w in find(loop.body, cst.With)
-              if any(isinstance(i.item, cst.Call) and rule.imports.resolve(i.item.func) in scopes for i in w.items)]
+    opened = [w for w in find(loop.body, cst.With) if any(
+        isinstance(i.item, cst.Call) and rule.imports.resolve(i.item.func) == "tensorflow.variable_scope" for i in w.items)]
     reuse = next((s for s in _statements(loop.body) if is_reuse_statement(s) and not any(contains(w, s) for w in opened)),
                  None)
     block = module_parents(rule.context).get(id(loop))
@@ -636,8 +635,7 @@ def _may_get_variables(rule, call: cst.Call) -> bool:
         return call.func.value in module_functions(rule) or any(
             isinstance(s, cst.ClassDef) and s.name.value == call.func.value for s in rule.context.module.body)
     name = rule.imports.resolve(call.func) or ""
-    return (code(call.func).startswith("self.") or name in ("tensorflow.get_variable", "tensorflow.compat.v1.get_variable")
-            or name.startswith(("tensorflow.layers.", "tensorflow.compat.v1.layers.")))
+    return code(call.func).startswith("self.") or name == "tensorflow.get_variable" or name.startswith("tensorflow.layers.")
 
 
 def _check_waits(rule, region: _Region, shared: set[str], counting: set[int]) -> None:
