@@ -190,7 +190,7 @@ def _updating_member(rule, group: list):
     found = []
     for member in group:
         region = _member_region(rule, member, group)
-        filled = {c.target for c in _collected(member.loop)} | _bound_names(member.loop.body)
+        filled = _filled(member.loop)
         after = [s for s in region.following if names_used(s) & filled]
         if any(training_call(rule, s) is not None for s in [*_statements(member.loop.body), *after]):
             found.append(member)
@@ -318,7 +318,7 @@ def _check_others_compute(rule, region: _Region, others: list, regions: dict) ->
     trainers = judged | {id(node) for statement in [*home, *loops] for node in walk(statement)}
     for member in others:
         member_region = regions[id(member.loop)]
-        filled = {c.target for c in _collected(member.loop)} | _bound_names(member.loop.body)
+        filled = _filled(member.loop)
         # What the code between the loops does with other things (makes the optimizer the
         # update will use, reads the placeholders) is not this loop's results' business.
         unjudged = _reaching([s for s in member_region.following if id(s) not in judged], filled)
@@ -860,6 +860,12 @@ def _collected(loop: cst.For, imports=None) -> list[_Collected]:
     return found
 
 
+def _filled(loop: cst.For) -> set[str]:
+    """What the towers leave: the lists the body collects into (`tower_grads`, `self.losses`)
+    and the names it binds."""
+    return {c.target for c in _collected(loop)} | _bound_names(loop.body)
+
+
 def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
     return [n for n in own_nodes(node) if type(n) is cst.SimpleStatementLine]
 
@@ -1276,7 +1282,7 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
     loop = region.loop
     if training_call(rule, loop.body, gradient_computation) is None:
         return None
-    filled = {c.target for c in _collected(loop)} | _bound_names(loop.body)
+    filled = _filled(loop)
     reaching = _reaching(region.following, filled)
     reached = filled.union(*(_bound_names(statement) for statement in reaching))
     if not any(training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
@@ -1408,7 +1414,7 @@ def _caller(rule, region: _Region) -> _Region | None:
     owner, module = region.owner, rule.context.module
     if not isinstance(owner, cst.FunctionDef) or not any(s is owner for s in module.body):
         return None
-    filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
+    filled = _filled(region.loop)
     returned = set().union(*(names_used(r) for r in find(owner, cst.Return) if r.value is not None))
     lines = _lines(region.following)
     if not filled & returned or any(optimizer_step(c) for line in lines for c in find(line, cst.Call)):
@@ -1769,7 +1775,7 @@ def _check_only_computes(rule, region: _Region, own_update: frozenset | set = fr
             raise Refused(f"line {_line(rule, statement)}: `{code(call.func)}` computes gradients or updates the "
                           "model inside, in a shape the rewrite cannot move into the replicas (even where an "
                           "argument turns that off, which the rewrite cannot tell)")
-    filled = {c.target for c in _collected(region.loop)} | set().union(*(_bound_names(s) for s in region.loop.body.body))
+    filled = _filled(region.loop)
     returned = set().union(*(names_used(r) for r in find(region.owner, cst.Return) if r.value is not None))
     if filled & returned:  # the caller may train on them, or open its own strategy: neither can be seen here
         raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to the "
