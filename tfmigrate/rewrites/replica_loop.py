@@ -360,22 +360,10 @@ def _module_changes(rule, members: list, scope_region: _Region, strategy: str, t
     }
 
 
-def _called_by(rule, loop: cst.For) -> list[cst.FunctionDef]:
-    """The module's functions, and the methods of the class around the loop, that the loop body
-    calls, and those they call: code that runs in the replicas."""
-    functions = module_functions(rule)
+def _class_methods(rule, loop: cst.For) -> dict[str, cst.FunctionDef]:
+    """The methods of the class around the loop, by name (none outside a class)."""
     home = enclosing_class(loop, module_parents(rule.context))
-    methods = {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
-    found: dict[int, cst.FunctionDef] = {}
-    pending: list[cst.CSTNode] = [loop.body]
-    while pending:
-        for call in find(pending.pop(), cst.Call):
-            name = callee_name(call, receivers=("self",)) or ""
-            called = (functions if isinstance(call.func, cst.Name) else methods).get(name)
-            if called is not None and id(called) not in found:
-                found[id(called)] = called
-                pending.append(called)
-    return list(found.values())
+    return {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
 
 
 _VARIABLE_LISTS = {f"tensorflow.{name}" for name in (
@@ -394,7 +382,9 @@ def _variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst
 
 
 def _find_variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
-    replicas = [node for tower in towers for node in [tower.loop.body, *_called_by(rule, tower.loop)]]
+    replicas = []
+    for tower in towers:
+        replicas += [tower.loop.body, *_functions_called(rule, [tower.loop.body], _class_methods(rule, tower.loop))]
     found = {}
     for node in [n for body in replicas for n in find(body, cst.CompFor, cst.For)]:
         if not isinstance(node.target, cst.Name):
@@ -1306,16 +1296,20 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
                             "sets every replica's copy of a variable)")
 
 
-def _functions_called(rule, statements: list) -> list[cst.FunctionDef]:
-    """The module's functions that ``statements`` call (by name, or through a table of them),
-    and those they call, once each."""
-    functions, found, pending = module_functions(rule), {}, list(statements)
+def _functions_called(rule, nodes: list, methods: dict | None = None) -> list[cst.FunctionDef]:
+    """The module's functions that ``nodes`` call (by name, or through a table of them), and the
+    ``methods`` they call on `self`, and those these call, once each: the code that runs when
+    ``nodes`` do."""
+    functions, found, pending = module_functions(rule), {}, list(nodes)
     while pending:
         for call in find(pending.pop(), cst.Call):
-            for name in called_functions(rule, call):
-                if name not in found:
-                    found[name] = functions[name]
-                    pending.append(functions[name])
+            called = [functions[name] for name in called_functions(rule, call)]
+            if methods and _self_method(call) in methods:
+                called.append(methods[_self_method(call)])
+            for function in called:
+                if id(function) not in found:
+                    found[id(function)] = function
+                    pending.append(function)
     return list(found.values())
 
 
@@ -2317,8 +2311,7 @@ def _helpers_regularization(rule, loop: cst.For) -> dict[cst.FunctionDef, list[c
         return {}
     module = rule.context.module
     functions = module_functions(rule)
-    home = enclosing_class(loop, module_parents(rule.context))
-    methods = {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
+    methods = _class_methods(rule, loop)
     found: dict[cst.FunctionDef, list[cst.Call]] = {}
     for call in find(loop.body, cst.Call):
         name = callee_name(call, receivers=("self",))
