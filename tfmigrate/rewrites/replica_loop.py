@@ -232,7 +232,7 @@ def _plan(rule, tower, group: list) -> Edit:
     _check_others_compute(rule, region, others, regions)
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
     steps = dict(zip([id(member.loop) for member in group], _step_names(module, len(group))))
-    region_changes = _module_changes(rule, group, scope_region, strategy, tf)
+    region_changes, originals = _module_changes(rule, group, scope_region, strategy, tf)
     region_changes.update(_loop_changes(rule, tower, region, update, tf, run_by, steps[id(loop)]))
     for member in others:
         region_changes.update(_loop_changes(rule, member, regions[id(member.loop)], _Update([]), tf, run_by,
@@ -260,7 +260,7 @@ def _plan(rule, tower, group: list) -> Edit:
         why = _BUILT_ACROSS_METHODS.format(method=group[0].owner.name.value)
         for member in group[1:]:
             changes[member.owner] = _under_scope(member.owner.visit(ReplaceById(region_changes)), scope_item, why)
-    _add_outside_changes(rule, changes, region_changes, group, scope_region, tf)
+    _add_outside_changes(rule, changes, region_changes, originals, group, scope_region, tf)
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
     if others:
@@ -286,20 +286,17 @@ def _check_loops(rule, towers: list, regions: list[_Region]) -> None:
                           "replicas need a list they can index (`list(...)`)")
 
 
-def _add_outside_changes(rule, changes: dict, region_changes: dict, towers: list, scope_region: _Region,
-                         tf: TfNames) -> None:
+def _add_outside_changes(rule, changes: dict, region_changes: dict, originals: dict, towers: list,
+                         scope_region: _Region, tf: TfNames) -> None:
     """Add to ``changes`` the edits outside what the strategy scope replaced: they apply on their
-    own (a variable made in another function, a helper counting regularization per replica)."""
+    own (a variable made in another function, a helper counting regularization per replica).
+    ``originals``: the nodes of the module-wide edits (:func:`_module_changes`) by id; the
+    others lie in the functions of the loops, their caller and what it reaches."""
     inside = {id(node) for replaced in changes for node in walk(replaced)}
     owners = [scope_region.owner, *scope_region.reaches, *(node for tower in towers for node in [tower.owner, *tower.via])]
     owners = [owner if owner is not None else rule.context.module for owner in owners]
     nodes = {id(node): node for owner in {id(owner): owner for owner in owners}.values() for node in walk(owner)}
-    nodes.update(_variable_calls(rule))
-    nodes.update((key, call) for key, (call, _) in _optimizers_named_apart(rule).items())
-    nodes.update((key, read) for key, (read, _) in _variable_op_names(rule, towers).items())
-    for tower in towers:
-        nodes.update(_counted(rule, tower)[0])
-        nodes.update((key, call) for key, (call, _) in _initial_values(rule, tower.loop).items())
+    nodes.update(originals)
     changes.update((nodes[key], value) for key, value in region_changes.items() if key not in inside)
     for tower in towers:
         for helper, reads in _helpers_regularization(rule, tower.loop).items():
@@ -339,25 +336,30 @@ _BUILT_IN_CONSTRUCTOR = "The towers were built under this strategy (in the const
 _BUILT_ACROSS_METHODS = "The towers are built across this class's methods, under the one strategy `{method}` made."
 
 
-def _module_changes(rule, members: list, scope_region: _Region, strategy: str, tf: TfNames) -> dict:
-    """id(node) -> replacement outside the loops: variables made trainable under the strategy
-    (counters summed), `initialized_value()` read as `initial_value`, optimizers over the same
-    variables named apart, `Variable.load` per copy."""
-    initial_values = {}
-    for member in members:
-        initial_values.update({key: new for key, (_, new) in _initial_values(rule, member.loop).items()})
+def _module_changes(rule, members: list, scope_region: _Region, strategy: str, tf: TfNames) -> tuple[dict, dict]:
+    """The edits outside the loops, as (id(node) -> replacement, id(node) -> the node): variables
+    made trainable under the strategy (counters summed), `initialized_value()` read as
+    `initial_value`, optimizers over the same variables named apart, `v.op.name` of a variable
+    the replicas walk, `Variable.load` per copy (its statements lie in the strategy's function,
+    whose nodes the caller walks)."""
+    initial_values = {key: pair for member in members for key, pair in _initial_values(rule, member.loop).items()}
+    new_values = {key: new for key, (_, new) in initial_values.items()}
     variables = _variable_calls(rule)
     counters = {key: call for member in members for key, call in _counted(rule, member)[0].items()}
+    renamed, op_names = _optimizers_named_apart(rule), _variable_op_names(rule, members)
     summed = f"{tf('tensorflow.VariableAggregation')}.SUM"
-    return {
-        **initial_values,
-        **{key: _trainable(call.visit(ReplaceById(initial_values))) for key, call in variables.items()},
+    changes = {
+        **new_values,
+        **{key: _trainable(call.visit(ReplaceById(new_values))) for key, call in variables.items()},
         **{key: _with_keyword(_trainable(call) if key in variables else call, "aggregation", summed)
            for key, call in counters.items()},
-        **{key: new for key, (_, new) in _optimizers_named_apart(rule).items()},
+        **{key: new for key, (_, new) in renamed.items()},
         **_loads_per_copy(rule, scope_region, strategy),
-        **{key: new for key, (_, new) in _variable_op_names(rule, members).items()},
+        **{key: new for key, (_, new) in op_names.items()},
     }
+    originals = {**variables, **counters, **{key: node for pairs in (initial_values, renamed, op_names)
+                                             for key, (node, _) in pairs.items()}}
+    return changes, originals
 
 
 def _class_methods(rule, loop: cst.For) -> dict[str, cst.FunctionDef]:
