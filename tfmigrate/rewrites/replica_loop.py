@@ -134,18 +134,19 @@ def plan(rule, tower) -> Edit:
     run by one strategy, and replica k of a later loop reads what replica k of an earlier one
     made, as tower k did. One loop of them may update the model; the others only compute. One
     edit does it; every loop's finding carries that edit."""
-    group = _towers_together(rule, tower)
+    group = towers_together(rule, tower)
     if len(group) < 2:
         return _plan(rule, tower, [tower])
     return rule.context.memo(("replica_loop.group", id(group[0].loop)),
                              lambda: _plan(rule, _updating_member(rule, group), group))
 
 
-def _towers_together(rule, tower) -> list:
+def towers_together(rule, tower) -> list:
     """The tower loops rewritten with ``tower`` under one strategy, in the order they run: those
     building the same towers (:func:`tower_group`, :func:`method_tower_group`) and the others
     under the same strategy scope over the same devices (a validation loop beside the training
-    loop), and so on from each of them: the same loops whichever of them is asked about."""
+    loop), and so on from each of them: the same loops whichever of them is asked about (``[tower]``
+    alone when none)."""
     return rule.context.memo(("replica_loop.together", id(tower.loop)), lambda: _find_towers_together(rule, tower))
 
 
@@ -241,8 +242,9 @@ def _plan(rule, tower, group: list) -> Edit:
     devices = _settings_inlined(rule, home, _devices(rule, group[0] if across_methods else tower))
     _check_device_names(rule, devices)
     if caller is not None:
-        _check_devices_visible(rule, region, devices, passed=_passed_arguments(region, caller))
-        devices = code(cst.parse_expression(devices).visit(_PassedArguments(_passed_arguments(region, caller))))
+        passed = _passed_arguments(region, caller)
+        _check_devices_visible(rule, region, devices, passed)
+        devices = code(cst.parse_expression(devices).visit(_PassedArguments(passed)))
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
     _check_one_strategy(rule, home, group)
@@ -1595,10 +1597,10 @@ def _check_devices_visible(rule, region: _Region, devices: str, passed: dict) ->
     """The strategy is made by the caller: its device list must not read the tower function's
     names, but the parameters the caller's call gives values for (``passed``)."""
     owner = region.owner
-    local = {p.name.value for p in find(owner.params, cst.Param)} | set().union(
-        *(_bound_names(s) for s in owner.body.body))
+    bound_in_body = _bound_names(owner.body)
+    local = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
     local.discard("self")  # a method of the caller's own object (_method_caller): the same `self`
-    local -= {name for name in passed if name not in set().union(*(_bound_names(s) for s in owner.body.body))}
+    local -= set(passed) - bound_in_body  # a parameter the body never rebinds reads what the caller passed
     hidden = sorted(free_names(cst.parse_expression(devices)) & local)
     if hidden:
         raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
@@ -2813,16 +2815,11 @@ def _check_one_strategy(rule, region: _Region, group: list) -> None:
                       "own MirroredStrategy over the same variables; make one strategy where the graph is built")
 
 
-def towers_together(rule, tower) -> list:
-    """The tower loops rewritten with ``tower`` by one edit (itself alone: ``[tower]``)."""
-    return _towers_together(rule, tower)
-
-
 def check_other_towers(rule, tower) -> None:
     """StateRefused when another tower (a `while` or comprehension form) builds under the
     strategy scope this loop's rewrite would open (asked before any rewrite of the loop)."""
     owner = tower.owner if tower.owner is not None else rule.context.module
-    _check_other_towers(rule, _region(rule.context, tower.loop, owner, rule.imports), _towers_together(rule, tower))
+    _check_other_towers(rule, _region(rule.context, tower.loop, owner, rule.imports), towers_together(rule, tower))
 
 
 def _other_towers(rule, region: _Region) -> list:
