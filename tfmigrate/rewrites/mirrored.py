@@ -52,6 +52,7 @@ from tfmigrate.analysis.devices import (
 )
 from tfmigrate.analysis.optimizers import hand_written_update
 from tfmigrate.analysis.project_imports import project_function
+from tfmigrate.analysis.training import optimizer_step
 from tfmigrate.cst.callargs import argument, is_none, method_call
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
@@ -242,7 +243,7 @@ def own_optimizer_update(rule, statements) -> str:
     probe trained differently from step 3). See :mod:`tfmigrate.analysis.optimizers`."""
     for statement in statements:
         for call in find(statement, cst.Call):
-            if not (method_call(call, "apply_gradients") or method_call(call, "minimize")):
+            if not optimizer_step(call):
                 continue
             found = hand_written_update(rule.context, call.func.value)
             if found is None:
