@@ -37,7 +37,7 @@ REWRITTEN = [
     "general_trainer_static_average", "general_global_flag_devices", "general_east_bn_updates",
     "general_kl_annealing_load", "general_counter_towers", "general_class_train_method",
     "general_model_methods_chain", "general_staged_tower_loops", "general_train_and_eval_towers",
-    "general_hand_written_adam",
+    "general_hand_written_adam", "general_tower_loss_ema",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -799,6 +799,21 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # In-graph replication with a copy of the variables per tower (TF_Face_Toolbox): each tower
+    # trains its own copy on its own gradients; MirroredStrategy keeps one copy for every replica.
+    "variable_copies_per_tower": ("""
+        import tensorflow as tf
+        def build(parts, num_gpus):
+            tower_grads = []
+            for device_id in range(num_gpus):
+                with tf.variable_scope('replicated_%s' % device_id):
+                    with tf.device('/gpu:%d' % device_id):
+                        loss = tf.reduce_mean(tf.layers.dense(parts[device_id], 1))
+                        params = [v for v in tf.trainable_variables() if v.name.startswith('replicated_%s/' % device_id)]
+                        tower_grads.append(list(zip(tf.gradients(loss, params), params)))
+            return tf.group(*[tf.train.GradientDescentOptimizer(0.1).apply_gradients(g) for g in tower_grads])
+    """, "line 5: each tower makes its own copy of the variables, in a variable scope named by the tower "
+         "(`tf.variable_scope('replicated_%s' % device_id)`)"),
     # The towers' losses read back by a scope spelled out: replica 1's ops are `replica_1/tower_1/...`,
     # so the rewrite ran into `tf.add_n([])`.
     "collection_read_by_a_spelled_scope": ("""
@@ -813,13 +828,14 @@ MORE_REFUSALS = {
             grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
             return opt.apply_gradients(grads)
     """, "line 7: `tf.get_collection('losses', 'tower_%d' % i)` filters by the scope `'tower_%d' % i`"),
-    # Inception's tower loss keeps a moving average of its losses: each tower makes its own
-    # variables, which replicas after the first cannot (the rewrite failed: "does not exist").
-    "moving_average_in_the_tower_function": ("""
+    # One moving average for every tower, made before the loop: each tower's apply made
+    # variables named after its own losses, which replicas after the first cannot make (the
+    # rewrite would fail: "does not exist"); an average made in the towers is rewritten.
+    "moving_average_made_once_for_every_tower": ("""
         import tensorflow as tf
+        averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
         def tower_loss(scope, images):
             total = tf.reduce_mean(model(images))
-            averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
             with tf.control_dependencies([averages.apply([total])]):
                 return tf.identity(total)
         def build(parts, num_gpus, opt):
@@ -829,7 +845,7 @@ MORE_REFUSALS = {
                     tower_grads.append(opt.compute_gradients(tower_loss(scope, parts[i])))
             grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
             return opt.apply_gradients(grads)
-    """, "line 11: the towers make a moving average (`ExponentialMovingAverage`)"),
+    """, "line 5: the towers make a moving average (`ExponentialMovingAverage`)"),
     # A "multi-GPU" trainer whose loop body runs the session under each device scope: the scope
     # places nothing, the loop runs steps one by one (the rewrite made replicas call sess.run).
     "session_run_under_each_device": ("""
@@ -2776,3 +2792,92 @@ def test_a_dispatched_hand_written_update_that_races_is_refused():
     program = textwrap.dedent(FINETUNE_STYLE).replace("updates = [t.assign(tt)]", "updates = [t.assign_add(1.)]")
     (finding,) = tower_findings(program)
     assert not finding.fixable and "the hand-written update reads `t` while it updates it" in finding.refusal
+
+
+TOWER_LOSS_AVERAGE = """
+    import tensorflow as tf
+    def tower_loss(scope, images):
+        total = tf.reduce_mean(model(images))
+        averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
+        with tf.control_dependencies([averages.apply([total])]):
+            return tf.identity(total)
+    def build(parts, num_gpus, opt):
+        tower_grads = []
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i) as scope:
+                tower_grads.append(opt.compute_gradients(tower_loss(scope, parts[i])))
+        grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+        return opt.apply_gradients(grads)
+"""
+
+
+def test_a_moving_average_each_tower_makes_is_applied_per_replica_from_a_merge_call():
+    """Inception's `_tower_loss`: each tower's own average of its losses. A replica after the first
+    cannot make variables of its own; a merge call applies each replica's average to its tensors."""
+    out = fixed(TOWER_LOSS_AVERAGE)
+    assert ("""    averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
+    with tf.control_dependencies([tf.distribute.get_replica_context().merge_call(
+        lambda strategy, averages, tensors: tf.group(*[
+            average.apply([strategy.experimental_local_results(t)[k] for t in tensors])
+            for k, average in enumerate(strategy.experimental_local_results(averages))]),
+        args=(averages, [total]))]):
+""") in out, out
+    assert "call_for_each_replica(tower_fn)" in out
+
+
+@pytest.mark.parametrize("average, refusal", [
+    # Averages of the model's weights in the towers: the weights' shadow copies, not a tower's result.
+    ("""averages = tf.train.ExponentialMovingAverage(0.9)
+        with tf.control_dependencies([averages.apply(tf.trainable_variables())]):""",
+     "line 5: the towers make a moving average"),
+    # Applied without a name to find it by.
+    ("with tf.control_dependencies([tf.train.ExponentialMovingAverage(0.9).apply([total])]):",
+     "line 4: the towers make a moving average"),
+])
+def test_a_moving_average_the_rewrite_cannot_apply_per_replica_is_refused(average, refusal):
+    text = TOWER_LOSS_AVERAGE.replace("""averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
+        with tf.control_dependencies([averages.apply([total])]):""", average)
+    (finding,) = tower_findings(text)
+    assert not finding.fixable and finding.refusal.startswith(refusal), finding.refusal
+
+
+def test_a_shared_name_read_after_a_moving_averages_merge_call_is_refused():
+    """The merge call is a step where the replicas wait for each other: `loss`, shared with the
+    code after the loop and bound before it, is another replica's by the time it is read again."""
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i):
+                    loss = tf.reduce_mean(model(parts[i]))
+                    averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
+                    average_op = averages.apply([loss])
+                    with tf.control_dependencies([average_op]):
+                        loss = tf.identity(loss)
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads), loss
+    """)
+    assert finding.refusal.startswith("line 8: `averages.apply` makes the replicas wait for each other, and `loss`")
+
+
+def test_a_moving_average_made_in_the_loop_body_is_applied_per_replica():
+    out = fixed("""
+        import tensorflow as tf
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i):
+                    loss = tf.reduce_mean(model(parts[i]))
+                    averages = tf.train.ExponentialMovingAverage(0.9, name='avg')
+                    average_op = averages.apply([loss])
+                    tf.summary.scalar('loss', averages.average(loss))
+                    with tf.control_dependencies([average_op]):
+                        tower_grads.append(opt.compute_gradients(tf.identity(loss)))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads)
+    """)
+    body = out[out.index("def tower_fn"):out.index("call_for_each_replica")]
+    assert "average_op = tf.distribute.get_replica_context().merge_call(" in body
+    assert "args=(averages, [loss]))" in body

@@ -81,6 +81,7 @@ from tfmigrate.analysis.training import (
     KNOWN_LIBRARIES, METADATA, called_functions, gradient_computation, module_functions, optimizer_step, own_nodes, tensors_read, training_call, trains, variable_update,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
+from tfmigrate.rewrites.tower_averages import moving_averages_applied, unhandled_averages
 from tfmigrate.rule import Edit, FixSafety
 
 __all__ = ["plan"]
@@ -281,7 +282,8 @@ def _check_loops(rule, towers: list, regions: list[_Region]) -> None:
     for tower, region in zip(towers, regions):
         check_tower(rule, tower, tower_functions=True, grouped=len(towers) > 1)
         _check_body(tower.loop)
-        _check_tower_variables(rule, tower.loop)
+        _check_tower_variables(rule, tower)
+        _check_variable_copies(rule, tower.loop)
         _check_variable_updates(rule, tower)
         if _may_be_iterator(region, tower.loop.iter) and not isinstance(tower.loop.iter, cst.Call):
             raise Refused(f"the tower loop walks `{code(tower.loop.iter)}`, an iterator made before it: the "
@@ -303,7 +305,10 @@ def _add_outside_changes(rule, changes: dict, region_changes: dict, originals: d
     for tower in towers:
         for helper, reads in _helpers_regularization(rule, tower.loop).items():
             if helper not in changes and id(helper) not in inside:
-                changes[helper] = _counting_helper(helper, reads, tf)
+                # The helper is replaced whole: the module-wide edits inside it go in with it.
+                within = {id(node) for node in walk(helper)}
+                edits = {key: value for key, value in region_changes.items() if key in within}
+                changes[helper] = _counting_helper(helper, reads, tf, edits)
 
 
 def _check_others_compute(rule, region: _Region, others: list, regions: dict) -> None:
@@ -349,6 +354,7 @@ def _module_changes(rule, members: list, scope_region: _Region, strategy: str, t
     variables = _variable_calls(rule)
     counters = {key: call for member in members for key, call in _counted(rule, member)[0].items()}
     renamed, op_names = _optimizers_named_apart(rule), _variable_op_names(rule, members)
+    averages = moving_averages_applied(rule, _replica_code(rule, members), tf)
     summed = f"{tf('tensorflow.VariableAggregation')}.SUM"
     changes = {
         **new_values,
@@ -358,8 +364,9 @@ def _module_changes(rule, members: list, scope_region: _Region, strategy: str, t
         **{key: new for key, (_, new) in renamed.items()},
         **_loads_per_copy(rule, scope_region, strategy),
         **{key: new for key, (_, new) in op_names.items()},
+        **{key: new for key, (_, new) in averages.items()},
     }
-    originals = {**variables, **counters, **{key: node for pairs in (initial_values, renamed, op_names)
+    originals = {**variables, **counters, **{key: node for pairs in (initial_values, renamed, op_names, averages)
                                              for key, (node, _) in pairs.items()}}
     return changes, originals
 
@@ -385,12 +392,17 @@ def _variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst
     return rule.context.memo(key, lambda: _find_variable_op_names(rule, towers))
 
 
-def _find_variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
+def _replica_code(rule, towers: list) -> list[cst.CSTNode]:
+    """What the replicas run: each loop's body and the functions (and own methods) it reaches."""
     replicas = []
     for tower in towers:
         replicas += [tower.loop.body, *_functions_called(rule, [tower.loop.body], _class_methods(rule, tower.loop))]
+    return replicas
+
+
+def _find_variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
     found = {}
-    for node in [n for body in replicas for n in find(body, cst.CompFor, cst.For)]:
+    for node in [n for body in _replica_code(rule, towers) for n in find(body, cst.CompFor, cst.For)]:
         if not isinstance(node.target, cst.Name):
             continue
         if not (isinstance(node.iter, cst.Call) and rule.imports.resolve(node.iter.func) in _VARIABLE_LISTS):
@@ -567,7 +579,7 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     hoisted = _hoisted_iterable(rule, region)
     body, rereads = _replica_body(rule, tower, region, update, tf, run_by, hoisted[0] if hoisted else None)
     shared, unbound = _shared_names(region, body, update)
-    _check_waits(rule, region, set(shared) - update.binds, _counted(rule, tower)[1])
+    _check_waits(rule, region, set(shared) - update.binds, _counted(rule, tower)[1] | _merging(rule, tower))
     function = _replica_function(region, step, body, shared, tf)
     call = cst.parse_statement(f"{run_by}.extended.call_for_each_replica({step})\n")
     blank = [cst.EmptyLine(indent=False)]
@@ -632,18 +644,32 @@ def _may_get_variables(rule, call: cst.Call) -> bool:
     return code(call.func).startswith("self.") or name == "tensorflow.get_variable" or name.startswith("tensorflow.layers.")
 
 
-def _check_waits(rule, region: _Region, shared: set[str], counting: set[int]) -> None:
+def _merging(rule, tower) -> set[int]:
+    """The calls of the loop body that apply a tower's moving average from a merge call, or
+    reach a function that does (:mod:`tfmigrate.rewrites.tower_averages`), by id."""
+    applies = moving_averages_applied(rule, _replica_code(rule, [tower]), TfNames(rule))
+    if not applies:
+        return set()
+    methods = _class_methods(rule, tower.loop)
+    return {id(call) for call in find(tower.loop.body, cst.Call) if id(call) in applies or any(
+        id(node) in applies for function in _functions_called(rule, [call], methods) for node in walk(function))}
+
+
+def _check_waits(rule, region: _Region, shared: set[str], waiting: set[int]) -> None:
     """A name shared with the code around the loop, bound in the body before a step where the
-    replicas wait for each other (`tf.metrics.*` aggregates across them, and so does the
-    `assign_add` of a counter in ``counting``, see :func:`_counted`) and read after it: while
-    one replica waits there, the next runs its body and binds the name to its own value, so
-    the first would read the other's (the loop's iterations never interleaved)."""
+    replicas wait for each other (`tf.metrics.*` aggregates across them, and so do the calls in
+    ``waiting``: the `assign_add` of a counter, see :func:`_counted`, and a moving average's
+    merge call, see :func:`_merging`) and read after it: while one replica waits there, the
+    next runs its body and binds the name to its own value, so the first would read the
+    other's (the loop's iterations never interleaved). What the waiting statement binds is
+    bound after the wait (`loss = _tower_loss(...)`): the replica resumes, binds and reads its
+    own value before the next one resumes."""
     statements = _statements(region.loop.body)  # the simple statements, in the order they run
     for at, statement in enumerate(statements):
-        wait = next((c for c in find(statement, cst.Call) if id(c) in counting or _waits(rule, c)), None)
+        wait = next((c for c in find(statement, cst.Call) if id(c) in waiting or _waits(rule, c)), None)
         if wait is None:
             continue
-        before = set().union(set(), *(_bound_names(s) for s in statements[:at + 1])) & shared
+        before = set().union(set(), *(_bound_names(s) for s in statements[:at])) & shared
         after = set().union(set(), *(free_names(s) for s in statements[at + 1:])) & before
         if after:
             raise Refused(f"line {_line(rule, wait)}: `{code(wait.func)}` makes the replicas wait for each other, "
@@ -675,19 +701,48 @@ def _check_body(loop: cst.For) -> None:
                           "and this loop runs training steps one by one, not towers")
 
 
-def _check_tower_variables(rule, loop: cst.For) -> None:
+def _check_tower_variables(rule, tower) -> None:
     """A moving average made in the towers (inception's `_tower_loss`: `ExponentialMovingAverage(0.9,
     name='avg').apply(losses)`) makes each tower's own variables, named after the tower's ops.
-    Under MirroredStrategy a replica after the first may only reuse replica 0's variables: the
-    rewritten program failed with "Variable replica_1/tower_1/.../avg/ does not exist". Applied
-    by replica 0 only (summaries are recorded there only), the moving average's own merge call
-    meets the other replicas' optimizer merge call, and the strategy fails ("Values to regroup
-    had different lengths"): refused."""
-    call = training_call(rule, loop.body, _makes_moving_average)
-    if call is not None:
+    Under MirroredStrategy a replica after the first may only reuse replica 0's variables; one
+    made and applied to tensors in one function is applied per replica from a merge call
+    (:mod:`tfmigrate.rewrites.tower_averages`). Another (one object made outside the towers,
+    an average of the model's variables in them, an `apply` in another form) is refused. (Applied
+    by replica 0 only, its merge call would meet the other replicas' optimizer merge call: "Values
+    to regroup had different lengths".)"""
+    replicas = _replica_code(rule, [tower])
+    applied = moving_averages_applied(rule, replicas, TfNames(rule))
+    unhandled = unhandled_averages(rule, replicas, applied)
+    if unhandled:
+        call = unhandled[0]
         raise Refused(f"line {_line(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
-                      "each tower its own variables; under MirroredStrategy replicas after the first can only "
-                      "reuse replica 0's: average after the loop instead (over the mean loss)")
+                      "each tower its own variables, applied in a form the rewrite does not know (`average = "
+                      "...ExponentialMovingAverage(...)` and `average.apply(tensors)` in one function); under "
+                      "MirroredStrategy replicas after the first can only reuse replica 0's: average after the "
+                      "loop instead (over the mean loss)")
+
+
+_VARIABLE_SCOPE_PARAMETERS = ("name_or_scope", "default_name", "values", "initializer", "regularizer",
+                              "caching_device", "partitioner", "custom_getter", "reuse")
+
+
+def _check_variable_copies(rule, loop: cst.For) -> None:
+    """A variable scope named by the tower, not reused (`tf.variable_scope('replicated_%s' %
+    device_id)`: TF_Face_Toolbox's in-graph replication): each tower made its own copy of the
+    model's variables, trained on its own gradients (or summed across copies by NCCL) by its
+    own optimizer. MirroredStrategy keeps one variable for every replica; a replica after the
+    first cannot make variables named by its index. Refused."""
+    indices = names_used(loop.target)
+    for with_node in find(loop.body, cst.With):
+        for item in with_node.items:
+            call = item.item
+            if not (isinstance(call, cst.Call) and rule.imports.resolve(call.func) == "tensorflow.variable_scope"):
+                continue
+            name = argument(call, _VARIABLE_SCOPE_PARAMETERS, "name_or_scope")
+            if name is not None and names_used(name) & indices and argument(call, _VARIABLE_SCOPE_PARAMETERS, "reuse") is None:
+                raise Refused(f"line {_line(rule, call)}: each tower makes its own copy of the variables, in a variable "
+                              f"scope named by the tower (`{code(call)}`): MirroredStrategy keeps one copy for every "
+                              "replica, so the towers' separate copies cannot be kept")
 
 
 def _check_variable_updates(rule, tower) -> None:
@@ -769,11 +824,6 @@ def _updates_variable(rule, call: cst.Call) -> bool:
                       and code(target) in {code(n) for n in find(value, cst.Name, cst.Attribute)}
                       and bool(find(value, cst.BinaryOperation)))
     return not moving_average
-
-
-def _makes_moving_average(rule, call: cst.Call) -> bool:
-    return rule.imports.resolve(call.func) in ("tensorflow.train.ExponentialMovingAverage",
-                                               "tensorflow.compat.v1.train.ExponentialMovingAverage")
 
 
 def _runs_the_graph(call: cst.Call) -> bool:
@@ -2149,9 +2199,11 @@ class _ReplicaBody(cst.CSTTransformer):
     """
 
     def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str], indices: set[str] = frozenset(),
-                 variables: frozenset[int] = frozenset(), regularization: frozenset[int] = frozenset()):
+                 variables: frozenset[int] = frozenset(), regularization: frozenset[int] = frozenset(),
+                 replaced: dict | None = None):
         super().__init__()
         self.scopes, self.changes, self.imports = scopes, changes, imports
+        self.replaced = replaced or {}  # id(call or attribute) -> its replacement
         self.regularization = regularization  # ids of the reads of every term (_every_towers_regularization)
         self.variables = variables  # ids of the `tf.Variable(...)` calls to say `trainable=True` (see _trainable)
         self.tower_scopes = tower_scopes  # the names of the towers' `name_scope(...) as scope`
@@ -2163,7 +2215,12 @@ class _ReplicaBody(cst.CSTTransformer):
         return (self.imports.resolve(call.func) == "tensorflow.get_collection" and len(call.args) == 2
                 and code(call.args[0].value).endswith(kinds) and code(call.args[1].value) in self.tower_scopes)
 
+    def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+        return self.replaced.get(id(original), updated)
+
     def leave_Call(self, original: cst.Call, updated: cst.Call):
+        if id(original) in self.replaced:
+            return self.replaced[id(original)]
         if id(original) in self.variables:
             return _trainable(updated)
         if id(original) in self.regularization:
@@ -2266,8 +2323,11 @@ def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
                     and (rule.imports.resolve(item.item.func) or "").endswith("name_scope")}
     in_body.update({id(s): cst.RemovalSentinel.REMOVE for s in _device_bindings(tower, loop)})
     reads = frozenset(id(call) for call in _every_towers_regularization(rule, loop))
+    # The module-wide edits of replica code that fall in the body (see _module_changes).
+    replaced = {key: new for key, (_, new) in [*_variable_op_names(rule, [tower]).items(),
+                                               *moving_averages_applied(rule, [loop.body], tf).items()]}
     replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target),
-                           frozenset(_variable_calls(rule)), reads)
+                           frozenset(_variable_calls(rule)), reads, replaced)
     body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf, _targets_read_after(region), source)
@@ -2328,9 +2388,10 @@ def _helpers_regularization(rule, loop: cst.For) -> dict[cst.FunctionDef, list[c
     return found
 
 
-def _counting_helper(helper: cst.FunctionDef, reads: list[cst.Call], tf: TfNames) -> cst.FunctionDef:
-    """``helper`` counting the regularization terms it reads once per replica in replica 0."""
-    counted = helper.visit(ReplaceById({id(read): _counted_per_replica(read) for read in reads}))
+def _counting_helper(helper: cst.FunctionDef, reads: list[cst.Call], tf: TfNames, edits: dict) -> cst.FunctionDef:
+    """``helper`` counting the regularization terms it reads once per replica in replica 0, with
+    the other ``edits`` (id(node) -> replacement) inside it."""
+    counted = helper.visit(ReplaceById({**edits, **{id(read): _counted_per_replica(read) for read in reads}}))
     scale = _regularization_scale(tf, f"{tf('tensorflow.distribute.get_strategy')}()")
     body = list(counted.body.body)
     at = 1 if body and is_docstring(body[0]) else 0
