@@ -989,7 +989,9 @@ def _keep_comments(region: _Region, update: _Update) -> None:
     if not update.statements:
         return
     first = update.statements[0]
-    there = {line.comment.value for line in first.leading_lines if line.comment is not None}
+    # A moved statement keeps its own comments (the apply's "# Apply the gradients ...").
+    there = {line.comment.value for statement in update.statements for line in getattr(statement, "leading_lines", ())
+             if line.comment is not None}
     kept = [line for statement in [*region.preceding, *_statements(region.loop.body), *region.following]
             if id(statement) in removed for line in comment_lines(statement) if line.comment.value not in there]
     if kept:  # after the blank lines above the update, before the comment that explains it
