@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 from dataclasses import dataclass, field, replace
 
 import libcst as cst
@@ -80,6 +81,7 @@ from tfmigrate.rewrites.mirrored import (
 from tfmigrate.analysis.training import (
     KNOWN_LIBRARIES, METADATA, called_functions, gradient_computation, module_functions, optimizer_step, own_nodes, tensors_read, training_call, trains, variable_update,
 )
+from tfmigrate.analysis.optimizers import HandWritten, hand_written_update
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rewrites.tower_averages import moving_averages_applied, unhandled_averages
 from tfmigrate.rule import Edit, FixSafety
@@ -1245,6 +1247,12 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
 def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
     """The update moved into the replicas where its shape is known (the cheapest program);
     else the update left as written with its optimizer call run by each replica; else none."""
+    if _own_optimizer_steps(rule, region.following):
+        # A project optimizer whose `apply_gradients` assigns the weights itself (BERT's
+        # `AdamWeightDecayOptimizer`) is a hand-written update: it stays after the loop.
+        update = _hand_written_update(rule, region)
+        if update is not None:
+            return update
     try:
         update = _gradient_update(rule, region, strategy, tf) or _loss_update(rule, region, strategy, tf)
     except Refused as refusal:
@@ -1331,7 +1339,8 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
     filled = _filled(loop)
     reaching = _reaching(region.following, filled)
     reached = filled.union(*(_bound_names(statement) for statement in reaching))
-    if not any(training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
+    own_steps = _own_optimizer_steps(rule, reaching)
+    if not own_steps and not any(training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
         if not any(_unknown_callee(rule, statement, reached) for statement in reaching):
             return None  # no update here at all: not this shape
     for statement in reaching:
@@ -1348,6 +1357,8 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
                           "module (nor an optimizer call after the loop): what it does with them cannot be seen")
     for body in [*reaching, *_functions_called(rule, reaching)]:
         _check_reads_ordered(rule, body)
+    for optimizer in own_steps:
+        _check_reads_ordered(rule, optimizer.node, optimizer.where and Path(optimizer.where).name)
     return _Update([], note=" (the hand-written update after the loop stays: outside the replicas an assignment "
                             "sets every replica's copy of a variable)")
 
@@ -1369,7 +1380,7 @@ def _functions_called(rule, nodes: list, methods: dict | None = None) -> list[cs
     return list(found.values())
 
 
-def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
+def _check_reads_ordered(rule, body: cst.CSTNode, where: str | None = None) -> None:
     """Refused when ``body`` updates a variable (`t.assign_add(1)`) and reads it elsewhere
     (`tf.pow(mom1, t)` for Adam's bias correction) with nothing ordering the two: OpenAI's
     `adam_updates`. Which runs first is the runtime's choice; the legacy program's ran the read
@@ -1381,6 +1392,9 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
         for target in assign.targets:
             for name in _target_names(target.target):
                 values.setdefault(name, []).append(assign.value)
+    for augmented in find(body, cst.AugAssign):  # `update += weight_decay_rate * param`
+        for name in _target_names(augmented.target):
+            values.setdefault(name, []).append(augmented.value)
     ordered = [w for w in find(body, cst.With) if any(
         isinstance(i.item, cst.Call) and code(i.item.func).endswith("control_dependencies") for i in w.items)]
     for call in find(body, cst.Call):
@@ -1399,8 +1413,9 @@ def _check_reads_ordered(rule, body: cst.CSTNode) -> None:
         reads = name_reads(body, targets=False, skipped_attributes=METADATA)
         read = next((n for n in reads if n.value == variable and id(n) not in fed), None)
         if read is not None:
-            raise Refused(f"line {_line(rule, read)}: the hand-written update reads `{variable}` while it updates it "
-                          f"(line {_line(rule, call)}) with nothing ordering the two: which runs first is the runtime's "
+            at, updated = (f"in {where}", "there") if where else (f"line {_line(rule, read)}", f"line {_line(rule, call)}")
+            raise Refused(f"{at}: the hand-written update reads `{variable}` while it updates it "
+                          f"({updated}) with nothing ordering the two: which runs first is the runtime's "
                           "choice, and the migrated program's may choose otherwise than the legacy one's; put the update "
                           "under `tf.control_dependencies` of what reads it, then fix again")
 
@@ -1416,6 +1431,8 @@ def _reads_of_no_value(rule, body: cst.CSTNode) -> set[int]:
                 harmless.append(node)
         elif code(node.func) in ("isinstance", "len", "type") or (rule.imports.resolve(node.func) or "") in _SHAPE_ONLY:
             harmless.append(node)
+        elif _own_update(rule, node) is not None:
+            harmless += node.args  # handed to the optimizer's own update, whose reads are checked in it
     return {id(n) for node in harmless for n in walk(node)}
 
 
@@ -1427,7 +1444,21 @@ def _assigns_variable(rule, call: cst.Call) -> bool:
 
 
 def _steps_optimizer(rule, call: cst.Call) -> bool:
-    return optimizer_step(call)
+    """A TF optimizer's step (not one whose class assigns the weights itself)."""
+    return optimizer_step(call) and _own_update(rule, call) is None
+
+
+def _own_update(rule, call: cst.Call) -> HandWritten | None:
+    """The project optimizer class whose own `apply_gradients`/`minimize` the step ``call`` runs."""
+    if not (optimizer_step(call) and isinstance(call.func, cst.Attribute)):
+        return None
+    return rule.context.memo(("replica_loop.own_update", id(call)), lambda: hand_written_update(rule.context, call.func.value))
+
+
+def _own_optimizer_steps(rule, statements: list) -> list[HandWritten]:
+    """The project optimizer classes with their own update that ``statements`` step."""
+    return [found for statement in statements for call in find(statement, cst.Call)
+            if (found := _own_update(rule, call)) is not None]
 
 
 def _unknown_callee(rule, statement: cst.CSTNode, names: set[str]) -> str | None:
