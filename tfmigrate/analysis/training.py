@@ -13,11 +13,8 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import method_call
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import children, concrete_types, find, name_reads
+from tfmigrate.cst.traversal import find, name_reads, own_nodes
 
-# Nodes that open their own scope: names bound inside them are not the loop body's.
-_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
-_SCOPE_TYPES = concrete_types(_SCOPES)
 
 
 def variable_update(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None, cst.BaseExpression | None] | None:
@@ -37,20 +34,6 @@ def variable_update(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | Non
 
 VARIABLE_UPDATES = ("assign", "assign_add", "assign_sub", "scatter_update", "scatter_add", "scatter_sub",
                     "scatter_nd_update", "scatter_nd_add", "count_up_to")
-
-
-def own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes: bool = False):
-    """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions
-    (unless ``into_scopes``), and outside the nodes whose ids are in ``skipped``."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if id(current) in skipped:
-            continue
-        yield current
-        if current is not node and type(current) in _SCOPE_TYPES and not into_scopes:
-            continue
-        stack.extend(reversed(children(current)))
 
 
 # What computes gradients: after the loop, outside the replicas, it would see one replica's weights.

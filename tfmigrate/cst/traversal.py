@@ -13,6 +13,8 @@ from typing import Iterator
 
 import libcst as cst
 
+from tfmigrate.cst.names import dotted_name
+
 _LEAVES = (
     cst.BaseParenthesizableWhitespace,
     cst.TrailingWhitespace,
@@ -221,3 +223,66 @@ def single_small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
         return statement.body[0]
     return None
+
+
+# Nodes that open their own scope: names bound inside them are not the loop body's.
+_SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_SCOPE_TYPES = concrete_types(_SCOPES)
+
+
+def own_nodes(node: cst.CSTNode, skipped: frozenset = frozenset(), into_scopes: bool = False):
+    """The nodes of ``node`` outside nested functions, classes, lambdas and comprehensions
+    (unless ``into_scopes``), and outside the nodes whose ids are in ``skipped``."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if id(current) in skipped:
+            continue
+        yield current
+        if current is not node and type(current) in _SCOPE_TYPES and not into_scopes:
+            continue
+        stack.extend(reversed(children(current)))
+
+
+def target_names(target: cst.CSTNode) -> list[str]:
+    """The plain names an assignment target binds, in order (`a`, `a, (b, *c)`; not `a.x` or `a[k]`)."""
+    if isinstance(target, cst.Name):
+        return [target.value]
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return [n for e in target.elements for n in target_names(e.value)]
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    return []
+
+
+def scope_bindings(node: cst.CSTNode, skipped: frozenset = frozenset()) -> set[str]:
+    """Names a statement binds in its own scope (not inside nested functions or comprehensions)."""
+    found: set[str] = set()
+    for current in own_nodes(node, skipped):
+        kind = type(current)
+        if kind not in _BINDERS:  # most nodes (tested by type: isinstance on LibCST classes is slow)
+            continue
+        if kind is cst.AssignTarget or kind is cst.AugAssign or kind is cst.AnnAssign:
+            found.update(target_names(current.target))
+        elif kind is cst.For:
+            found.update(target_names(current.target))
+        elif kind is cst.AsName:
+            found.update(target_names(current.name))
+        elif kind is cst.NamedExpr:
+            found.update(target_names(current.target))
+        elif kind is cst.FunctionDef or kind is cst.ClassDef:
+            if current is not node:
+                found.add(current.name.value)
+        elif not isinstance(current.names, cst.ImportStar):  # Import, ImportFrom
+            for alias in current.names:
+                name = alias.asname.name if alias.asname else alias.name
+                found.add(dotted_name(name).split(".")[0])
+    if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        found.add(node.name.value)
+    return found
+
+
+_BINDERS = frozenset({
+    cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.AsName, cst.NamedExpr, cst.FunctionDef,
+    cst.ClassDef, cst.Import, cst.ImportFrom,
+})

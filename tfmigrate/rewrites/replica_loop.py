@@ -71,7 +71,8 @@ from tfmigrate.cst.callargs import argument, callee_name, method_call, split_arg
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, single_small, walk,
+    blank_lines_unindented, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, own_nodes,
+    scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, ReplaceById, TfNames, averages, averaging_helper, check_tower, comment_lines, device_helpers,
@@ -79,7 +80,7 @@ from tfmigrate.rewrites.mirrored import (
     own_optimizer_update, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.analysis.training import (
-    KNOWN_LIBRARIES, METADATA, called_functions, gradient_computation, module_functions, optimizer_step, own_nodes, tensors_read, training_call, trains, variable_update,
+    KNOWN_LIBRARIES, METADATA, called_functions, gradient_computation, module_functions, optimizer_step, tensors_read, training_call, trains, variable_update,
 )
 from tfmigrate.analysis.optimizers import HandWritten, hand_written_update
 from tfmigrate.rewrites.refusal import Refused, StateRefused
@@ -337,7 +338,7 @@ def _reaching(statements: list, names: set[str]) -> list:
     for statement in statements:
         if names_used(statement) & reached:
             found.append(statement)
-            reached |= _bound_names(statement)
+            reached |= scope_bindings(statement)
     return found
 
 
@@ -671,7 +672,7 @@ def _check_waits(rule, region: _Region, shared: set[str], waiting: set[int]) -> 
         wait = next((c for c in find(statement, cst.Call) if id(c) in waiting or _waits(rule, c)), None)
         if wait is None:
             continue
-        before = set().union(set(), *(_bound_names(s) for s in statements[:at])) & shared
+        before = set().union(set(), *(scope_bindings(s) for s in statements[:at])) & shared
         after = set().union(set(), *(free_names(s) for s in statements[at + 1:])) & before
         if after:
             raise Refused(f"line {_line(rule, wait)}: `{code(wait.func)}` makes the replicas wait for each other, "
@@ -909,7 +910,7 @@ def _collected(loop: cst.For, imports=None) -> list[_Collected]:
 def _filled(loop: cst.For) -> set[str]:
     """What the towers leave: the lists the body collects into (`tower_grads`, `self.losses`)
     and the names it binds."""
-    return {c.target for c in _collected(loop)} | _bound_names(loop.body)
+    return {c.target for c in _collected(loop)} | scope_bindings(loop.body)
 
 
 def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
@@ -1084,7 +1085,7 @@ def _find_call(rule, region: _Region, statements, method: str, argument: str, wh
                         isinstance(statement, cst.SimpleStatementLine) or _dependency_block(rule, statement, call)):
                     raise Refused(f"line {_line(rule, statement)}: `{method}` is inside a block after the loop")
                 return statement, call
-        if "." not in argument and argument in _bound_names(statement):
+        if "." not in argument and argument in scope_bindings(statement):
             raise Refused(f"line {_line(rule, statement)}: `{argument}` is changed after the loop before "
                           f"`{method}` (a replica can only apply its own share of the unchanged value)")
     reader = next((s for s in statements if _mentions(s, argument)), None)
@@ -1126,7 +1127,7 @@ def _check_available(rule, region: _Region, call: cst.Call, upto, skip) -> None:
     if isinstance(upto, cst.With):  # the control dependencies move with it
         read |= set().union(*(names_used(item.item) for item in upto.items))
     before = region.following[:_index(region.following, upto)]
-    late = sorted(read & set().union(*(_bound_names(s) for s in before)) - {skip})
+    late = sorted(read & set().union(*(scope_bindings(s) for s in before)) - {skip})
     if late:
         raise Refused(f"line {_line(rule, upto)}: the update reads {', '.join(f'`{n}`' for n in late)}, "
                       "made after the loop; move it above the tower loop")
@@ -1159,7 +1160,7 @@ def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument,
     small = single_small(statement)
     if isinstance(small, cst.Assign) and small.value is call:
         moved = statement.with_changes(body=[small.with_changes(value=new_call)], leading_lines=comment_lines(statement))
-        binds = set().union(*(_target_names(t.target) for t in small.targets))
+        binds = set().union(*(target_names(t.target) for t in small.targets))
         return [moved], binds, {id(statement): cst.RemovalSentinel.REMOVE}
     if isinstance(small, cst.Expr) and small.value is call:
         return [statement.with_changes(leading_lines=comment_lines(statement))], set(), {id(statement): cst.RemovalSentinel.REMOVE}
@@ -1338,7 +1339,7 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
         return None
     filled = _filled(loop)
     reaching = _reaching(region.following, filled)
-    reached = filled.union(*(_bound_names(statement) for statement in reaching))
+    reached = filled.union(*(scope_bindings(statement) for statement in reaching))
     own_steps = _own_optimizer_steps(rule, reaching)
     if not own_steps and not any(training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
         if not any(_unknown_callee(rule, statement, reached) for statement in reaching):
@@ -1390,10 +1391,10 @@ def _check_reads_ordered(rule, body: cst.CSTNode, where: str | None = None) -> N
     values: dict[str, list[cst.BaseExpression]] = {}
     for assign in find(body, cst.Assign):
         for target in assign.targets:
-            for name in _target_names(target.target):
+            for name in target_names(target.target):
                 values.setdefault(name, []).append(assign.value)
     for augmented in find(body, cst.AugAssign):  # `update += weight_decay_rate * param`
-        for name in _target_names(augmented.target):
+        for name in target_names(augmented.target):
             values.setdefault(name, []).append(augmented.value)
     ordered = [w for w in find(body, cst.With) if any(
         isinstance(i.item, cst.Call) and code(i.item.func).endswith("control_dependencies") for i in w.items)]
@@ -1680,7 +1681,7 @@ def _check_devices_visible(rule, region: _Region, devices: str, passed: dict) ->
     """The strategy is made by the caller: its device list must not read the tower function's
     names, but the parameters the caller's call gives values for (``passed``)."""
     owner = region.owner
-    bound_in_body = _bound_names(owner.body)
+    bound_in_body = scope_bindings(owner.body)
     local = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
     local.discard("self")  # a method of the caller's own object (_method_caller): the same `self`
     local -= set(passed) - bound_in_body  # a parameter the body never rebinds reads what the caller passed
@@ -1888,7 +1889,7 @@ def _check_no_foreign_consumer(rule, region: _Region, filled: set[str]) -> None:
                               "imported from another module: whether it trains on them outside the replicas "
                               "cannot be seen here")
         if names_used(statement) & reached:
-            reached |= _bound_names(statement)
+            reached |= scope_bindings(statement)
 
 
 def _results_leave(region: _Region) -> bool:
@@ -1896,7 +1897,7 @@ def _results_leave(region: _Region) -> bool:
     an attribute or an item of something (`self.x = ...`, `settings['x'] = ...`), a list that is
     not the function's own (`self.tower_outputs.append(...)`, a parameter's), a collection."""
     owner = region.owner
-    local = set().union(*(_bound_names(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
+    local = set().union(*(scope_bindings(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
 
     def not_local(target: cst.CSTNode) -> bool:
         base = target
@@ -2005,7 +2006,7 @@ def _global_steps_outside(rule, region: _Region, statements) -> list[tuple[cst.B
     strategy scope covers (in `__init__`, at module level): a plain variable, not a mirrored one."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     in_loop = {id(s) for s in _statements(region.loop)}
-    made_inside = set().union(*(_bound_names(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
+    made_inside = set().union(*(scope_bindings(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
                                 for s in _statements(owner) if id(s) not in in_loop))
     return [(statement, arg) for statement in statements for arg in find(statement, cst.Arg)
             if arg.keyword is not None and arg.keyword.value == "global_step"
@@ -2505,7 +2506,7 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
     nothing else binds (they get a `= None` before the function so `nonlocal` has a binding)."""
     bound = set(update.binds)
     for statement in body:
-        bound |= _bound_names(statement)
+        bound |= scope_bindings(statement)
     loop_targets = names_used(region.loop.target)
     bound_outside = set()
     # What moved into the replica function, or went, binds nothing outside any more.
@@ -2514,7 +2515,7 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):  # its body is another scope
             bound_outside.add(statement.name.value)
         elif id(statement) not in removed:
-            bound_outside |= _bound_names(statement, removed)
+            bound_outside |= scope_bindings(statement, removed)
     if isinstance(region.owner, cst.FunctionDef):
         parameters = {p.name.value for p in find(region.owner.params, cst.Param)}
         bound_outside |= parameters
@@ -2540,7 +2541,7 @@ def _read_by_functions(region: _Region, removed: frozenset) -> set[str]:
         if id(statement) not in removed:
             for definition in find(statement, cst.FunctionDef, cst.Lambda):
                 # its free names: not its parameters, nor what it binds itself (its locals)
-                local = {p.name.value for p in find(definition.params, cst.Param)} | _bound_names(definition)
+                local = {p.name.value for p in find(definition.params, cst.Param)} | scope_bindings(definition)
                 found |= free_names(definition) - local
             for definition in find(statement, cst.ClassDef):
                 found |= free_names(definition)
@@ -2551,7 +2552,7 @@ def _carried(body: list[cst.BaseStatement]) -> set[str]:
     """Names the body binds only under a condition and reads: state one tower leaves for the
     next (`if gpu == 0: d_vars = [...]`, read by every tower). Iterations of the loop shared
     them; local to each replica, replica 1 would read an unbound name."""
-    bound = set().union(*(_bound_names(statement) for statement in body))
+    bound = set().union(*(scope_bindings(statement) for statement in body))
     read = set().union(*(names_used(statement) for statement in body))
     return (bound - _always_bound(body)) & read
 
@@ -2565,7 +2566,7 @@ def _always_bound(statements) -> set[str]:
     for statement in statements:
         if isinstance(statement, cst.With):
             for item in statement.items:
-                found |= _target_names(item.asname.name) if item.asname is not None else set()
+                found.update(target_names(item.asname.name) if item.asname is not None else ())
             found |= _always_bound(statement.body.body)
         elif isinstance(statement, cst.If):
             if statement.orelse is not None:
@@ -2573,7 +2574,7 @@ def _always_bound(statements) -> set[str]:
                 other = [orelse] if isinstance(orelse, cst.If) else orelse.body.body  # `elif` or `else`
                 found |= _always_bound(statement.body.body) & _always_bound(other)
         else:
-            found |= _bound_names(statement)
+            found |= scope_bindings(statement)
     return found
 
 
@@ -2610,50 +2611,6 @@ def _replica_function(region: _Region, step: str, body, shared: list[str], tf: T
 # --- names ----------------------------------------------------------------------------------
 
 
-def _bound_names(node: cst.CSTNode, skipped: frozenset = frozenset()) -> set[str]:
-    """Names a statement binds in its own scope (not inside nested functions or comprehensions)."""
-    found: set[str] = set()
-    for current in own_nodes(node, skipped):
-        kind = type(current)
-        if kind not in _BINDERS:  # most nodes (tested by type: isinstance on LibCST classes is slow)
-            continue
-        if kind is cst.AssignTarget or kind is cst.AugAssign or kind is cst.AnnAssign:
-            found |= _target_names(current.target)
-        elif kind is cst.For:
-            found |= _target_names(current.target)
-        elif kind is cst.AsName:
-            found |= _target_names(current.name)
-        elif kind is cst.NamedExpr:
-            found |= _target_names(current.target)
-        elif kind is cst.FunctionDef or kind is cst.ClassDef:
-            if current is not node:
-                found.add(current.name.value)
-        elif not isinstance(current.names, cst.ImportStar):  # Import, ImportFrom
-            for alias in current.names:
-                name = alias.asname.name if alias.asname else alias.name
-                found.add(code(name).split(".")[0])
-    if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
-        found.add(node.name.value)
-    return found
-
-
-_BINDERS = frozenset({
-    cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.AsName, cst.NamedExpr, cst.FunctionDef,
-    cst.ClassDef, cst.Import, cst.ImportFrom,
-})
-
-
-def _target_names(target: cst.CSTNode) -> set[str]:
-    """The plain names an assignment target binds (`a`, `a, (b, c)`; not `x.a` or `x[a]`)."""
-    if isinstance(target, cst.Name):
-        return {target.value}
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return set().union(*(_target_names(e.value) for e in target.elements)) if target.elements else set()
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return set()
-
-
 def _fresh(module: cst.Module, *names: str) -> str:
     return next((n for n in names if references(module, n) == 0), names[-1] + "_")
 
@@ -2687,7 +2644,7 @@ def _devices(rule, tower) -> str:
             return f"['/gpu:%d' % k for k in range({code(count)})]"
     targets = names_used(loop.target)
     device = _body_value(loop, device)
-    body_bound = set().union(*(_bound_names(s) for s in loop.body.body))
+    body_bound = set().union(*(scope_bindings(s) for s in loop.body.body))
     if names_used(device) & (body_bound - targets):
         return devices_argument(loop)  # computed in the body (a device setter): the loop's own count
     if (isinstance(device, cst.Subscript) and len(device.slice) == 1 and code(device.slice[0].slice) == code(loop.target)
@@ -2878,7 +2835,7 @@ def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression
         small = single_small(statement)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == device.value:
             return small.value
-        if device.value in _bound_names(statement):
+        if device.value in scope_bindings(statement):
             break
     return device
 
@@ -3022,7 +2979,7 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> tuple[l
     prelude, moved = [], []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
         builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
-        if _bound_names(statement) & needed or _assigned_attributes(statement) & needed_attributes:
+        if scope_bindings(statement) & needed or _assigned_attributes(statement) & needed_attributes:
             if builds_graph:
                 raise Refused(f"line {_line(rule, statement)}: the towers' devices come from TensorFlow code in the "
                               "graph; name the device list before the graph is built")
@@ -3044,7 +3001,7 @@ def _declarations(prelude: list[cst.BaseStatement], block) -> list[cst.BaseState
     """The `global`/`nonlocal` statements of ``block`` for names ``prelude`` binds (DeepSpeech's
     `global available_devices` above the device list): they move up first, as Python wants a
     declaration before any use of the name."""
-    bound = set().union(set(), *(_bound_names(statement) for statement in prelude))
+    bound = set().union(set(), *(scope_bindings(statement) for statement in prelude))
     moved = {id(statement) for statement in prelude}
     return [statement for statement in block if id(statement) not in moved
             and isinstance(single_small(statement), (cst.Global, cst.Nonlocal))
@@ -3101,16 +3058,16 @@ def _inline_settings(rule, region: _Region, node: cst.CSTNode) -> cst.CSTNode:
     scope_owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     movable = {id(s) for s in [*owner.body.body, *(scope_owner.body.body if isinstance(scope_owner, cst.With) else ())]}
     statements = [s for s in _statements(owner) if id(s) not in movable]
-    bound_in_body = _bound_names(owner)
+    bound_in_body = scope_bindings(owner)
     bound_in_owner = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
     # Names bound other than by a plain assignment (loop targets, `as` names, `+=`): not settings.
-    other_binders = set().union(set(), *(_target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
-                                *(_target_names(n.name) for n in find(owner, cst.AsName)))
+    other_binders = set().union(set(), *(target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
+                                *(target_names(n.name) for n in find(owner, cst.AsName)))
     values: dict[str, cst.BaseExpression] = {}
     for name in (free_names(node) & bound_in_owner) - other_binders:
-        if any(name in _bound_names(s) for s in _statements(owner) if id(s) in movable):
+        if any(name in scope_bindings(s) for s in _statements(owner) if id(s) in movable):
             continue
-        bindings = [s for s in statements if name in _bound_names(s)]
+        bindings = [s for s in statements if name in scope_bindings(s)]
         small = single_small(bindings[0]) if len(bindings) == 1 else None
         if _assigns(small, name) and _plain_setting(small.value) and not names_used(small.value) & bound_in_body:
             values[name] = small.value
@@ -3143,10 +3100,10 @@ def _check_bound_before(rule, owner: cst.CSTNode, above: list, prelude: list, bl
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else block
     moved = {id(s) for s in prelude}
     covered = [s for s in block if id(s) not in moved]
-    read = set().union(*(free_names(s) for s in above)) - set().union(set(), *(_bound_names(s) for s in above[1:]))
-    late = read & set().union(*(_bound_names(s) for s in covered))
+    read = set().union(*(free_names(s) for s in above)) - set().union(set(), *(scope_bindings(s) for s in above[1:]))
+    late = read & set().union(*(scope_bindings(s) for s in covered))
     if late:
-        binding = next(s for s in _statements(owner) if _bound_names(s) & late and id(s) not in moved)
+        binding = next(s for s in _statements(owner) if scope_bindings(s) & late and id(s) not in moved)
         raise Refused(f"line {_line(rule, binding)}: the towers' devices read "
                       f"{', '.join(f'`{n}`' for n in sorted(late))}, set inside the code the strategy scope must "
                       "cover; set it before that code (or at the top of the function)")

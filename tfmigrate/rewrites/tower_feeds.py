@@ -66,7 +66,7 @@ import libcst as cst
 
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import ImportTable
-from tfmigrate.cst.traversal import children, find, name_nodes, names_used, parents_of, single_small, walk
+from tfmigrate.cst.traversal import children, find, name_nodes, names_used, parents_of, single_small, target_names, walk
 from tfmigrate.rule import ImportItem
 from tfmigrate.rewrites.tower_input import DistributedInput, find_initializer
 from tfmigrate.rewrites.refusal import Refused
@@ -135,17 +135,6 @@ def _unconditional(statements) -> list[cst.BaseStatement]:
     return found
 
 
-def _target_names(target: cst.CSTNode) -> list[str]:
-    """The names an assignment target binds (`a`, `a, (b, *c)`; not `a.x` or `a[k]`)."""
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return [n for e in target.elements for n in _target_names(e.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
-
-
 def _bound_names(node: cst.CSTNode) -> list[tuple[str, cst.CSTNode]]:
     """(name, binding node) for the names a piece of code binds: assignments, loop, `with`
     and `except` targets, definitions, parameters, imports."""
@@ -162,7 +151,7 @@ def _bound_names(node: cst.CSTNode) -> list[tuple[str, cst.CSTNode]]:
             targets = [current.name]
         elif isinstance(current, (cst.Import, cst.ImportFrom)) and not isinstance(current.names, cst.ImportStar):
             targets = [alias.name if alias.asname is None else alias.asname.name for alias in current.names]
-        found += [(name, current) for target in targets for name in _target_names(target)]
+        found += [(name, current) for target in targets for name in target_names(target)]
     return found
 
 
