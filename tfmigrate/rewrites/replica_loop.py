@@ -57,16 +57,21 @@ from __future__ import annotations
 
 import re
 import textwrap
+from dataclasses import dataclass, replace
 from pathlib import Path
-from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
 from tfmigrate.analysis.devices import (
-    DEVICE_SPECS, computes_gradients, device_scope_arg, enclosing_class, is_device_function, iteration_key,
+    DEVICE_SPECS, device_scope_arg, enclosing_class, is_device_function, iteration_key,
     method_tower_group, module_tower_loops, ops_device, tower_group,
 )
+from tfmigrate.analysis.optimizers import HandWritten, hand_written_update
 from tfmigrate.analysis.tower_forms import TowerForm, module_tower_forms
+from tfmigrate.analysis.training import (
+    KNOWN_LIBRARIES, METADATA, gradient_computation, module_functions, optimizer_step, tensors_read, training_call,
+    trains, variable_update,
+)
 from tfmigrate.cst.callargs import argument, callee_name, method_call, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
@@ -79,12 +84,13 @@ from tfmigrate.rewrites.mirrored import (
     devices_argument, helper_import, is_docstring, is_reuse_statement,
     own_optimizer_update, place_scope, references, strategy_scope_owner, tf_root,
 )
-from tfmigrate.analysis.training import (
-    KNOWN_LIBRARIES, METADATA, called_functions, gradient_computation, module_functions, optimizer_step, tensors_read, training_call, trains, variable_update,
-)
-from tfmigrate.analysis.optimizers import HandWritten, hand_written_update
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rewrites.tower_averages import moving_averages_applied, unhandled_averages
+from tfmigrate.rewrites.tower_code import (
+    Collected, Region, Update, class_methods, collected_appends, functions_called, index_of, left_by_towers, line_of,
+    loop_region, mentions, method_of, module_calls, module_nodes, outside_loop, outside_statements,
+    self_method, simple_statements, single_binding, statement_lines, statements_reaching,
+)
 from tfmigrate.rule import Edit, FixSafety
 
 __all__ = ["plan"]
@@ -94,38 +100,6 @@ _LOSS_MEANS = {"tensorflow.reduce_mean", "tensorflow.math.reduce_mean"}
 _LOSS_SUMS = {"tensorflow.add_n", "tensorflow.math.add_n", "tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
 _REDUCE_SUMS = {"tensorflow.reduce_sum", "tensorflow.math.reduce_sum"}
 _STACKS = {"tensorflow.stack", "tensorflow.concat", "tensorflow.convert_to_tensor"}
-@dataclass
-class _Region:
-    """Where the loop sits: its function (or module), and the statements that follow it."""
-
-    loop: cst.For
-    owner: cst.CSTNode  # FunctionDef or Module
-    parents: dict
-    following: list[cst.BaseStatement]  # statements after the loop, in the blocks up to the owner
-    preceding: list[cst.BaseStatement]  # statements before it, same blocks, nearest last
-    # Methods whose bodies ``following`` also holds: they run after the loop, called by the
-    # method that called the one with the loop (a trainer's `_build_update()`).
-    reaches: list[cst.FunctionDef] = field(default_factory=list)
-    # Those of them the class's user calls (carpedm20 DCGAN's `train()`): they run under the
-    # strategy kept on `self`.
-    external: list[cst.FunctionDef] = field(default_factory=list)
-    # For a caller's region: its call of the function with the loop (its arguments give the
-    # parameters the towers' devices read).
-    call: cst.Call | None = None
-
-
-@dataclass
-class _Update:
-    """The one model update the towers feed, moved into the replica function."""
-
-    statements: list[cst.BaseStatement]  # appended to the replica function
-    changes: dict = field(default_factory=dict)  # id(node) after the loop -> replacement
-    binds: set[str] = field(default_factory=set)  # names the moved update binds
-    helper: str | None = None  # the averaging helper, if its call went
-    note: str = ""
-    wrapped: list = field(default_factory=list)  # statements after the loop whose optimizer call each replica runs
-    after_run: list = field(default_factory=list)  # statements right after the strategy runs the replica function
-    counted: set = field(default_factory=set)  # ids of `global_step=` arguments now counted once after the update
 
 
 def plan(rule, tower) -> Edit:
@@ -163,7 +137,7 @@ def _find_towers_together(rule, tower) -> list:
     while pending:
         member = pending.pop()
         owner = member.owner if member.owner is not None else rule.context.module
-        region = _region(rule.context, member.loop, owner, rule.imports)
+        region = loop_region(rule.context, member.loop, owner, rule.imports)
         # Over the same devices only: a loop over others (one evaluation GPU) is not these replicas.
         beside = [other for other in _other_towers(rule, region)
                   if not isinstance(other, TowerForm) and _same_replicas(rule, member, other)]
@@ -195,12 +169,12 @@ def _updating_member(rule, group: list):
     found = []
     for member in group:
         region = _member_region(rule, member, group)
-        filled = _filled(member.loop)
+        filled = left_by_towers(member.loop)
         after = [s for s in region.following if names_used(s) & filled]
-        if any(training_call(rule, s) is not None for s in [*_statements(member.loop.body), *after]):
+        if any(training_call(rule, s) is not None for s in [*simple_statements(member.loop.body), *after]):
             found.append(member)
     if len(found) > 1:
-        lines = " and ".join(str(_line(rule, member.loop)) for member in found)
+        lines = " and ".join(str(line_of(rule, member.loop)) for member in found)
         raise Refused(f"the tower loops at lines {lines} each feed an update, under one graph: one strategy must "
                       "run both, and the rewrite moves one update only")
     return found[0] if found else group[-1]
@@ -211,7 +185,7 @@ def _plan(rule, tower, group: list) -> Edit:
     it), where ``tower`` feeds the update and the others only compute."""
     context, imports, module = rule.context, rule.imports, rule.context.module
     loop = tower.loop
-    region = _region(context, loop, tower.owner if tower.owner is not None else module, imports)
+    region = loop_region(context, loop, tower.owner if tower.owner is not None else module, imports)
     others = [member for member in group if member is not tower]
     regions = {id(member.loop): _member_region(rule, member, group) for member in others}
     regions[id(loop)] = region
@@ -240,7 +214,7 @@ def _plan(rule, tower, group: list) -> Edit:
     region_changes, originals = _module_changes(rule, group, scope_region, strategy, tf)
     region_changes.update(_loop_changes(rule, tower, region, update, tf, run_by, steps[id(loop)]))
     for member in others:
-        region_changes.update(_loop_changes(rule, member, regions[id(member.loop)], _Update([]), tf, run_by,
+        region_changes.update(_loop_changes(rule, member, regions[id(member.loop)], Update([]), tf, run_by,
                                             steps[id(member.loop)]))
     home = regions[id(group[0].loop)] if across_methods else scope_region  # where the strategy is made
     devices = _settings_inlined(rule, home, _devices(rule, group[0] if across_methods else tower))
@@ -270,7 +244,7 @@ def _plan(rule, tower, group: list) -> Edit:
     _remove_unused_helpers(changes, tower, module, update)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
     if others:
-        lines = [str(_line(rule, member.loop)) for member in group]
+        lines = [str(line_of(rule, member.loop)) for member in group]
         title = (f"rewrite the {len(group)} tower loops (lines {', '.join(lines[:-1])} and {lines[-1]}) as replica "
                  "functions run by one tf.distribute.MirroredStrategy" + update.note)
     if context.target == "tf2":  # the TF2 step is written only for the textbook shape (mirrored.py)
@@ -280,7 +254,7 @@ def _plan(rule, tower, group: list) -> Edit:
                 safety=FixSafety.UNSAFE)
 
 
-def _check_loops(rule, towers: list, regions: list[_Region]) -> None:
+def _check_loops(rule, towers: list, regions: list[Region]) -> None:
     """The checks every loop of a group must pass, as a loop alone would."""
     for tower, region in zip(towers, regions):
         check_tower(rule, tower, tower_functions=True, grouped=len(towers) > 1)
@@ -294,7 +268,7 @@ def _check_loops(rule, towers: list, regions: list[_Region]) -> None:
 
 
 def _add_outside_changes(rule, changes: dict, region_changes: dict, originals: dict, towers: list,
-                         scope_region: _Region, tf: TfNames) -> None:
+                         scope_region: Region, tf: TfNames) -> None:
     """Add to ``changes`` the edits outside what the strategy scope replaced: they apply on their
     own (a variable made in another function, a helper counting regularization per replica).
     ``originals``: the nodes of the module-wide edits (:func:`_module_changes`) by id; the
@@ -314,7 +288,7 @@ def _add_outside_changes(rule, changes: dict, region_changes: dict, originals: d
                 changes[helper] = _counting_helper(helper, reads, tf, edits)
 
 
-def _check_others_compute(rule, region: _Region, others: list, regions: dict) -> None:
+def _check_others_compute(rule, region: Region, others: list, regions: dict) -> None:
     """The loops rewritten beside the updating one (``region``) only compute: nothing trains on
     what they make outside the replicas. What follows the updating loop is its update's to
     judge, and the loops themselves are replica functions; the update's function holds the
@@ -325,28 +299,18 @@ def _check_others_compute(rule, region: _Region, others: list, regions: dict) ->
     trainers = judged | {id(node) for statement in [*home, *loops] for node in walk(statement)}
     for member in others:
         member_region = regions[id(member.loop)]
-        filled = _filled(member.loop)
+        filled = left_by_towers(member.loop)
         # What the code between the loops does with other things (makes the optimizer the
         # update will use, reads the placeholders) is not this loop's results' business.
-        unjudged = _reaching([s for s in member_region.following if id(s) not in judged], filled)
+        unjudged = statements_reaching([s for s in member_region.following if id(s) not in judged], filled)
         _check_only_computes(rule, replace(member_region, following=unjudged), trainers)
-
-
-def _reaching(statements: list, names: set[str]) -> list:
-    """The ``statements`` that read ``names``, or what earlier ones of them bound from them."""
-    reached, found = set(names), []
-    for statement in statements:
-        if names_used(statement) & reached:
-            found.append(statement)
-            reached |= scope_bindings(statement)
-    return found
 
 
 _BUILT_IN_CONSTRUCTOR = "The towers were built under this strategy (in the constructor); their update runs under it too."
 _BUILT_ACROSS_METHODS = "The towers are built across this class's methods, under the one strategy `{method}` made."
 
 
-def _module_changes(rule, members: list, scope_region: _Region, strategy: str, tf: TfNames) -> tuple[dict, dict]:
+def _module_changes(rule, members: list, scope_region: Region, strategy: str, tf: TfNames) -> tuple[dict, dict]:
     """The edits outside the loops, as (id(node) -> replacement, id(node) -> the node): variables
     made trainable under the strategy (counters summed), `initialized_value()` read as
     `initial_value`, optimizers over the same variables named apart, `v.op.name` of a variable
@@ -374,12 +338,6 @@ def _module_changes(rule, members: list, scope_region: _Region, strategy: str, t
     return changes, originals
 
 
-def _class_methods(rule, loop: cst.For) -> dict[str, cst.FunctionDef]:
-    """The methods of the class around the loop, by name (none outside a class)."""
-    home = enclosing_class(loop, module_parents(rule.context))
-    return {} if home is None else {s.name.value: s for s in home.body.body if isinstance(s, cst.FunctionDef)}
-
-
 _VARIABLE_LISTS = {f"tensorflow.{name}" for name in (
     "trainable_variables", "global_variables", "all_variables", "model_variables", "local_variables", "get_collection")}
 
@@ -399,7 +357,7 @@ def _replica_code(rule, towers: list) -> list[cst.CSTNode]:
     """What the replicas run: each loop's body and the functions (and own methods) it reaches."""
     replicas = []
     for tower in towers:
-        replicas += [tower.loop.body, *_functions_called(rule, [tower.loop.body], _class_methods(rule, tower.loop))]
+        replicas += [tower.loop.body, *functions_called(rule, [tower.loop.body], class_methods(rule, tower.loop))]
     return replicas
 
 
@@ -419,7 +377,7 @@ def _find_variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute
     return found
 
 
-def _loop_changes(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str, step: str) -> dict:
+def _loop_changes(rule, tower, region: Region, update: Update, tf: TfNames, run_by: str, step: str) -> dict:
     """id(node) -> replacement for one tower loop: the loop, the update it moved, its tower functions."""
     return {id(tower.loop): _replica_loop(rule, tower, region, update, tf, run_by, step), **update.changes,
             **_tower_functions(rule, tower)}
@@ -433,10 +391,10 @@ def _step_names(module: cst.Module, count: int) -> list[str]:
     return [fresh_name(module, "tower_fn", taken) for _ in range(count)]
 
 
-def _member_region(rule, member, group: list) -> _Region:
+def _member_region(rule, member, group: list) -> Region:
     """The region of an earlier loop of a group, its ``following`` cut where the next loop of the
     group starts (what runs after that is the later loops' to check)."""
-    region = _region(rule.context, member.loop, member.owner if member.owner is not None else rule.context.module,
+    region = loop_region(rule.context, member.loop, member.owner if member.owner is not None else rule.context.module,
                      rule.imports)
     others = [m.loop for m in group if m is not member]
     cut = next((k for k, s in enumerate(region.following) if any(contains(s, other) for other in others)),
@@ -445,14 +403,14 @@ def _member_region(rule, member, group: list) -> _Region:
     return region
 
 
-def _check_in_run(rule, home: _Region, members: list[_Region]) -> None:
+def _check_in_run(rule, home: Region, members: list[Region]) -> None:
     """At module level the strategy scope covers the run of statements around the last loop:
     every loop of the group must be in it."""
     run = _module_run(rule, home)
     for member in members:
         if not any(contains(statement, member.loop) for statement in run):
-            raise Refused(f"the tower loop at line {_line(rule, member.loop)} is not in the run of statements the strategy "
-                          f"scope covers with the loop at line {_line(rule, home.loop)}: move both into one function")
+            raise Refused(f"the tower loop at line {line_of(rule, member.loop)} is not in the run of statements the strategy "
+                          f"scope covers with the loop at line {line_of(rule, home.loop)}: move both into one function")
 
 
 def _variable_calls(rule) -> dict[int, cst.Call]:
@@ -465,7 +423,7 @@ def _variable_calls(rule) -> dict[int, cst.Call]:
     the update counts each gradient N times. Said explicitly, the collection holds the
     mirrored variable, and the legacy program means the same."""
     return rule.context.memo("replica_loop.variable_calls", lambda: {
-        id(call): call for call in _module_calls(rule)
+        id(call): call for call in module_calls(rule)
         if rule.imports.resolve(call.func) in ("tensorflow.Variable", "tensorflow.compat.v1.Variable")
         and not any(arg.keyword is not None and arg.keyword.value in ("trainable", "synchronization") for arg in call.args)
         and call.args and not any(arg.star for arg in call.args)
@@ -517,7 +475,7 @@ def _share_variables(rule, first: str, second: str) -> bool:
     """Whether the optimizers bound to ``first`` and ``second`` may update the same variable:
     one of them (or both) without a `var_list=`, or the same list named by both."""
     lists = {first: set(), second: set()}
-    for call in _module_calls(rule):
+    for call in module_calls(rule):
         if isinstance(call.func, cst.Attribute) and code(call.func.value) in lists and call.func.attr.value in (
                 "compute_gradients", "minimize"):  # (what `apply_gradients` gets, they computed)
             params = ("loss", "var_list") if call.func.attr.value == "compute_gradients" else ("loss", "global_step", "var_list")
@@ -534,7 +492,7 @@ def _initial_values(rule, loop: cst.For) -> dict[int, tuple[cst.Call, cst.Attrib
     before any update); anywhere else it reads the trained value, and the rewrite is refused."""
     found = {}
     parents = module_parents(rule.context)
-    for call in _module_calls(rule):
+    for call in module_calls(rule):
         if not (method_call(call, "initialized_value") and not call.args):
             continue
         line = rule.position(call).start.line
@@ -575,7 +533,7 @@ def _with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
     return call.with_changes(args=[*args, added])
 
 
-def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str,
+def _replica_loop(rule, tower, region: Region, update: Update, tf: TfNames, run_by: str,
                   step: str) -> cst.FlattenSentinel:
     """What takes the loop's place: the replica function ``step`` and the strategy's call of it."""
     loop = region.loop
@@ -597,7 +555,7 @@ def _replica_loop(rule, tower, region: _Region, update: _Update, tf: TfNames, ru
     return cst.FlattenSentinel(replacement)
 
 
-def _hoisted_iterable(rule, region: _Region) -> tuple[str, cst.BaseStatement] | None:
+def _hoisted_iterable(rule, region: Region) -> tuple[str, cst.BaseStatement] | None:
     """`for i, xs in enumerate(zip(*xs))` over a generator (finetune-transformer-lm: `xs =
     (tf.split(x, n) for x in xs)` first), or whose target rebinds a name the iterable reads:
     the replicas cannot each walk it again (the first would exhaust the generator, and `xs`
@@ -610,7 +568,7 @@ def _hoisted_iterable(rule, region: _Region) -> tuple[str, cst.BaseStatement] | 
     if isinstance(source, (cst.Name, cst.Attribute, cst.List, cst.Tuple, cst.Subscript)):
         return None  # indexed as it is
     shadowed = names_used(loop.target) & names_used(source)
-    generator = any(isinstance(_single_binding(region.owner, name), cst.GeneratorExp) for name in name_reads(source))
+    generator = any(isinstance(single_binding(region.owner, name), cst.GeneratorExp) for name in name_reads(source))
     if not (shadowed or generator):
         return None
     name = fresh_name(rule.context.module, "tower_inputs")
@@ -626,11 +584,11 @@ def _reuse_left_on(rule, loop: cst.For) -> list[cst.BaseStatement]:
     it comes back once, after the strategy's call, where that code may get variables."""
     opened = [w for w in find(loop.body, cst.With) if any(
         isinstance(i.item, cst.Call) and rule.imports.resolve(i.item.func) == "tensorflow.variable_scope" for i in w.items)]
-    reuse = next((s for s in _statements(loop.body) if is_reuse_statement(s) and not any(contains(w, s) for w in opened)),
+    reuse = next((s for s in simple_statements(loop.body) if is_reuse_statement(s) and not any(contains(w, s) for w in opened)),
                  None)
     block = module_parents(rule.context).get(id(loop))
     siblings = list(block.body) if isinstance(block, (cst.IndentedBlock, cst.Module)) else []
-    after = siblings[_index(siblings, loop) + 1:] if reuse is not None and siblings else []
+    after = siblings[index_of(siblings, loop) + 1:] if reuse is not None and siblings else []
     if not any(_may_get_variables(rule, call) for statement in after for call in find(statement, cst.Call)):
         return []
     why = cst.EmptyLine(comment=cst.Comment("# The towers left this scope reusing their variables; the code below counts on it."))
@@ -653,12 +611,12 @@ def _merging(rule, tower) -> set[int]:
     applies = moving_averages_applied(rule, _replica_code(rule, [tower]), TfNames(rule))
     if not applies:
         return set()
-    methods = _class_methods(rule, tower.loop)
+    methods = class_methods(rule, tower.loop)
     return {id(call) for call in find(tower.loop.body, cst.Call) if id(call) in applies or any(
-        id(node) in applies for function in _functions_called(rule, [call], methods) for node in walk(function))}
+        id(node) in applies for function in functions_called(rule, [call], methods) for node in walk(function))}
 
 
-def _check_waits(rule, region: _Region, shared: set[str], waiting: set[int]) -> None:
+def _check_waits(rule, region: Region, shared: set[str], waiting: set[int]) -> None:
     """A name shared with the code around the loop, bound in the body before a step where the
     replicas wait for each other (`tf.metrics.*` aggregates across them, and so do the calls in
     ``waiting``: the `assign_add` of a counter, see :func:`_counted`, and a moving average's
@@ -667,7 +625,7 @@ def _check_waits(rule, region: _Region, shared: set[str], waiting: set[int]) -> 
     other's (the loop's iterations never interleaved). What the waiting statement binds is
     bound after the wait (`loss = _tower_loss(...)`): the replica resumes, binds and reads its
     own value before the next one resumes."""
-    statements = _statements(region.loop.body)  # the simple statements, in the order they run
+    statements = simple_statements(region.loop.body)  # the simple statements, in the order they run
     for at, statement in enumerate(statements):
         wait = next((c for c in find(statement, cst.Call) if id(c) in waiting or _waits(rule, c)), None)
         if wait is None:
@@ -675,7 +633,7 @@ def _check_waits(rule, region: _Region, shared: set[str], waiting: set[int]) -> 
         before = set().union(set(), *(scope_bindings(s) for s in statements[:at])) & shared
         after = set().union(set(), *(free_names(s) for s in statements[at + 1:])) & before
         if after:
-            raise Refused(f"line {_line(rule, wait)}: `{code(wait.func)}` makes the replicas wait for each other, "
+            raise Refused(f"line {line_of(rule, wait)}: `{code(wait.func)}` makes the replicas wait for each other, "
                           f"and `{sorted(after)[0]}`, shared with the code after the loop, is read after it: "
                           "another replica would have changed it by then (read it before, or collect it in a list)")
 
@@ -718,7 +676,7 @@ def _check_tower_variables(rule, tower) -> None:
     unhandled = unhandled_averages(rule, replicas, applied)
     if unhandled:
         call = unhandled[0]
-        raise Refused(f"line {_line(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
+        raise Refused(f"line {line_of(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
                       "each tower its own variables, applied in a form the rewrite does not know (`average = "
                       "...ExponentialMovingAverage(...)` and `average.apply(tensors)` in one function); under "
                       "MirroredStrategy replicas after the first can only reuse replica 0's: average after the "
@@ -743,7 +701,7 @@ def _check_variable_copies(rule, loop: cst.For) -> None:
                 continue
             name = argument(call, _VARIABLE_SCOPE_PARAMETERS, "name_or_scope")
             if name is not None and names_used(name) & indices and argument(call, _VARIABLE_SCOPE_PARAMETERS, "reuse") is None:
-                raise Refused(f"line {_line(rule, call)}: each tower makes its own copy of the variables, in a variable "
+                raise Refused(f"line {line_of(rule, call)}: each tower makes its own copy of the variables, in a variable "
                               f"scope named by the tower (`{code(call)}`): MirroredStrategy keeps one copy for every "
                               "replica, so the towers' separate copies cannot be kept")
 
@@ -763,11 +721,11 @@ def _check_variable_updates(rule, tower) -> None:
         if getter is not None:
             # In a replica a getter receives that replica's copy of each variable (its op named
             # `.../replica_1`): mean-teacher's getter, keyed by `var.op.name`, failed on replica 1.
-            raise Refused(f"line {_line(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
+            raise Refused(f"line {line_of(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
                           "a variable (named `.../replica_1` after the first), where the towers saw one variable")
         call = training_call(rule, node, _updates_variable)
         if call is not None and id(call) not in _counted(rule, tower)[1]:
-            raise Refused(f"line {_line(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
+            raise Refused(f"line {line_of(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
                           "under MirroredStrategy each replica would update its own copy of it; update it once "
                           "after the loop (from the towers' results)")
 
@@ -839,113 +797,20 @@ def _inside_inner_loop(node: cst.CSTNode, loop: cst.For) -> bool:
     return any(n is node for inner in find(loop.body, cst.For, cst.While) for n in walk(inner.body))
 
 
-def _index(statements: list, statement: cst.CSTNode) -> int:
-    """The position of ``statement`` itself (LibCST nodes compare equal by value)."""
-    return next(k for k, s in enumerate(statements) if s is statement)
-
-
-def _region(context, loop: cst.For, owner: cst.CSTNode, imports) -> _Region:
-    parents = module_parents(context)
-    following, preceding = [], []
-    node = loop
-    while node is not owner:
-        parent = parents[id(node)]
-        if isinstance(parent, (cst.IndentedBlock, cst.Module)):
-            statements = list(parent.body)
-            at = _index(statements, node)
-            following += statements[at + 1:]
-            preceding = statements[:at] + preceding
-        node = parent
-    return _Region(loop=loop, owner=owner, parents=parents, following=_open_device_blocks(following, imports),
-                   preceding=_open_device_blocks(preceding, imports))
-
-
-def _open_device_blocks(statements, imports) -> list[cst.BaseStatement]:
-    """``statements`` with `with tf.device('/gpu:0'):` blocks opened: a fixed placement of the
-    averaging and update (pixel-cnn's) does not change what runs after the loop."""
-    opened = []
-    for statement in statements:
-        if isinstance(statement, cst.With) and all(device_scope_arg(i.item, imports) is not None for i in statement.items):
-            opened += _open_device_blocks(statement.body.body, imports)
-        else:
-            opened.append(statement)
-    return opened
-
-
 # --- the update -----------------------------------------------------------------------------
 
 
-@dataclass
-class _Collected:
-    """``<list>.append(<value>)`` in the loop body."""
-
-    statement: cst.SimpleStatementLine
-    target: str  # the list's code: `tower_grads`, `self.tower_grads`
-    value: cst.BaseExpression
-    compute: cst.Call | None  # `opt.compute_gradients(...)` / `tf.gradients(...)` the value is (or names)
-
-
-def _collected(loop: cst.For, imports=None) -> list[_Collected]:
-    """Every `<list>.append(<value>)` statement of the loop body; ``compute`` is told for
-    `tf.gradients` only with the module's ``imports``."""
-    computed: dict[str, cst.Call] = {}
-    found = []
-    for statement in _statements(loop.body):
-        small = single_small(statement)
-        if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-            if computes_gradients(small.value, imports):
-                computed[small.targets[0].target.value] = small.value
-        if not (isinstance(small, cst.Expr) and method_call(small.value, "append") and len(small.value.args) == 1):
-            continue
-        holder = small.value.func.value
-        if not isinstance(holder, (cst.Name, cst.Attribute)):
-            continue
-        value = small.value.args[0].value
-        compute = value if computes_gradients(value, imports) else (
-            computed.get(value.value) if isinstance(value, cst.Name) else None)
-        found.append(_Collected(statement, code(holder), value, compute))
-    return found
-
-
-def _filled(loop: cst.For) -> set[str]:
-    """What the towers leave: the lists the body collects into (`tower_grads`, `self.losses`)
-    and the names it binds."""
-    return {c.target for c in _collected(loop)} | scope_bindings(loop.body)
-
-
-def _statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
-    return [n for n in own_nodes(node) if type(n) is cst.SimpleStatementLine]
-
-
-def _lines(statements: list[cst.BaseStatement]) -> list[cst.SimpleStatementLine]:
-    """The simple statement lines in ``statements``, compound statements opened."""
-    return [line for statement in statements for line in _statements(statement)]
-
-
-def _mentions(node: cst.CSTNode, target: str, skipped: frozenset = frozenset()) -> bool:
-    """Whether ``node`` reads the name or attribute chain ``target`` (`x`, `self.x`), outside
-    the nodes whose ids are ``skipped`` (those the rewrite replaces)."""
-    if skipped:
-        parts = list(own_nodes(node, skipped, into_scopes=True))
-        if "." not in target:
-            return any(isinstance(n, cst.Name) and n.value == target for n in parts)
-        return any(isinstance(n, cst.Attribute) and code(n) == target for n in parts)
-    if "." not in target:
-        return target in names_used(node)
-    return any(code(n) == target for n in find(node, cst.Attribute))
-
-
-def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
+def _gradient_update(rule, region: Region, strategy: str, tf: TfNames) -> Update | None:
     """`tower_grads.append(opt.compute_gradients(loss))`, then after the loop the gradients
     averaged (or summed) and `opt.apply_gradients(<them>, ...)`."""
-    collected = [c for c in _collected(region.loop, rule.imports) if c.compute is not None]
+    collected = [c for c in collected_appends(region.loop, rule.imports) if c.compute is not None]
     if not collected:
         return None
     if len(collected) > 1:
-        raise Refused(f"line {_line(rule, collected[1].statement)}: the towers collect gradients into more than one list")
+        raise Refused(f"line {line_of(rule, collected[1].statement)}: the towers collect gradients into more than one list")
     item = collected[0]
     average = _find_average(rule, region, item.target)
-    start = _index(region.following, average.statement) + (0 if average.inline else 1)
+    start = index_of(region.following, average.statement) + (0 if average.inline else 1)
     apply_statement, apply_call = _find_call(
         rule, region, region.following[start:], "apply_gradients", average.argument, item.target)
     _check_available(rule, region, apply_call, upto=apply_statement, skip=average.argument)
@@ -979,13 +844,13 @@ def _gradient_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Upda
            if average.averages else "Replicas' gradients are summed, as the towers' were.")
     statements[0] = statements[0].with_changes(
         leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}")), *statements[0].leading_lines])
-    update = _Update(statements, changes, binds)
+    update = Update(statements, changes, binds)
     _drop_average(region, update, average, item)
     _keep_comments(region, update)
     return update
 
 
-def _keep_comments(region: _Region, update: _Update) -> None:
+def _keep_comments(region: Region, update: Update) -> None:
     """The comments above the statements the update removes (the averaging, the list it fills)
     go with the update into the replica function rather than away."""
     removed = {key for key, change in update.changes.items() if change is cst.RemovalSentinel.REMOVE}
@@ -995,7 +860,7 @@ def _keep_comments(region: _Region, update: _Update) -> None:
     # A moved statement keeps its own comments (the apply's "# Apply the gradients ...").
     there = {line.comment.value for statement in update.statements for line in getattr(statement, "leading_lines", ())
              if line.comment is not None}
-    kept = [line for statement in [*region.preceding, *_statements(region.loop.body), *region.following]
+    kept = [line for statement in [*region.preceding, *simple_statements(region.loop.body), *region.following]
             if id(statement) in removed for line in comment_lines(statement) if line.comment.value not in there]
     if kept:  # after the blank lines above the update, before the comment that explains it
         lines = list(first.leading_lines)
@@ -1015,11 +880,11 @@ class _Average:
     init: cst.BaseStatement | None = None  # `averaged = []` before an averaging loop
 
 
-def _find_average(rule, region: _Region, tower_list: str) -> _Average:
+def _find_average(rule, region: Region, tower_list: str) -> _Average:
     """`grads = helper(tower_grads)`, `grads = [<mean of each variable's gradients>]`, a loop
     over `zip(*tower_grads)` appending to a list, or `opt.apply_gradients(helper(tower_grads))`."""
     for at, statement in enumerate(region.following):
-        if not _mentions(statement, tower_list):
+        if not mentions(statement, tower_list):
             continue
         for call in find(statement, cst.Call):
             if method_call(call, "apply_gradients") and call.args and _is_helper_call(call.args[0].value, tower_list):
@@ -1033,20 +898,20 @@ def _find_average(rule, region: _Region, tower_list: str) -> _Average:
                 helper = code(small.value.func)
                 return _Average(statement, target, _helper_averages(rule, region, small.value), helper=helper)
             return _Average(statement, target, _verdict(rule, statement, tower_list))
-        if any(_mentions(r, tower_list) for r in find(statement, cst.Return)):
-            raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is returned to the caller, which applies "
+        if any(mentions(r, tower_list) for r in find(statement, cst.Return)):
+            raise Refused(f"line {line_of(rule, statement)}: `{tower_list}` is returned to the caller, which applies "
                           "them: apply the towers' gradients in the function that builds the towers")
-        if isinstance(statement, cst.For) and _mentions(statement.iter, tower_list):
-            appended = {c.target for c in _collected(statement)}
+        if isinstance(statement, cst.For) and mentions(statement.iter, tower_list):
+            appended = {c.target for c in collected_appends(statement)}
             init = next((s for s in reversed(region.following[:at]) if any(_empty_list_init_of(s, n) for n in appended)), None)
             if len(appended) == 1 and init is not None:
                 return _Average(statement, appended.pop(), _verdict(rule, statement, tower_list), init=init)
-        raise Refused(f"line {_line(rule, statement)}: `{tower_list}` is read after the loop other than to "
+        raise Refused(f"line {line_of(rule, statement)}: `{tower_list}` is read after the loop other than to "
                       "average or sum the towers' gradients")
-    appends = {id(c.statement) for c in _collected(region.loop) if c.target == tower_list}
-    combining = [s for s in _statements(region.loop.body) if _mentions(s, tower_list) and id(s) not in appends]
+    appends = {id(c.statement) for c in collected_appends(region.loop) if c.target == tower_list}
+    combining = [s for s in simple_statements(region.loop.body) if mentions(s, tower_list) and id(s) not in appends]
     if combining:
-        raise Refused(f"line {_line(rule, combining[0])}: the towers' gradients `{tower_list}` are combined inside the "
+        raise Refused(f"line {line_of(rule, combining[0])}: the towers' gradients `{tower_list}` are combined inside the "
                       "tower loop (by one tower): average and apply them after the loop")
     raise Refused(f"the tower gradients `{tower_list}` are not averaged after the loop in the same function "
                   "(returned to a caller?): apply them in the function that builds the towers")
@@ -1055,7 +920,7 @@ def _find_average(rule, region: _Region, tower_list: str) -> _Average:
 def _verdict(rule, statement: cst.CSTNode, tower_list: str) -> bool:
     verdict = averages(statement, rule.imports)
     if verdict is None:
-        raise Refused(f"line {_line(rule, statement)}: cannot tell whether this averages or sums `{tower_list}`")
+        raise Refused(f"line {line_of(rule, statement)}: cannot tell whether this averages or sums `{tower_list}`")
     return verdict
 
 
@@ -1065,7 +930,7 @@ def _is_helper_call(node: cst.CSTNode, tower_list: str) -> bool:
             and code(node.args[0].value) == tower_list)
 
 
-def _helper_averages(rule, region: _Region, call: cst.Call) -> bool:
+def _helper_averages(rule, region: Region, call: cst.Call) -> bool:
     """Whether the helper ``call`` runs averages (else sums): a module function, or a method of
     the class around the tower loop."""
     within = enclosing_class(region.loop, region.parents) if isinstance(call.func, cst.Attribute) else None
@@ -1075,7 +940,7 @@ def _helper_averages(rule, region: _Region, call: cst.Call) -> bool:
     return averaging_helper(callee_name(call), rule.context, within)[1]
 
 
-def _find_call(rule, region: _Region, statements, method: str, argument: str, what: str):
+def _find_call(rule, region: Region, statements, method: str, argument: str, what: str):
     """The first `<x>.<method>(<argument>, ...)` in ``statements``: (statement, call). The value
     must not change on the way (a clip or a rebinding would then be lost)."""
     for statement in statements:
@@ -1083,14 +948,14 @@ def _find_call(rule, region: _Region, statements, method: str, argument: str, wh
             if method_call(call, method) and call.args and _receives(call.args[0].value, argument):
                 if not any(s is statement for s in region.following) or not (
                         isinstance(statement, cst.SimpleStatementLine) or _dependency_block(rule, statement, call)):
-                    raise Refused(f"line {_line(rule, statement)}: `{method}` is inside a block after the loop")
+                    raise Refused(f"line {line_of(rule, statement)}: `{method}` is inside a block after the loop")
                 return statement, call
         if "." not in argument and argument in scope_bindings(statement):
-            raise Refused(f"line {_line(rule, statement)}: `{argument}` is changed after the loop before "
+            raise Refused(f"line {line_of(rule, statement)}: `{argument}` is changed after the loop before "
                           f"`{method}` (a replica can only apply its own share of the unchanged value)")
-    reader = next((s for s in statements if _mentions(s, argument)), None)
+    reader = next((s for s in statements if mentions(s, argument)), None)
     if reader is not None:
-        raise Refused(f"line {_line(rule, reader)}: `{argument}` goes through other code before `{method}` "
+        raise Refused(f"line {line_of(rule, reader)}: `{argument}` goes through other code before `{method}` "
                       f"(a clip?): a replica can only {method.split('_')[0]} its own share of the unchanged value")
     raise Refused(f"no `<optimizer>.{method}({argument}, ...)` after the loop for `{what}`")
 
@@ -1121,15 +986,15 @@ def _receives(node: cst.CSTNode, argument: str) -> bool:
             and code(node.args[0].value) == argument)
 
 
-def _check_available(rule, region: _Region, call: cst.Call, upto, skip) -> None:
+def _check_available(rule, region: Region, call: cst.Call, upto, skip) -> None:
     """The moved update runs inside the replica function: what it reads must exist by then."""
     read = names_used(call.func) | set().union(*(names_used(a.value) for a in call.args[1:]))
     if isinstance(upto, cst.With):  # the control dependencies move with it
         read |= set().union(*(names_used(item.item) for item in upto.items))
-    before = region.following[:_index(region.following, upto)]
+    before = region.following[:index_of(region.following, upto)]
     late = sorted(read & set().union(*(scope_bindings(s) for s in before)) - {skip})
     if late:
-        raise Refused(f"line {_line(rule, upto)}: the update reads {', '.join(f'`{n}`' for n in late)}, "
+        raise Refused(f"line {line_of(rule, upto)}: the update reads {', '.join(f'`{n}`' for n in late)}, "
                       "made after the loop; move it above the tower loop")
 
 
@@ -1147,7 +1012,7 @@ class _ReplaceCode(cst.CSTTransformer):
         return cst.Name(self.new) if code(original) == self.old else updated
 
 
-def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument, default_name: str):
+def _move_call(rule, region: Region, statement, call: cst.Call, first_argument, default_name: str):
     """The update call with its first argument replaced (code or an expression), as a statement
     for the replica function; and what becomes of its statement after the loop."""
     if isinstance(statement, cst.With):  # the control dependencies around the call move with it
@@ -1170,16 +1035,16 @@ def _move_call(rule, region: _Region, statement, call: cst.Call, first_argument,
     return [moved], {name}, {id(call): cst.Name(name)}
 
 
-def _drop_average(region: _Region, update: _Update, average: _Average, item: _Collected) -> None:
+def _drop_average(region: Region, update: Update, average: _Average, item: Collected) -> None:
     """The averaging after the loop stays while something else reads its result (gradient
     summaries); otherwise it goes, and so do the tower list and its appends if nothing reads them."""
     if average.inline:
         update.helper = average.helper  # its one call moved into the replica, without it
         return
     went_ids = {id(s) for s in (average.statement, average.init) if s is not None}
-    after = region.following[_index(region.following, average.statement) + 1:]  # what can read the average
+    after = region.following[index_of(region.following, average.statement) + 1:]  # what can read the average
     readers = [s for s in after if id(s) not in went_ids and id(s) not in update.changes
-               and _mentions(s, average.argument, skipped=frozenset(update.changes))]
+               and mentions(s, average.argument, skipped=frozenset(update.changes))]
     if readers:
         update.note = " (the averaged gradients stay for the code after the loop that reads them)"
         return
@@ -1197,17 +1062,13 @@ def _drop_average(region: _Region, update: _Update, average: _Average, item: _Co
         )
 
 
-def _outside(region: _Region) -> list[cst.BaseStatement]:
-    return [*region.preceding, *region.following]
-
-
-def _reads_elsewhere(region: _Region, name: str, skipped: tuple) -> bool:
+def _reads_elsewhere(region: Region, name: str, skipped: tuple) -> bool:
     skipped_ids = {id(s) for s in (*skipped, _empty_list_init(region, name))}
-    statements = [*_outside(region), *_statements(region.loop.body)]
-    return any(_mentions(s, name) for s in statements if id(s) not in skipped_ids)
+    statements = [*outside_loop(region), *simple_statements(region.loop.body)]
+    return any(mentions(s, name) for s in statements if id(s) not in skipped_ids)
 
 
-def _empty_list_init(region: _Region, name: str):
+def _empty_list_init(region: Region, name: str):
     return next((s for s in reversed(region.preceding) if _empty_list_init_of(s, name)), None)
 
 
@@ -1218,17 +1079,17 @@ def _empty_list_init_of(statement: cst.CSTNode, name: str) -> bool:
             and isinstance(small.value, cst.List) and not small.value.elements)
 
 
-def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update | None:
+def _loss_update(rule, region: Region, strategy: str, tf: TfNames) -> Update | None:
     """`tower_losses.append(loss)`, then after the loop `total = tf.add_n(tower_losses) / N`
     (or a mean, or a sum) and `opt.minimize(total, ...)`: each replica minimises its share."""
-    for item in _collected(region.loop):
+    for item in collected_appends(region.loop):
         if not isinstance(item.value, cst.Name):
             continue
         reduction = _find_reduction(rule, region, item.target)
         if reduction is None:
             continue
         statement, total, share, inline = reduction
-        tail = region.following[_index(region.following, statement) + (0 if inline else 1):]
+        tail = region.following[index_of(region.following, statement) + (0 if inline else 1):]
         if not any(method_call(c, "minimize") and c.args and code(c.args[0].value) == total
                    for s in tail for c in find(s, cst.Call)):
             continue
@@ -1241,11 +1102,11 @@ def _loss_update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update |
                if share_code != item.value.value else "MirroredStrategy sums the replicas' gradients, as the summed loss did.")
         moved[0] = moved[0].with_changes(
             leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {why}")), *moved[0].leading_lines])
-        return _Update(moved, changes, binds)
+        return Update(moved, changes, binds)
     return None
 
 
-def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
+def _update(rule, region: Region, strategy: str, tf: TfNames) -> Update:
     """The update moved into the replicas where its shape is known (the cheapest program);
     else the update left as written with its optimizer call run by each replica; else none."""
     if _own_optimizer_steps(rule, region.following):
@@ -1274,10 +1135,10 @@ def _update(rule, region: _Region, strategy: str, tf: TfNames) -> _Update:
     return update or _forward_only(rule, region)
 
 
-def _steps_left_behind(region: _Region, update: _Update) -> bool:
+def _steps_left_behind(region: Region, update: Update) -> bool:
     """Whether an optimizer step after the loop lies in nothing ``update`` moves or changes."""
     kept = [statement for statement in region.following if id(statement) not in update.changes]
-    for line in _lines(kept):
+    for line in statement_lines(kept):
         changed = [node for node in walk(line) if id(node) in update.changes]
         for call in find(line, cst.Call):
             if optimizer_step(call) and not any(contains(node, call) for node in changed):
@@ -1285,7 +1146,7 @@ def _steps_left_behind(region: _Region, update: _Update) -> bool:
     return False
 
 
-def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _Region | None = None) -> _Update | None:
+def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Region | None = None) -> Update | None:
     """The code after the loop keeps combining the towers' results as it did (a clip, a
     dict of gradients, a custom total loss); only its optimizer call runs once per replica.
 
@@ -1299,34 +1160,34 @@ def _wrapped_update(rule, region: _Region, strategy: str, tf: TfNames, towers: _
     the towers: ``towers``, whose code after its loop must not compute gradients either).
     """
     towers = towers or region
-    lines = _lines(region.following)
+    lines = statement_lines(region.following)
     steps = [(line, call) for line in lines for call in find(line, cst.Call) if optimizer_step(call)]
     if not steps:
         return None
     if towers is not region:
-        lines += _lines(towers.following)
+        lines += statement_lines(towers.following)
     for line in lines:
         if training_call(rule, line, gradient_computation) is not None:
-            raise Refused(f"line {_line(rule, line)}: gradients are computed after the tower loop, outside the "
+            raise Refused(f"line {line_of(rule, line)}: gradients are computed after the tower loop, outside the "
                           "replicas: under MirroredStrategy they would see one replica's copy of the weights")
-    for statement in _statements(towers.loop.body):
+    for statement in simple_statements(towers.loop.body):
         if any(optimizer_step(call) for call in find(statement, cst.Call)):
-            raise Refused(f"line {_line(rule, statement)}: each tower updates the model itself as well as the "
+            raise Refused(f"line {line_of(rule, statement)}: each tower updates the model itself as well as the "
                           "update after the loop")
-    update = _Update([], note=" (the update after the loop stays; each replica runs its optimizer call)")
+    update = Update([], note=" (the update after the loop stays; each replica runs its optimizer call)")
     taken: set[str] = set()
     for line in {id(line): line for line, _ in steps}.values():
         calls = [call for at, call in steps if at is line]
         # A step made outside the scope is counted once, after the update.
         update.counted |= _countable_global_steps(rule, region, line)
         # In a method the caller calls after the towers, the caller's strategy is the current one.
-        run_by = strategy if not _method_of(region, line) else f"{tf('tensorflow.distribute.get_strategy')}()"
+        run_by = strategy if not method_of(region, line) else f"{tf('tensorflow.distribute.get_strategy')}()"
         update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted)
         update.wrapped.append(line)
     return update
 
 
-def _hand_written_update(rule, region: _Region) -> _Update | None:
+def _hand_written_update(rule, region: Region) -> Update | None:
     """Gradients the towers compute, combined after the loop as the program combines them (an
     in-place sum, a helper) and applied by assignments written by hand (OpenAI's
     `adam_updates`: `p.assign(p - lr * g_t)`, its moments and step counter `tf.Variable`s):
@@ -1337,8 +1198,8 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
     loop = region.loop
     if training_call(rule, loop.body, gradient_computation) is None:
         return None
-    filled = _filled(loop)
-    reaching = _reaching(region.following, filled)
+    filled = left_by_towers(loop)
+    reaching = statements_reaching(region.following, filled)
     reached = filled.union(*(scope_bindings(statement) for statement in reaching))
     own_steps = _own_optimizer_steps(rule, reaching)
     if not own_steps and not any(training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
@@ -1346,39 +1207,22 @@ def _hand_written_update(rule, region: _Region) -> _Update | None:
             return None  # no update here at all: not this shape
     for statement in reaching:
         if training_call(rule, statement, gradient_computation) is not None:
-            raise Refused(f"line {_line(rule, statement)}: gradients are computed after the tower loop, outside the "
+            raise Refused(f"line {line_of(rule, statement)}: gradients are computed after the tower loop, outside the "
                           "replicas: under MirroredStrategy they would see one replica's copy of the weights")
         step = training_call(rule, statement, _steps_optimizer)
         if step is not None:
-            raise Refused(f"line {_line(rule, statement)}: `{code(step.func)}` updates through an optimizer inside, "
+            raise Refused(f"line {line_of(rule, statement)}: `{code(step.func)}` updates through an optimizer inside, "
                           "outside the replicas, where a TF1 optimizer cannot run under MirroredStrategy")
         unknown = _unknown_callee(rule, statement, reached)
         if unknown is not None:
-            raise Refused(f"line {_line(rule, statement)}: the towers' gradients reach `{unknown}`, not defined in this "
+            raise Refused(f"line {line_of(rule, statement)}: the towers' gradients reach `{unknown}`, not defined in this "
                           "module (nor an optimizer call after the loop): what it does with them cannot be seen")
-    for body in [*reaching, *_functions_called(rule, reaching)]:
+    for body in [*reaching, *functions_called(rule, reaching)]:
         _check_reads_ordered(rule, body)
     for optimizer in own_steps:
         _check_reads_ordered(rule, optimizer.node, optimizer.where and Path(optimizer.where).name)
-    return _Update([], note=" (the hand-written update after the loop stays: outside the replicas an assignment "
+    return Update([], note=" (the hand-written update after the loop stays: outside the replicas an assignment "
                             "sets every replica's copy of a variable)")
-
-
-def _functions_called(rule, nodes: list, methods: dict | None = None) -> list[cst.FunctionDef]:
-    """The module's functions that ``nodes`` call (by name, or through a table of them), and the
-    ``methods`` they call on `self`, and those these call, once each: the code that runs when
-    ``nodes`` do."""
-    functions, found, pending = module_functions(rule), {}, list(nodes)
-    while pending:
-        for call in find(pending.pop(), cst.Call):
-            called = [functions[name] for name in called_functions(rule, call)]
-            if methods and _self_method(call) in methods:
-                called.append(methods[_self_method(call)])
-            for function in called:
-                if id(function) not in found:
-                    found[id(function)] = function
-                    pending.append(function)
-    return list(found.values())
 
 
 def _check_reads_ordered(rule, body: cst.CSTNode, where: str | None = None) -> None:
@@ -1414,7 +1258,7 @@ def _check_reads_ordered(rule, body: cst.CSTNode, where: str | None = None) -> N
         reads = name_reads(body, targets=False, skipped_attributes=METADATA)
         read = next((n for n in reads if n.value == variable and id(n) not in fed), None)
         if read is not None:
-            at, updated = (f"in {where}", "there") if where else (f"line {_line(rule, read)}", f"line {_line(rule, call)}")
+            at, updated = (f"in {where}", "there") if where else (f"line {line_of(rule, read)}", f"line {line_of(rule, call)}")
             raise Refused(f"{at}: the hand-written update reads `{variable}` while it updates it "
                           f"({updated}) with nothing ordering the two: which runs first is the runtime's "
                           "choice, and the migrated program's may choose otherwise than the legacy one's; put the update "
@@ -1476,7 +1320,7 @@ def _unknown_callee(rule, statement: cst.CSTNode, names: set[str]) -> str | None
     return None
 
 
-def _countable_global_steps(rule, region: _Region, line) -> set[int]:
+def _countable_global_steps(rule, region: Region, line) -> set[int]:
     """The `global_step=` arguments in ``line`` naming a step made outside the scope, when the
     line names what it makes (`train_op = ...`): the increment is ordered after that."""
     small = single_small(line)
@@ -1488,7 +1332,7 @@ def _countable_global_steps(rule, region: _Region, line) -> set[int]:
 # --- towers built by a function whose caller updates ---------------------------------------
 
 
-def _caller(rule, region: _Region) -> _Region | None:
+def _caller(rule, region: Region) -> Region | None:
     """Where the towers' results go when the function with the loop returns them to its one
     caller, a function of the module, which combines them and updates (DeepSpeech's
     `get_tower_results`): the region around that call, as the loop's region would be. None
@@ -1496,13 +1340,13 @@ def _caller(rule, region: _Region) -> _Region | None:
     owner, module = region.owner, rule.context.module
     if not isinstance(owner, cst.FunctionDef) or not any(s is owner for s in module.body):
         return None
-    filled = _filled(region.loop)
+    filled = left_by_towers(region.loop)
     returned = set().union(*(names_used(r) for r in find(owner, cst.Return) if r.value is not None))
-    lines = _lines(region.following)
+    lines = statement_lines(region.following)
     if not filled & returned or any(optimizer_step(c) for line in lines for c in find(line, cst.Call)):
         return None
     name = owner.name.value
-    calls = [c for c in _module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
+    calls = [c for c in module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
     if len(calls) != 1 or references(module, name) != 2:  # the definition and the one call
         return None  # used elsewhere too, or not here: no one caller to hold the strategy
     parents = region.parents
@@ -1515,12 +1359,12 @@ def _caller(rule, region: _Region) -> _Region | None:
         caller = node if isinstance(node, cst.FunctionDef) else None
     if caller is None or caller is owner:
         return None
-    found = _region(rule.context, statement, caller, rule.imports)
+    found = loop_region(rule.context, statement, caller, rule.imports)
     found.call = calls[0]
     return found
 
 
-def _constructor_caller(rule, region: _Region) -> _Region | None:
+def _constructor_caller(rule, region: Region) -> Region | None:
     """A model class whose constructor builds the towers and leaves their results on `self`
     (`self.loss = tf.reduce_mean(tower_losses)`), made once in the module by code that then
     trains on them (siamese_tf_mnist: `net = siamese()`, then `minimize(net.loss)` at module
@@ -1529,13 +1373,13 @@ def _constructor_caller(rule, region: _Region) -> _Region | None:
     holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
     if not (isinstance(holder, cst.ClassDef) and owner.name.value == "__init__" and any(s is holder for s in module.body)):
         return None
-    lines = _lines([region.loop.body, *region.following])
-    if any(optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
+    lines = statement_lines([region.loop.body, *region.following])
+    if any(optimizer_step(c) for line in statement_lines(region.following) for c in find(line, cst.Call)):
         return None  # the constructor updates itself
     if not any(code(t.target).startswith("self.") for line in lines for t in find(line, cst.AssignTarget)):
         return None  # nothing left on the object
     name = holder.name.value
-    calls = [c for c in _module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
+    calls = [c for c in module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
     if len(calls) != 1 or references(module, name) != 2:
         return None
     statement = parents.get(id(parents.get(id(calls[0]))))
@@ -1544,14 +1388,14 @@ def _constructor_caller(rule, region: _Region) -> _Region | None:
     home: cst.CSTNode = statement
     while home is not module and not isinstance(home, cst.FunctionDef):
         home = parents[id(home)]
-    found = _region(rule.context, statement, home, rule.imports)
-    if not any(optimizer_step(c) for line in _lines(found.following) for c in find(line, cst.Call)):
+    found = loop_region(rule.context, statement, home, rule.imports)
+    if not any(optimizer_step(c) for line in statement_lines(found.following) for c in find(line, cst.Call)):
         return None
     found.call = calls[0]
     return found
 
 
-def _method_caller(rule, region: _Region) -> _Region | None:
+def _method_caller(rule, region: Region) -> Region | None:
     """A trainer class whose one method builds the towers into `self` (`self.tower_grads.append(
     ...)`) and whose other methods combine and apply them, all called in turn by one method::
 
@@ -1567,12 +1411,12 @@ def _method_caller(rule, region: _Region) -> _Region | None:
     holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
     if not isinstance(holder, cst.ClassDef) or _first_parameter(owner) != "self":
         return None
-    if not any(c.target.startswith("self.") for c in _collected(region.loop)):
+    if not any(c.target.startswith("self.") for c in collected_appends(region.loop)):
         return None  # the results do not stay on the object
-    if any(optimizer_step(c) for line in _lines(region.following) for c in find(line, cst.Call)):
+    if any(optimizer_step(c) for line in statement_lines(region.following) for c in find(line, cst.Call)):
         return None  # the method updates itself
     methods = {s.name.value: s for s in holder.body.body if isinstance(s, cst.FunctionDef)}
-    calls = [c for c in find(holder, cst.Call) if _self_method(c) == owner.name.value]
+    calls = [c for c in find(holder, cst.Call) if self_method(c) == owner.name.value]
     if len(calls) != 1 or references(rule.context.module, owner.name.value) != 2:
         return None
     statement = parents[id(calls[0])]
@@ -1582,18 +1426,18 @@ def _method_caller(rule, region: _Region) -> _Region | None:
         caller = parents.get(id(caller))
     if not isinstance(statement, cst.SimpleStatementLine) or caller is None or caller is owner or methods.get(caller.name.value) is not caller:
         return None
-    found = _region(rule.context, statement, caller, rule.imports)
+    found = loop_region(rule.context, statement, caller, rule.imports)
     pending, seen = list(found.following), {id(owner), id(caller)}
     while pending:  # the methods called after it on self, and those they call
         for call in find(pending.pop(0), cst.Call):
-            method = methods.get(_self_method(call) or "")
+            method = methods.get(self_method(call) or "")
             if method is not None and id(method) not in seen:
                 seen.add(id(method))
                 found.reaches.append(method)
                 found.following += list(method.body.body)
                 pending += list(method.body.body)
     if not found.reaches:
-        results = {c.target for c in _collected(region.loop)} | {
+        results = {c.target for c in collected_appends(region.loop)} | {
             code(t.target) for line in region.following for t in find(line, cst.AssignTarget)}
         found.external = _external_updates(holder, methods, owner, caller, results)
         found.reaches = list(found.external)
@@ -1617,7 +1461,7 @@ def _external_updates(holder: cst.ClassDef, methods: dict, owner, caller, result
     """The methods of the class that update the model from what the towers left on `self`
     (`self.d_loss`), that no method of the class calls: the class's user calls them after
     building it (carpedm20 DCGAN: `__init__` calls `build_model()`, the script calls `train()`)."""
-    called = {_self_method(c) for c in find(holder, cst.Call)}
+    called = {self_method(c) for c in find(holder, cst.Call)}
     found = []
     for name, method in methods.items():
         if method is owner or method is caller or name in called or _first_parameter(method) != "self":
@@ -1628,21 +1472,17 @@ def _external_updates(holder: cst.ClassDef, methods: dict, owner, caller, result
     return found
 
 
-def _self_method(call: cst.Call) -> str | None:
-    return callee_name(call, receivers=("self",), plain=False)
-
-
 def _first_parameter(function: cst.FunctionDef) -> str | None:
     params = function.params.params
     return params[0].name.value if params else None
 
 
-def _caller_update(rule, region: _Region, caller: _Region, strategy: str, tf: TfNames) -> _Update:
+def _caller_update(rule, region: Region, caller: Region, strategy: str, tf: TfNames) -> Update:
     update = _wrapped_update(rule, caller, strategy, tf, towers=region)
     if update is None:
         raise Refused(f"the towers' results go back to {_owner_name(caller.owner)}, which does not update the model "
                       "through an optimizer: build the update in the function with the tower loop")
-    where = {_method_of(caller, line) or caller.owner for line in update.wrapped}
+    where = {method_of(caller, line) or caller.owner for line in update.wrapped}
     names = ", ".join(sorted(_owner_name(owner) for owner in where))
     update.note = f" (the update stays in {names}; each replica runs its optimizer call)"
     return update
@@ -1652,12 +1492,7 @@ def _owner_name(owner: cst.CSTNode) -> str:
     return f"`{owner.name.value}`" if isinstance(owner, cst.FunctionDef) else "the module's code"
 
 
-def _method_of(region: _Region, node: cst.CSTNode) -> cst.FunctionDef | None:
-    """The method of ``region.reaches`` that holds ``node``, else None."""
-    return next((method for method in region.reaches if contains(method, node)), None)
-
-
-def _passed_arguments(region: _Region, caller: _Region) -> dict[str, cst.BaseExpression]:
+def _passed_arguments(region: Region, caller: Region) -> dict[str, cst.BaseExpression]:
     """What the caller's call passes for each parameter of the function with the loop (or the
     parameter's default): the device list, made by the caller, reads these in their place
     (`range(n_gpus)` of `def __init__(self, n_gpus=N_GPUS)` is `range(N_GPUS)` for `siamese()`)."""
@@ -1677,7 +1512,7 @@ def _passed_arguments(region: _Region, caller: _Region) -> dict[str, cst.BaseExp
     return passed
 
 
-def _check_devices_visible(rule, region: _Region, devices: str, passed: dict) -> None:
+def _check_devices_visible(rule, region: Region, devices: str, passed: dict) -> None:
     """The strategy is made by the caller: its device list must not read the tower function's
     names, but the parameters the caller's call gives values for (``passed``)."""
     owner = region.owner
@@ -1691,7 +1526,7 @@ def _check_devices_visible(rule, region: _Region, devices: str, passed: dict) ->
                       f"`{owner.name.value}`, but the strategy must be made by its caller")
 
 
-def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, calls: list[cst.Call], taken: set[str],
+def _replica_steps(rule, strategy: str, tf: TfNames, region: Region, line, calls: list[cst.Call], taken: set[str],
                    counted: set[int]):
     """``line`` with each optimizer call run by the replicas: a function before it per call;
     the global steps in ``counted`` are incremented once after it."""
@@ -1718,7 +1553,7 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: _Region, line, call
     return cst.FlattenSentinel([*before, replaced, *after])
 
 
-def _control_dependencies(rule, region: _Region, line: cst.CSTNode) -> list[str]:
+def _control_dependencies(rule, region: Region, line: cst.CSTNode) -> list[str]:
     """The `tf.control_dependencies(...)` items of the `with` blocks around ``line``, outermost
     first. A replica function run by `call_for_each_replica` does not inherit them once the
     towers' replica function has run (checked on TF 2.21): gradient-accumulation code whose
@@ -1734,7 +1569,7 @@ def _control_dependencies(rule, region: _Region, line: cst.CSTNode) -> list[str]
             call = item.item
             if isinstance(call, cst.Call) and rule.imports.resolve(call.func) == "tensorflow.control_dependencies":
                 if not all(_reads_only(rule, arg.value) for arg in call.args):
-                    raise Refused(f"line {_line(rule, node)}: the update runs under `{code(call)}`, which makes ops: "
+                    raise Refused(f"line {line_of(rule, node)}: the update runs under `{code(call)}`, which makes ops: "
                                   "entered again in each replica's step, they would run once per replica")
                 found.insert(0, code(call))
     return found
@@ -1759,7 +1594,7 @@ def _reads_only(rule, value: cst.BaseExpression) -> bool:
     return name in ("tensorflow.get_collection", "tensorflow.get_collection_ref")
 
 
-def _replica_step(rule, strategy: str, tf: TfNames, region: _Region, call: cst.Call, taken: set[str],
+def _replica_step(rule, strategy: str, tf: TfNames, region: Region, call: cst.Call, taken: set[str],
                   dependencies: list[str] = ()):
     """The function each replica runs in place of ``call`` (with what it needs first), and its
     name; under the ``dependencies`` (see _control_dependencies) when there are some."""
@@ -1820,7 +1655,7 @@ def _parses(expression: str) -> bool:
 _ITERATORS = ("zip", "map", "filter", "iter", "enumerate", "reversed")
 
 
-def _may_be_iterator(region: _Region, value: cst.BaseExpression) -> bool:
+def _may_be_iterator(region: Region, value: cst.BaseExpression) -> bool:
     """Whether the pairs handed to `apply_gradients` may be an iterator (`zip(...)` bound to a name)."""
     if isinstance(value, (cst.List, cst.ListComp, cst.Tuple)):
         return False
@@ -1835,29 +1670,29 @@ def _may_be_iterator(region: _Region, value: cst.BaseExpression) -> bool:
     return False
 
 
-def _forward_only(rule, region: _Region) -> _Update:
+def _forward_only(rule, region: Region) -> Update:
     """Towers that only compute (predictions, an evaluation) need no update moved, as long as
     nothing trains on what they make: a training step left outside the replicas would fail."""
     _check_only_computes(rule, region)
-    return _Update([], note=" (the towers only compute: nothing to update)")
+    return Update([], note=" (the towers only compute: nothing to update)")
 
 
-def _check_only_computes(rule, region: _Region, own_update: frozenset | set = frozenset()) -> None:
+def _check_only_computes(rule, region: Region, own_update: frozenset | set = frozenset()) -> None:
     """Refused when something may train on what the towers make outside the replicas: in the
     loop or ``region.following``, in the caller they are returned to, in another module, or, when
     the results leave for storage other functions read, anywhere in the module but the group's
     own update (the nodes whose ids are in ``own_update``: the loops of a group, and what
     follows the last)."""
-    for statement in [*_statements(region.loop.body), *region.following]:
+    for statement in [*simple_statements(region.loop.body), *region.following]:
         call = training_call(rule, statement)
         if call is not None and trains(rule, call):
-            raise Refused(f"line {_line(rule, statement)}: the towers' gradients or losses reach "
+            raise Refused(f"line {line_of(rule, statement)}: the towers' gradients or losses reach "
                           f"`{code(call.func)}` in a shape the rewrite does not know")
         if call is not None:  # a function of the module that computes gradients or updates
-            raise Refused(f"line {_line(rule, statement)}: `{code(call.func)}` computes gradients or updates the "
+            raise Refused(f"line {line_of(rule, statement)}: `{code(call.func)}` computes gradients or updates the "
                           "model inside, in a shape the rewrite cannot move into the replicas (even where an "
                           "argument turns that off, which the rewrite cannot tell)")
-    filled = _filled(region.loop)
+    filled = left_by_towers(region.loop)
     returned = set().union(*(names_used(r) for r in find(region.owner, cst.Return) if r.value is not None))
     if filled & returned:  # the caller may train on them, or open its own strategy: neither can be seen here
         raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to the "
@@ -1866,16 +1701,16 @@ def _check_only_computes(rule, region: _Region, own_update: frozenset | set = fr
     # Results can also leave through an argument, a dict, an attribute or a collection: where
     # anything in the module trains, it may train on them outside the replicas.
     if own_update:
-        trainer = next((c for c in _module_calls(rule) if id(c) not in own_update and trains(rule, c)), None)
+        trainer = next((c for c in module_calls(rule) if id(c) not in own_update and trains(rule, c)), None)
     else:
-        trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in _module_calls(rule) if trains(rule, c)), None))
+        trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in module_calls(rule) if trains(rule, c)), None))
     if trainer is not None and _results_leave(region):
-        raise Refused(f"line {_line(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
+        raise Refused(f"line {line_of(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
                       "results go where the rewrite cannot follow them (an update it does not know, or storage other "
                       "functions read): build the update after the tower loop with an optimizer")
 
 
-def _check_no_foreign_consumer(rule, region: _Region, filled: set[str]) -> None:
+def _check_no_foreign_consumer(rule, region: Region, filled: set[str]) -> None:
     """Towers that only compute, whose results (or what is computed from them after the loop)
     are passed to a function imported from another module of the project: it may train on
     them (`build_train_op(total_loss)`), outside the replicas, which cannot be seen here."""
@@ -1885,14 +1720,14 @@ def _check_no_foreign_consumer(rule, region: _Region, filled: set[str]) -> None:
             name = rule.imports.resolve(call.func)
             if (name is not None and name.split(".")[0] not in KNOWN_LIBRARIES
                     and any(tensors_read(arg.value) & reached for arg in call.args)):
-                raise Refused(f"line {_line(rule, statement)}: the towers' results reach `{code(call.func)}`, "
+                raise Refused(f"line {line_of(rule, statement)}: the towers' results reach `{code(call.func)}`, "
                               "imported from another module: whether it trains on them outside the replicas "
                               "cannot be seen here")
         if names_used(statement) & reached:
             reached |= scope_bindings(statement)
 
 
-def _results_leave(region: _Region) -> bool:
+def _results_leave(region: Region) -> bool:
     """Whether the loop or the code after it stores anything where other functions can read it:
     an attribute or an item of something (`self.x = ...`, `settings['x'] = ...`), a list that is
     not the function's own (`self.tower_outputs.append(...)`, a parameter's), a collection."""
@@ -1923,7 +1758,7 @@ def _results_leave(region: _Region) -> bool:
 _FILLING_METHODS = ("append", "extend", "insert", "update", "add", "setdefault")
 
 
-def _check_training_state(rule, region: _Region, update: _Update) -> None:
+def _check_training_state(rule, region: Region, update: Update) -> None:
     """What the moved update needs that the strategy cannot give each replica.
 
     A regularization loss is made once, when the first tower makes the variables. One made by
@@ -1951,7 +1786,7 @@ def _loaded_variables(rule) -> list[cst.Call]:
     """`kl_weight.load(value, sess)` on a variable the module makes (`tf.Variable`,
     `tf.get_variable`) or into a session: under the strategy scope the variable is a
     MirroredVariable, and `load` fails there (IndexError in TF 2.21, a VAE-style probe)."""
-    loads = [call for call in _module_calls(rule) if method_call(call, "load") and 1 <= len(call.args) <= 2]
+    loads = [call for call in module_calls(rule) if method_call(call, "load") and 1 <= len(call.args) <= 2]
     if not loads:
         return []
     made = {code(target.target) for node in find(rule.context.module, cst.Assign)
@@ -1960,7 +1795,7 @@ def _loaded_variables(rule) -> list[cst.Call]:
     return [call for call in loads if code(call.func.value) in made or _loads_in_session(call)]
 
 
-def _loads_per_copy(rule, region: _Region, strategy: str) -> dict:
+def _loads_per_copy(rule, region: Region, strategy: str) -> dict:
     """Each `Variable.load` statement of the function the strategy is made in, loading every
     replica's copy of the (now mirrored) variable: `strategy.experimental_local_results(v)`
     (a VAE's KL weight set each step, a teacher's kernel restored from numpy; two probes
@@ -1972,7 +1807,7 @@ def _loads_per_copy(rule, region: _Region, strategy: str) -> dict:
         expression = region.parents.get(id(call))
         if not (contains(region.owner, call) and isinstance(expression, cst.Expr) and expression.value is call
                 and isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1):
-            raise StateRefused(f"line {_line(rule, call)}: `{code(call.func)}(...)` sets a variable by `Variable.load`, "
+            raise StateRefused(f"line {line_of(rule, call)}: `{code(call.func)}(...)` sets a variable by `Variable.load`, "
                                "which a variable the strategy mirrors does not have, outside the function the "
                                "strategy is made in: feed the value through a placeholder and `tf.assign` it instead")
         copy, loaded = _fresh(module, "replica_copy", "variable_copy"), call.args[0].value
@@ -2001,19 +1836,19 @@ def _loads_in_session(call: cst.Call) -> bool:
     return session is not None and bool(_SESSION_NAME.search(code(session)))
 
 
-def _global_steps_outside(rule, region: _Region, statements) -> list[tuple[cst.BaseStatement, cst.Arg]]:
+def _global_steps_outside(rule, region: Region, statements) -> list[tuple[cst.BaseStatement, cst.Arg]]:
     """The `global_step=` arguments of ``statements`` that name a step made outside what the
     strategy scope covers (in `__init__`, at module level): a plain variable, not a mirrored one."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
-    in_loop = {id(s) for s in _statements(region.loop)}
+    in_loop = {id(s) for s in simple_statements(region.loop)}
     made_inside = set().union(*(scope_bindings(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
-                                for s in _statements(owner) if id(s) not in in_loop))
+                                for s in simple_statements(owner) if id(s) not in in_loop))
     return [(statement, arg) for statement in statements for arg in find(statement, cst.Arg)
             if arg.keyword is not None and arg.keyword.value == "global_step"
             and code(arg.value) not in made_inside | {"None"}]
 
 
-def _increment_global_step_once(rule, region: _Region, update: _Update, tf: TfNames) -> None:
+def _increment_global_step_once(rule, region: Region, update: Update, tf: TfNames) -> None:
     """A moved `train_op = opt.apply_gradients(..., global_step=step)` whose step is made outside
     the scope: the replicas update without it, and once they have, the step is incremented once
     in its place (the replicas cannot update a variable that is not mirrored; checked on TF 2.21)."""
@@ -2052,21 +1887,12 @@ def _count_once(update: str, step: str, tf: TfNames) -> cst.BaseStatement:
 _LAZY_REGULARIZERS = {"regularizer", "weights_regularizer", "biases_regularizer"}
 
 
-def _module_nodes(rule) -> list[cst.CSTNode]:
-    """The module's calls, arguments and attributes, walked once per file for every tower."""
-    return rule.context.memo("replica_loop.nodes", lambda: find(rule.context.module, cst.Arg, cst.Attribute, cst.Call))
-
-
-def _module_calls(rule) -> list[cst.Call]:
-    return rule.context.memo("replica_loop.calls", lambda: [n for n in _module_nodes(rule) if isinstance(n, cst.Call)])
-
-
 def _regularization_blocker(rule) -> str:
     """Why the module's regularization losses cannot be kept per replica (see
     :func:`_check_training_state`), or ""."""
     fixed = _fixed_regularization(rule)
     scoped: list[cst.Call] = []  # reads by the tower's scope, and what they contain
-    for node in _module_nodes(rule):
+    for node in module_nodes(rule):
         if isinstance(node, cst.Arg) or (fixed is not None and contains(fixed, node)):
             continue  # the collection written to is not a read of it
         if any(contains(call, node) for call in scoped):
@@ -2079,7 +1905,7 @@ def _regularization_blocker(rule) -> str:
             continue
         if name.endswith("get_total_loss") or (fixed is not None and (
                 name == "REGULARIZATION_LOSSES" or name.endswith(("get_regularization_loss", "get_regularization_losses")))):
-            return f"line {_line(rule, node)}: the loss reads the regularization losses, and {_regularization_why(rule, fixed)}"
+            return f"line {line_of(rule, node)}: the loss reads the regularization losses, and {_regularization_why(rule, fixed)}"
     return ""
 
 
@@ -2088,9 +1914,9 @@ def _regularization_why(rule, fixed: cst.CSTNode | None) -> str:
         return ("`get_total_loss()` sums every tower's losses made so far: under MirroredStrategy each replica "
                 "would hold its own only (read them by the tower's scope: `get_total_loss(scope=scope)`)")
     if isinstance(fixed, cst.Call):  # `tf.add_to_collection(REGULARIZATION_LOSSES, term)`
-        return (f"line {_line(rule, fixed)} adds a term to them by hand: read without a scope, tower k's loss holds "
+        return (f"line {line_of(rule, fixed)} adds a term to them by hand: read without a scope, tower k's loss holds "
                 "the terms of towers 0 to k, which replicas cannot reproduce (read them by the tower's scope)")
-    return (f"line {_line(rule, fixed)} makes regularization losses from the first tower's weights only: under "
+    return (f"line {line_of(rule, fixed)} makes regularization losses from the first tower's weights only: under "
             "MirroredStrategy the other replicas would not decay their copies (regularize through "
             "`tf.get_variable(regularizer=...)`, or add each tower's weight decay from the weights it reads)")
 
@@ -2116,8 +1942,8 @@ def _handled_reads(rule) -> frozenset[int]:
             found |= {id(call) for call in _every_towers_regularization(rule, tower.loop)}
             found |= {id(call) for reads in _helpers_regularization(rule, tower.loop).values() for call in reads}
             if tower.owner is not None:
-                following = _region(rule.context, tower.loop, tower.owner, rule.imports).following
-                found |= {id(call) for call in find(cst.IndentedBlock(body=_lines(following)), cst.Call)
+                following = loop_region(rule.context, tower.loop, tower.owner, rule.imports).following
+                found |= {id(call) for call in find(cst.IndentedBlock(body=statement_lines(following)), cst.Call)
                           if _reads_every_term(rule, call)}
         return frozenset(found)
 
@@ -2153,7 +1979,7 @@ def _regularization_read(rule, call: cst.Call) -> tuple[str, cst.BaseExpression 
 
 def _fixed_regularization(rule) -> cst.CSTNode | None:
     """Where the module makes a regularization loss that is not re-read per replica, if it does."""
-    for node in _module_nodes(rule):
+    for node in module_nodes(rule):
         if isinstance(node, cst.Attribute):
             continue
         if isinstance(node, cst.Arg):
@@ -2166,17 +1992,17 @@ def _fixed_regularization(rule) -> cst.CSTNode | None:
     return None
 
 
-def _find_reduction(rule, region: _Region, tower_list: str):
+def _find_reduction(rule, region: Region, tower_list: str):
     """`total = tf.add_n(L) / K`, `tf.reduce_mean(L)`, `tf.reduce_mean(tf.stack(L))`, `tf.add_n(L)`:
     (statement, the total's code, the replica's share as a format of {loss} and {n}, whether the
     reduction is written inside the `minimize` call)."""
     resolve = rule.imports.resolve
     for statement in region.following:
-        if not _mentions(statement, tower_list):
+        if not mentions(statement, tower_list):
             continue
         small = single_small(statement)
         minimized = [c.args[0].value for c in find(statement, cst.Call) if method_call(c, "minimize") and c.args]
-        if minimized and _mentions(minimized[0], tower_list):  # `opt.minimize(tf.add_n(tower_losses))`
+        if minimized and mentions(minimized[0], tower_list):  # `opt.minimize(tf.add_n(tower_losses))`
             value, target, inline = minimized[0], code(minimized[0]), True
         elif isinstance(small, cst.Assign) and len(small.targets) == 1:
             value, target, inline = small.value, code(small.targets[0].target), False
@@ -2342,13 +2168,13 @@ class _EveryReplica(cst.CSTTransformer):
         return updated.with_changes(leading_lines=[note])
 
 
-def _replica_body(rule, tower, region: _Region, update: _Update, tf: TfNames, run_by: str,
+def _replica_body(rule, tower, region: Region, update: Update, tf: TfNames, run_by: str,
                   source: str | None = None) -> tuple[list, dict]:
     """The replica function's statements, and the statements that read again after the
     strategy's call what every replica collected (see _ReplicaBody), by the name they bind.
     ``source``: the list the loop's elements were walked into before the function, if any."""
     loop = region.loop
-    in_body = {k: v for k, v in update.changes.items() if any(id(s) == k for s in _statements(loop.body))}
+    in_body = {k: v for k, v in update.changes.items() if any(id(s) == k for s in simple_statements(loop.body))}
     for key in in_body:
         del update.changes[key]
     scopes = {id(scope.with_node) for scope in tower.scopes}
@@ -2409,7 +2235,7 @@ def _helpers_regularization(rule, loop: cst.For) -> dict[cst.FunctionDef, list[c
         return {}
     module = rule.context.module
     functions = module_functions(rule)
-    methods = _class_methods(rule, loop)
+    methods = class_methods(rule, loop)
     found: dict[cst.FunctionDef, list[cst.Call]] = {}
     for call in find(loop.body, cst.Call):
         name = callee_name(call, receivers=("self",))
@@ -2434,10 +2260,10 @@ def _counting_helper(helper: cst.FunctionDef, reads: list[cst.Call], tf: TfNames
 
 def _lazy_regularization(rule) -> bool:
     return any(isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value in _LAZY_REGULARIZERS
-               for node in _module_nodes(rule))
+               for node in module_nodes(rule))
 
 
-def _targets_read_after(region: _Region) -> set[str]:
+def _targets_read_after(region: Region) -> set[str]:
     """Loop variables the code after the loop reads (the last tower's piece, its index): the
     replica function binds and shares them, and the last replica leaves them as the last
     iteration did."""
@@ -2501,7 +2327,7 @@ def _indexable(iterable: cst.BaseExpression) -> str:
     return f"list({code(iterable)})"
 
 
-def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], set[str]]:
+def _shared_names(region: Region, body, update: Update) -> tuple[list[str], set[str]]:
     """Names the replica function must share with the code around the loop, and those of them
     nothing else binds (they get a `= None` before the function so `nonlocal` has a binding)."""
     bound = set(update.binds)
@@ -2511,7 +2337,7 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
     bound_outside = set()
     # What moved into the replica function, or went, binds nothing outside any more.
     removed = frozenset(key for key, change in update.changes.items() if change is cst.RemovalSentinel.REMOVE)
-    for statement in _outside_statements(region):
+    for statement in outside_statements(region):
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):  # its body is another scope
             bound_outside.add(statement.name.value)
         elif id(statement) not in removed:
@@ -2533,11 +2359,11 @@ def _shared_names(region: _Region, body, update: _Update) -> tuple[list[str], se
     return shared, unbound
 
 
-def _read_by_functions(region: _Region, removed: frozenset) -> set[str]:
+def _read_by_functions(region: Region, removed: frozenset) -> set[str]:
     """Names the functions and classes defined in the owner outside the loop read: at module
     level, any function of the module may run after the loop and read its globals."""
     found: set[str] = set()
-    for statement in _outside_statements(region):
+    for statement in outside_statements(region):
         if id(statement) not in removed:
             for definition in find(statement, cst.FunctionDef, cst.Lambda):
                 # its free names: not its parameters, nor what it binds itself (its locals)
@@ -2578,19 +2404,7 @@ def _always_bound(statements) -> set[str]:
     return found
 
 
-def _outside_statements(region: _Region) -> list[cst.CSTNode]:
-    """The owner's statements other than the loop (whole compound statements around it are
-    represented by their other parts: ``preceding`` and ``following`` cover the blocks)."""
-    body = region.owner.body.body if isinstance(region.owner, cst.FunctionDef) else region.owner.body
-    result = []
-    for statement in body:
-        if any(node is region.loop for node in walk(statement)):
-            continue
-        result.append(statement)
-    return [*result, *_outside(region)]
-
-
-def _replica_function(region: _Region, step: str, body, shared: list[str], tf: TfNames) -> cst.FunctionDef:
+def _replica_function(region: Region, step: str, body, shared: list[str], tf: TfNames) -> cst.FunctionDef:
     statements = list(body)
     decorators = []
     if shared:
@@ -2613,10 +2427,6 @@ def _replica_function(region: _Region, step: str, body, shared: list[str], tf: T
 
 def _fresh(module: cst.Module, *names: str) -> str:
     return next((n for n in names if references(module, n) == 0), names[-1] + "_")
-
-
-def _line(rule, node: cst.CSTNode) -> int:
-    return rule.position(node).start.line
 
 
 # --- devices and cleanup --------------------------------------------------------------------
@@ -2687,7 +2497,7 @@ def _check_device_names(rule, devices: str) -> None:
                     [e.value for e in value.elements] if isinstance(value, cst.List) else [])
                 made = next((callee_name(i) for i in items if isinstance(i, cst.Call) and callee_name(i) in classes), None)
                 if made is not None:
-                    raise Refused(f"line {_line(rule, node)}: the towers' devices `{devices}` come from "
+                    raise Refused(f"line {line_of(rule, node)}: the towers' devices `{devices}` come from "
                                   f"`{code(func)}()`, which makes `{made}` objects (device functions), not device "
                                   "names: MirroredStrategy needs the devices' names (those they place the towers on)")
 
@@ -2726,7 +2536,7 @@ def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExp
             pieces += [a.value for a in node.args if not a.star]
             # `zip(*[tf.split(x, n) for x in xs])`: as many as each zipped list has (also through a
             # name bound to the comprehension: `xs = (tf.split(x, n) for x in xs)`, `zip(*xs)`)
-            starred = [_single_binding(owner, a.value) if isinstance(a.value, cst.Name) else a.value
+            starred = [single_binding(owner, a.value) if isinstance(a.value, cst.Name) else a.value
                        for a in node.args if a.star == "*"]
             pieces += [value.elt for value in starred if isinstance(value, (cst.ListComp, cst.GeneratorExp))]
         elif (isinstance(node, (cst.ListComp, cst.GeneratorExp)) and node.for_in.inner_for_in is None
@@ -2738,15 +2548,9 @@ def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExp
             count = split_arguments(node)[1]
             if count is not None and not isinstance(count, (cst.List, cst.Tuple)):
                 return count
-        elif isinstance(node, cst.Name) and _single_binding(owner, node) is not None:
-            pieces.append(_single_binding(owner, node))
+        elif isinstance(node, cst.Name) and single_binding(owner, node) is not None:
+            pieces.append(single_binding(owner, node))
     return None
-
-
-def _single_binding(owner: cst.CSTNode, name: cst.Name) -> cst.BaseExpression | None:
-    """The value of the one plain assignment to ``name`` in ``owner``, else None."""
-    bound = [a.value for a in find(owner, cst.Assign) if len(a.targets) == 1 and code(a.targets[0].target) == name.value]
-    return bound[0] if len(bound) == 1 else None
 
 
 def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
@@ -2756,9 +2560,9 @@ def _tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
     changes = {}
     for function in tower.via:
         name = function.name.value
-        outside = next((call for call in _module_calls(rule) if _calls(call, name) and not contains(tower.loop, call)), None)
+        outside = next((call for call in module_calls(rule) if _calls(call, name) and not contains(tower.loop, call)), None)
         if outside is not None:
-            raise Refused(f"the towers are built by `{name}`, which line {_line(rule, outside)} also calls outside the "
+            raise Refused(f"the towers are built by `{name}`, which line {line_of(rule, outside)} also calls outside the "
                           "tower loop: its device scope cannot go (that call would lose its placement)")
         scopes = {id(scope.with_node) for scope in tower.scopes if contains(function, scope.with_node)}
         replica = _ReplicaBody(scopes, {}, rule.imports, set(), variables=frozenset(_variable_calls(rule)))
@@ -2840,7 +2644,7 @@ def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression
     return device
 
 
-def _check_one_strategy(rule, region: _Region, group: list) -> None:
+def _check_one_strategy(rule, region: Region, group: list) -> None:
     """The strategy is made where the graph is built, and runs every tower loop built there
     (``group``, rewritten together). A function that builds into its caller's graph and runs
     more than once (a model class made for training and for evaluation, sharing variables)
@@ -2854,14 +2658,14 @@ def _check_one_strategy(rule, region: _Region, group: list) -> None:
     holder = region.parents.get(id(parent)) if isinstance(parent, cst.IndentedBlock) else None
     if isinstance(holder, cst.ClassDef):
         wanted = holder.name.value if name == "__init__" else name
-        uses = [c for c in _module_calls(rule)
+        uses = [c for c in module_calls(rule)
                 if (isinstance(c.func, cst.Name) and c.func.value == wanted and name == "__init__")
                 or (isinstance(c.func, cst.Attribute) and c.func.attr.value == wanted and name != "__init__")]
     else:
         wanted = name
-        uses = [c for c in _module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
+        uses = [c for c in module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
     if len(uses) > 1:
-        lines = ", ".join(str(_line(rule, c)) for c in uses)
+        lines = ", ".join(str(line_of(rule, c)) for c in uses)
         raise Refused(f"`{wanted}` runs {len(uses)} times (lines {lines}) into one graph: each run would make its "
                       "own MirroredStrategy over the same variables; make one strategy where the graph is built")
 
@@ -2870,10 +2674,10 @@ def check_other_towers(rule, tower) -> None:
     """StateRefused when another tower (a `while` or comprehension form) builds under the
     strategy scope this loop's rewrite would open (asked before any rewrite of the loop)."""
     owner = tower.owner if tower.owner is not None else rule.context.module
-    _check_other_towers(rule, _region(rule.context, tower.loop, owner, rule.imports), towers_together(rule, tower))
+    _check_other_towers(rule, loop_region(rule.context, tower.loop, owner, rule.imports), towers_together(rule, tower))
 
 
-def _other_towers(rule, region: _Region) -> list:
+def _other_towers(rule, region: Region) -> list:
     """The other tower loops (and tower forms) that build under the strategy scope this loop's
     rewrite opens: one strategy must run them all (two, one inside the other, crashed:
     "Mixing different tf.distribute.Strategy objects")."""
@@ -2891,7 +2695,7 @@ def _other_towers(rule, region: _Region) -> list:
     return found
 
 
-def _check_other_towers(rule, region: _Region, group: list) -> None:
+def _check_other_towers(rule, region: Region, group: list) -> None:
     """Every tower loop under the strategy scope is rewritten with this one: any other (a
     `make_parallel` form, a loop the group does not take) would open its own strategy."""
     taken = {id(member.loop) for member in group}
@@ -2900,13 +2704,13 @@ def _check_other_towers(rule, region: _Region, group: list) -> None:
         if id(node) in taken:
             continue
         if isinstance(other, TowerForm):
-            raise StateRefused(f"the tower loop at line {_line(rule, node)} builds towers under the same graph: "
+            raise StateRefused(f"the tower loop at line {line_of(rule, node)} builds towers under the same graph: "
                                "each would get its own MirroredStrategy, one inside the other; one strategy must run both")
-        raise StateRefused(f"the tower loop at line {_line(rule, node)} builds towers under the same graph over other "
+        raise StateRefused(f"the tower loop at line {line_of(rule, node)} builds towers under the same graph over other "
                            f"devices (`{code(other.loop.iter)}`): one strategy cannot run both, and two would nest")
 
 
-def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
+def _module_run(rule, region: Region) -> list[cst.BaseStatement]:
     """At module level with no `with` that opens the graph: the run of statements around the
     loop, in its own block, that the strategy scope covers (up to the nearest import, definition,
     docstring or `if __name__ == '__main__':`). The block is the module or the body of a module
@@ -2922,11 +2726,11 @@ def _module_run(rule, region: _Region) -> list[cst.BaseStatement]:
         if isinstance(node, cst.With):
             unit = node
         elif not isinstance(node, (cst.If, cst.Else, cst.IndentedBlock, cst.Module)):
-            raise Refused(f"line {_line(rule, node)}: the tower loop is inside a block at module level that may run "
+            raise Refused(f"line {line_of(rule, node)}: the tower loop is inside a block at module level that may run "
                           "more than once: move it into a function so the graph can be built under strategy.scope()")
     block = region.parents[id(unit)]
     body = list(block.body)
-    at = _index(body, unit)
+    at = index_of(body, unit)
     start, end = at, at
     while start > 0 and _plain_module_statement(body[start - 1]):
         start -= 1
@@ -2945,7 +2749,7 @@ def _plain_module_statement(statement: cst.BaseStatement) -> bool:
                 or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))))
 
 
-def _module_scope(rule, region: _Region, region_changes: dict, creates: list, scope_item: cst.WithItem) -> dict:
+def _module_scope(rule, region: Region, region_changes: dict, creates: list, scope_item: cst.WithItem) -> dict:
     """The module run around the loop under `with strategy.scope():`, the strategy made before it."""
     run = _module_run(rule, region)
     statements: list[cst.BaseStatement] = []
@@ -2966,7 +2770,7 @@ def _module_scope(rule, region: _Region, region_changes: dict, creates: list, sc
     return changes
 
 
-def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> tuple[list, list]:
+def _device_prelude(rule, region: Region, create: cst.BaseStatement) -> tuple[list, list]:
     """The statements before the loop that the strategy's device list reads (`devices = [...]`):
     they move up with the strategy, above the scope, which is only safe for plain Python.
     Returns (the statements that move, what takes their place above the strategy: the same,
@@ -2981,7 +2785,7 @@ def _device_prelude(rule, region: _Region, create: cst.BaseStatement) -> tuple[l
         builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
         if scope_bindings(statement) & needed or _assigned_attributes(statement) & needed_attributes:
             if builds_graph:
-                raise Refused(f"line {_line(rule, statement)}: the towers' devices come from TensorFlow code in the "
+                raise Refused(f"line {line_of(rule, statement)}: the towers' devices come from TensorFlow code in the "
                               "graph; name the device list before the graph is built")
         elif not (_call_for_effect(statement) and names_used(statement) & needed and not builds_graph):
             continue
@@ -3038,14 +2842,14 @@ def _builds_graph(rule, node: cst.CSTNode) -> bool:
     return name.startswith("tensorflow") and not name.startswith(_DEVICE_QUERIES)
 
 
-def _settings_inlined(rule, region: _Region, devices: str) -> str:
+def _settings_inlined(rule, region: Region, devices: str) -> str:
     """The device list, reading `FLAGS.n_gpus` itself where it read `n_gpus` set from it by
     `n_gpus = FLAGS.n_gpus` inside the code the scope covers (BERT-GPU's `if FLAGS.do_train:`
     block): the strategy is made above that code (see :func:`_inline_settings`)."""
     return code(_inline_settings(rule, region, cst.parse_expression(devices)))
 
 
-def _inline_settings(rule, region: _Region, node: cst.CSTNode) -> cst.CSTNode:
+def _inline_settings(rule, region: Region, node: cst.CSTNode) -> cst.CSTNode:
     """``node`` reading the value of each name the loop's function binds once, inside a block,
     by a plain assignment, to a plain reading of settings (:func:`_plain_setting`) that reads
     nothing the function binds but its parameters it never rebinds (`hp = self._hparams` inside
@@ -3057,7 +2861,7 @@ def _inline_settings(rule, region: _Region, node: cst.CSTNode) -> cst.CSTNode:
         return node
     scope_owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     movable = {id(s) for s in [*owner.body.body, *(scope_owner.body.body if isinstance(scope_owner, cst.With) else ())]}
-    statements = [s for s in _statements(owner) if id(s) not in movable]
+    statements = [s for s in simple_statements(owner) if id(s) not in movable]
     bound_in_body = scope_bindings(owner)
     bound_in_owner = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
     # Names bound other than by a plain assignment (loop targets, `as` names, `+=`): not settings.
@@ -3065,7 +2869,7 @@ def _inline_settings(rule, region: _Region, node: cst.CSTNode) -> cst.CSTNode:
                                 *(target_names(n.name) for n in find(owner, cst.AsName)))
     values: dict[str, cst.BaseExpression] = {}
     for name in (free_names(node) & bound_in_owner) - other_binders:
-        if any(name in scope_bindings(s) for s in _statements(owner) if id(s) in movable):
+        if any(name in scope_bindings(s) for s in simple_statements(owner) if id(s) in movable):
             continue
         bindings = [s for s in statements if name in scope_bindings(s)]
         small = single_small(bindings[0]) if len(bindings) == 1 else None
@@ -3103,13 +2907,13 @@ def _check_bound_before(rule, owner: cst.CSTNode, above: list, prelude: list, bl
     read = set().union(*(free_names(s) for s in above)) - set().union(set(), *(scope_bindings(s) for s in above[1:]))
     late = read & set().union(*(scope_bindings(s) for s in covered))
     if late:
-        binding = next(s for s in _statements(owner) if scope_bindings(s) & late and id(s) not in moved)
-        raise Refused(f"line {_line(rule, binding)}: the towers' devices read "
+        binding = next(s for s in simple_statements(owner) if scope_bindings(s) & late and id(s) not in moved)
+        raise Refused(f"line {line_of(rule, binding)}: the towers' devices read "
                       f"{', '.join(f'`{n}`' for n in sorted(late))}, set inside the code the strategy scope must "
                       "cover; set it before that code (or at the top of the function)")
 
 
-def _remove_unused_helpers(changes: dict, tower, module: cst.Module, update: _Update) -> None:
+def _remove_unused_helpers(changes: dict, tower, module: cst.Module, update: Update) -> None:
     """The averaging helper and device functions only the loop used go with it."""
     removed = [scope.device for scope in tower.scopes]
     names = [name for name, _ in device_helpers(tower, module)]
