@@ -799,6 +799,22 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # A model function whose `reuse` stays at its default in every tower (mim92's input-pipeline
+    # example): TF1 layers number their names apart, and each tower trained its own weights.
+    "reuse_left_at_its_default": ("""
+        import tensorflow as tf
+        def model_fn(inputs, reuse=False):
+            with tf.variable_scope('model', reuse=reuse):
+                return tf.layers.dense(inputs, 1)
+        def build(parts, num_gpus, opt):
+            tower_grads = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i):
+                    loss = tf.reduce_mean(model_fn(parts[i]))
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads)
+    """, "line 9: `model_fn` makes the model's variables with `reuse` left at its default (False) in every tower"),
     # In-graph replication with a copy of the variables per tower (TF_Face_Toolbox): each tower
     # trains its own copy on its own gradients; MirroredStrategy keeps one copy for every replica.
     "variable_copies_per_tower": ("""
@@ -2914,3 +2930,15 @@ def test_a_moving_average_made_in_the_loop_body_is_applied_per_replica():
     body = out[out.index("def tower_fn"):out.index("call_for_each_replica")]
     assert "average_op = tf.distribute.get_replica_context().merge_call(" in body
     assert "args=(averages, [loss]))" in body
+
+
+@pytest.mark.parametrize("sharing", [
+    "loss = tf.reduce_mean(model_fn(parts[i], reuse=(i > 0)))",
+    "loss = tf.reduce_mean(model_fn(parts[i], i > 0))",
+    "loss = tf.reduce_mean(model_fn(parts[i]))\n            tf.get_variable_scope().reuse_variables()",
+])
+def test_a_model_function_told_to_reuse_in_later_towers_is_rewritten(sharing):
+    source = textwrap.dedent(MORE_REFUSALS["reuse_left_at_its_default"][0]).replace(
+        "loss = tf.reduce_mean(model_fn(parts[i]))", sharing)
+    (finding,) = tower_findings(source)
+    assert finding.fixable, finding.refusal

@@ -86,6 +86,7 @@ from tfmigrate.rewrites.mirrored import (
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rewrites.tower_averages import moving_averages_applied, unhandled_averages
+from tfmigrate.rewrites.tower_variables import check_variable_copies
 from tfmigrate.rewrites.tower_code import (
     Collected, Region, Update, class_methods, collected_appends, functions_called, index_of, left_by_towers, line_of,
     loop_region, mentions, method_of, module_calls, module_nodes, outside_loop, outside_statements,
@@ -260,7 +261,7 @@ def _check_loops(rule, towers: list, regions: list[Region]) -> None:
         check_tower(rule, tower, tower_functions=True, grouped=len(towers) > 1)
         _check_body(tower.loop)
         _check_tower_variables(rule, tower)
-        _check_variable_copies(rule, tower.loop)
+        check_variable_copies(rule, tower.loop)
         _check_variable_updates(rule, tower)
         if _may_be_iterator(region, tower.loop.iter) and not isinstance(tower.loop.iter, cst.Call):
             raise Refused(f"the tower loop walks `{code(tower.loop.iter)}`, an iterator made before it: the "
@@ -681,29 +682,6 @@ def _check_tower_variables(rule, tower) -> None:
                       "...ExponentialMovingAverage(...)` and `average.apply(tensors)` in one function); under "
                       "MirroredStrategy replicas after the first can only reuse replica 0's: average after the "
                       "loop instead (over the mean loss)")
-
-
-_VARIABLE_SCOPE_PARAMETERS = ("name_or_scope", "default_name", "values", "initializer", "regularizer",
-                              "caching_device", "partitioner", "custom_getter", "reuse")
-
-
-def _check_variable_copies(rule, loop: cst.For) -> None:
-    """A variable scope named by the tower, not reused (`tf.variable_scope('replicated_%s' %
-    device_id)`: TF_Face_Toolbox's in-graph replication): each tower made its own copy of the
-    model's variables, trained on its own gradients (or summed across copies by NCCL) by its
-    own optimizer. MirroredStrategy keeps one variable for every replica; a replica after the
-    first cannot make variables named by its index. Refused."""
-    indices = names_used(loop.target)
-    for with_node in find(loop.body, cst.With):
-        for item in with_node.items:
-            call = item.item
-            if not (isinstance(call, cst.Call) and rule.imports.resolve(call.func) == "tensorflow.variable_scope"):
-                continue
-            name = argument(call, _VARIABLE_SCOPE_PARAMETERS, "name_or_scope")
-            if name is not None and names_used(name) & indices and argument(call, _VARIABLE_SCOPE_PARAMETERS, "reuse") is None:
-                raise Refused(f"line {line_of(rule, call)}: each tower makes its own copy of the variables, in a variable "
-                              f"scope named by the tower (`{code(call)}`): MirroredStrategy keeps one copy for every "
-                              "replica, so the towers' separate copies cannot be kept")
 
 
 def _check_variable_updates(rule, tower) -> None:

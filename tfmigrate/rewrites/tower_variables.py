@@ -1,0 +1,105 @@
+"""Towers that each make their own copy of the model's variables: not replicas of one model.
+
+MirroredStrategy keeps one variable for every replica (a mirrored copy per device, always
+equal), and a replica after the first may only take the variables replica 0 made under the
+same names. A tower loop whose towers made separate variables (each trained on its own
+gradients, or on gradients summed across the copies) cannot keep that meaning: refused, with
+the line. Two spellings are recognised:
+
+- a variable scope named by the tower and not reused (`tf.variable_scope('replicated_%s' %
+  device_id)`: TF_Face_Toolbox's in-graph replication with NCCL all-reduce);
+- a model function whose `reuse` parameter is left at its default in every tower
+  (`model_fn(inputs, reuse=False)` opening `tf.variable_scope('model', reuse=reuse)`), with
+  nothing else in or around the loop reusing: TF1 layers number their names apart
+  (`model/conv2d`, `model/conv2d_4`), so each tower trained its own weights.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tfmigrate.analysis.project_imports import project_function
+from tfmigrate.analysis.training import module_functions
+from tfmigrate.cst.callargs import argument
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import find, module_parents, names_used
+from tfmigrate.rewrites.refusal import Refused
+from tfmigrate.rewrites.tower_code import line_of
+
+__all__ = ["check_variable_copies"]
+
+_VARIABLE_SCOPE = "tensorflow.variable_scope"
+_VARIABLE_SCOPE_PARAMETERS = ("name_or_scope", "default_name", "values", "initializer", "regularizer",
+                              "caching_device", "partitioner", "custom_getter", "reuse")
+
+
+def check_variable_copies(rule, loop: cst.For) -> None:
+    """Refused when the towers of ``loop`` each make their own copy of the variables."""
+    _check_scopes_named_by_tower(rule, loop)
+    _check_reuse_left_at_default(rule, loop)
+
+
+def _check_scopes_named_by_tower(rule, loop: cst.For) -> None:
+    indices = names_used(loop.target)
+    for call in _variable_scopes(rule, loop.body):
+        name = argument(call, _VARIABLE_SCOPE_PARAMETERS, "name_or_scope")
+        if name is not None and names_used(name) & indices and argument(call, _VARIABLE_SCOPE_PARAMETERS, "reuse") is None:
+            raise Refused(f"line {line_of(rule, call)}: each tower makes its own copy of the variables, in a variable "
+                          f"scope named by the tower (`{code(call)}`): MirroredStrategy keeps one copy for every "
+                          "replica, so the towers' separate copies cannot be kept")
+
+
+def _check_reuse_left_at_default(rule, loop: cst.For) -> None:
+    if _reuses_somehow(rule, loop):
+        return
+    for call in find(loop.body, cst.Call):
+        function = _function(rule, call)
+        if function is None:
+            continue
+        params = [p.name.value for p in function.params.params]
+        reuse = next((p for p in function.params.params if p.name.value == "reuse"), None)
+        if reuse is None or reuse.default is None or code(reuse.default) not in ("False", "None"):
+            continue
+        if argument(call, params, "reuse") is not None or any(arg.star for arg in call.args):
+            continue
+        if not any(code(argument(scope, _VARIABLE_SCOPE_PARAMETERS, "reuse") or cst.Name("None")) == "reuse"
+                   for scope in _variable_scopes(rule, function.body)):
+            continue
+        raise Refused(f"line {line_of(rule, call)}: `{code(call.func)}` makes the model's variables with `reuse` left at "
+                      f"its default ({code(reuse.default)}) in every tower: each tower made its own copy of the weights "
+                      "(TF1 layers number their names apart), which MirroredStrategy cannot keep; if the towers were "
+                      "meant to share them, pass `reuse=(i > 0)` and fix again")
+
+
+def _reuses_somehow(rule, loop: cst.For) -> bool:
+    """Whether the loop, or a `with` around it, asks for reuse some way: `reuse_variables()`,
+    a `reuse=` argument other than a literal False/None."""
+    parents, node, around = module_parents(rule.context), loop, []
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, cst.With):
+            around.append(node)
+    for part in [loop.body, *(item.item for w in around for item in w.items)]:
+        for call in find(part, cst.Call):
+            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "reuse_variables":
+                return True
+            if any(arg.keyword is not None and arg.keyword.value == "reuse" and code(arg.value) not in ("False", "None")
+                   for arg in call.args):
+                return True
+    return False
+
+
+def _function(rule, call: cst.Call) -> cst.FunctionDef | None:
+    """The module's function, or the one it imports from its project, that ``call`` names."""
+    if not isinstance(call.func, cst.Name):
+        return None
+    local = module_functions(rule).get(call.func.value)
+    if local is not None:
+        return local
+    imported = project_function(rule.context, call.func.value)
+    return imported.definition if imported is not None else None
+
+
+def _variable_scopes(rule, node: cst.CSTNode) -> list[cst.Call]:
+    return [item.item for w in find(node, cst.With) for item in w.items
+            if isinstance(item.item, cst.Call) and rule.imports.resolve(item.item.func) == _VARIABLE_SCOPE]
