@@ -2942,3 +2942,45 @@ def test_a_model_function_told_to_reuse_in_later_towers_is_rewritten(sharing):
         "loss = tf.reduce_mean(model_fn(parts[i]))", sharing)
     (finding,) = tower_findings(source)
     assert finding.fixable, finding.refusal
+
+
+def test_a_zip_over_an_iterator_made_before_the_loop_is_walked_once_into_a_list():
+    """ray's parallel optimizer: `data_splits = zip(*[tf.split(...) ...])`, then `for device,
+    inputs in zip(self.devices, data_splits)`. Each replica walking `zip(...)` again found the
+    iterator spent after replica 0 (IndexError in the rewritten probe)."""
+    out = fixed("""
+        import tensorflow as tf
+        class Optimizer(object):
+            def __init__(self, opt, devices, placeholders, build_loss):
+                data_splits = zip(*[tf.split(ph, len(devices)) for ph in placeholders])
+                grads = []
+                for device, inputs in zip(devices, data_splits):
+                    with tf.device(device):
+                        grads.append(opt.compute_gradients(build_loss(*inputs)))
+                avg = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*grads)]
+                self.train_op = opt.apply_gradients(avg)
+    """)
+    assert "tower_inputs = list(zip(devices, data_splits))" in out
+    assert "device, inputs = tower_inputs[int(tf.get_static_value(" in out
+
+
+def test_an_update_reading_an_attribute_set_after_the_loop_stays_after_it():
+    """`self.global_step = tf.train.get_or_create_global_step()` between the loop and the update:
+    moved into the replicas, the update read `self.global_step` before it was set (the rewritten
+    SimpleHumanPose-style probe crashed). The update stays after the loop, each replica
+    applying its share there."""
+    out = fixed("""
+        import tensorflow as tf
+        class Trainer(object):
+            def build_graph(self, parts):
+                tower_grads = []
+                for i in range(2):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(self.opt.compute_gradients(tf.reduce_mean(parts[i])))
+                self.global_step = tf.train.get_or_create_global_step()
+                grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+                return self.opt.apply_gradients(grads, global_step=self.global_step)
+    """)
+    assert "self.global_step = tf.train.get_or_create_global_step()" in out
+    assert "return self.opt.apply_gradients(share, global_step=self.global_step)" in out
+    assert out.index("self.global_step = tf.train") < out.index("def apply_share")

@@ -558,22 +558,30 @@ def _replica_loop(rule, tower, region: Region, update: Update, tf: TfNames, run_
 
 def _hoisted_iterable(rule, region: Region) -> tuple[str, cst.BaseStatement] | None:
     """`for i, xs in enumerate(zip(*xs))` over a generator (finetune-transformer-lm: `xs =
-    (tf.split(x, n) for x in xs)` first), or whose target rebinds a name the iterable reads:
-    the replicas cannot each walk it again (the first would exhaust the generator, and `xs`
-    would be each replica's own, unbound name; the rewrite crashed). Walked once, before the
-    replica function, into a list the replicas index: (its name, the statement)."""
+    (tf.split(x, n) for x in xs)` first), `for device, inputs in zip(devices, splits)` over an
+    iterator made before (`splits = zip(*[tf.split(...) ...])`: ray's parallel optimizer), or
+    whose target rebinds a name the iterable reads: the replicas cannot each walk it again (the
+    first would exhaust the iterator, and `xs` would be each replica's own, unbound name; the
+    rewrites crashed). Walked once, before the replica function, into a list the replicas
+    index: (its name, the statement)."""
     loop, iterable = region.loop, region.loop.iter
-    if not (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1):
+    if not isinstance(iterable, cst.Call) or code(iterable.func) in ("range", "xrange"):
         return None
-    source = iterable.args[0].value
+    enumerated = code(iterable.func) == "enumerate" and len(iterable.args) == 1
+    source = iterable.args[0].value if enumerated else iterable
     if isinstance(source, (cst.Name, cst.Attribute, cst.List, cst.Tuple, cst.Subscript)):
         return None  # indexed as it is
     shadowed = names_used(loop.target) & names_used(source)
-    generator = any(isinstance(single_binding(region.owner, name), cst.GeneratorExp) for name in name_reads(source))
-    if not (shadowed or generator):
+    iterator = any(_made_as_iterator(single_binding(region.owner, name)) for name in name_reads(source))
+    if not (shadowed or iterator):
         return None
     name = fresh_name(rule.context.module, "tower_inputs")
     return name, cst.parse_statement(f"{name} = list({code(source)})\n")
+
+
+def _made_as_iterator(value: cst.BaseExpression | None) -> bool:
+    """A generator expression, or `zip(...)`, `map(...)` and the like: walked once only."""
+    return isinstance(value, cst.GeneratorExp) or (isinstance(value, cst.Call) and code(value.func) in _ITERATORS)
 
 
 def _reuse_left_on(rule, loop: cst.For) -> list[cst.BaseStatement]:
@@ -971,6 +979,9 @@ def _check_available(rule, region: Region, call: cst.Call, upto, skip) -> None:
         read |= set().union(*(names_used(item.item) for item in upto.items))
     before = region.following[:index_of(region.following, upto)]
     late = sorted(read & set().union(*(scope_bindings(s) for s in before)) - {skip})
+    # An attribute set there (`self.global_step = tf.train.get_or_create_global_step()`).
+    read_attributes = {code(n) for part in [call.func, *(a.value for a in call.args[1:])] for n in find(part, cst.Attribute)}
+    late += sorted(read_attributes & {code(t.target) for s in before for t in find(s, cst.AssignTarget)} - {skip})
     if late:
         raise Refused(f"line {line_of(rule, upto)}: the update reads {', '.join(f'`{n}`' for n in late)}, "
                       "made after the loop; move it above the tower loop")
@@ -2291,7 +2302,7 @@ def _loop_variables(rule, loop: cst.For, statements, tf: TfNames, read_after: se
             lines.append(f"{code(element)} = {source or _indexable(iterable.args[0].value)}[{index.value}]")
     else:
         if names_used(target) & used:
-            lines.append(f"{code(target)} = {_indexable(iterable)}[{index_expression}]")
+            lines.append(f"{code(target)} = {source or _indexable(iterable)}[{index_expression}]")
     statements = [cst.parse_statement(line + "\n") for line in lines]
     if statements:
         statements[0] = statements[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(
