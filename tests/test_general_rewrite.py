@@ -2984,3 +2984,21 @@ def test_an_update_reading_an_attribute_set_after_the_loop_stays_after_it():
     assert "self.global_step = tf.train.get_or_create_global_step()" in out
     assert "return self.opt.apply_gradients(share, global_step=self.global_step)" in out
     assert out.index("self.global_step = tf.train") < out.index("def apply_share")
+
+
+def test_gradients_returned_to_a_caller_that_applies_them_with_its_own_optimizer_stay_there():
+    """DeepSpeech's `get_tower_results` shape, its caller clipping and applying the averaged
+    gradients with a BERT-style optimizer that assigns the weights itself: the caller's update
+    stays as written under the strategy it makes, outside the replicas."""
+    out = fixed(OWN_OPTIMIZER.replace("METHOD", OWN_APPLY).replace(
+        "def train(xs, num_gpus):\n    opt = WeightDecayAdam(1e-3)\n", "def get_tower_results(opt, xs, num_gpus):\n").replace(
+        "    grads = [(tf.add_n([g for g, _ in gv]) / len(gv), gv[0][1]) for gv in zip(*tower_grads)]\n"
+        "    return opt.apply_gradients(grads)\n",
+        "    return [(tf.add_n([g for g, _ in gv]) / len(gv), gv[0][1]) for gv in zip(*tower_grads)]\n\n\n"
+        "def train(xs, num_gpus):\n    opt = WeightDecayAdam(1e-3)\n    grads = get_tower_results(opt, xs, num_gpus)\n"
+        "    grads, tvars = zip(*grads)\n    grads, _ = tf.clip_by_global_norm(grads, 1.0)\n"
+        "    return opt.apply_gradients(zip(grads, tvars))\n"))
+    assert "    tf.distribute.get_strategy().extended.call_for_each_replica(tower_fn)\n" in out
+    assert ("    with strategy.scope():\n        opt = WeightDecayAdam(1e-3)\n"
+            "        grads = get_tower_results(opt, xs, num_gpus)\n") in out
+    assert "        return opt.apply_gradients(zip(grads, tvars))\n" in out

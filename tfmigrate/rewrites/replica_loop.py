@@ -1179,11 +1179,12 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
 def _hand_written_update(rule, region: Region) -> Update | None:
     """Gradients the towers compute, combined after the loop as the program combines them (an
     in-place sum, a helper) and applied by assignments written by hand (OpenAI's
-    `adam_updates`: `p.assign(p - lr * g_t)`, its moments and step counter `tf.Variable`s):
-    all of it stays after the loop, as written. Outside the replicas, assigning a mirrored
-    variable sets every replica's copy, and reading one reads replica 0's, equal to the others:
-    one update of one set of weights, as the legacy program made. None when the code after the
-    loop assigns no variable from the towers' results."""
+    `adam_updates`: `p.assign(p - lr * g_t)`, its moments and step counter `tf.Variable`s; a
+    project optimizer whose `apply_gradients` assigns the weights itself, BERT's
+    `AdamWeightDecayOptimizer`): all of it stays after the loop, as written. Outside the
+    replicas, assigning a mirrored variable sets every replica's copy, and reading one reads
+    replica 0's, equal to the others: one update of one set of weights, as the legacy program
+    made. None when the code after the loop assigns no variable from the towers' results."""
     loop = region.loop
     if training_call(rule, loop.body, gradient_computation) is None:
         return None
@@ -1194,6 +1195,36 @@ def _hand_written_update(rule, region: Region) -> Update | None:
     if not own_steps and not any(training_call(rule, statement, _assigns_variable) is not None for statement in reaching):
         if not any(_unknown_callee(rule, statement, reached) for statement in reaching):
             return None  # no update here at all: not this shape
+    _check_hand_written(rule, reaching, reached, own_steps)
+    return Update([], note=" (the hand-written update after the loop stays: outside the replicas an assignment "
+                           "sets every replica's copy of a variable)")
+
+
+def _caller_hand_written_update(rule, region: Region, caller: Region) -> Update | None:
+    """The towers' gradients, combined after the loop and returned to the caller (``caller``:
+    the region around its call), which applies them with a project optimizer whose update
+    assigns the weights itself (an ALBERT-style `main`: clip, `optimizer.apply_gradients`,
+    count the step): all of it stays where it is, outside the replicas, as
+    :func:`_hand_written_update` keeps it after the loop. None for another shape."""
+    if training_call(rule, region.loop.body, gradient_computation) is None:
+        return None
+    filled = left_by_towers(region.loop)
+    inside = statements_reaching(region.following, filled)
+    returned = scope_bindings(caller.loop)  # what the caller binds from the call
+    reaching = statements_reaching(caller.following, returned)
+    own_steps = _own_optimizer_steps(rule, reaching)
+    if not own_steps:
+        return None
+    reached = filled.union(returned, *(scope_bindings(statement) for statement in [*inside, *reaching]))
+    _check_hand_written(rule, [*inside, *reaching], reached, own_steps)
+    return Update([], note=" (the hand-written update in the caller stays: outside the replicas an assignment "
+                           "sets every replica's copy of a variable)")
+
+
+def _check_hand_written(rule, reaching: list, reached: set[str], own_steps: list[HandWritten]) -> None:
+    """What the statements that carry the towers' gradients to a hand-written update must not do
+    outside the replicas: compute gradients, step a TensorFlow optimizer, hand them to code that
+    cannot be read, or read a variable the update changes with nothing ordering the two."""
     for statement in reaching:
         if training_call(rule, statement, gradient_computation) is not None:
             raise Refused(f"line {line_of(rule, statement)}: gradients are computed after the tower loop, outside the "
@@ -1210,8 +1241,6 @@ def _hand_written_update(rule, region: Region) -> Update | None:
         _check_reads_ordered(rule, body)
     for optimizer in own_steps:
         _check_reads_ordered(rule, optimizer.node, optimizer.where and Path(optimizer.where).name)
-    return Update([], note=" (the hand-written update after the loop stays: outside the replicas an assignment "
-                            "sets every replica's copy of a variable)")
 
 
 def _check_reads_ordered(rule, body: cst.CSTNode, where: str | None = None) -> None:
@@ -1467,6 +1496,9 @@ def _first_parameter(function: cst.FunctionDef) -> str | None:
 
 
 def _caller_update(rule, region: Region, caller: Region, strategy: str, tf: TfNames) -> Update:
+    update = _caller_hand_written_update(rule, region, caller)
+    if update is not None:
+        return update
     update = _wrapped_update(rule, caller, strategy, tf, towers=region)
     if update is None:
         raise Refused(f"the towers' results go back to {_owner_name(caller.owner)}, which does not update the model "
