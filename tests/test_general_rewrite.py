@@ -799,6 +799,23 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # An ALBERT-style model method returns the averaged gradients to `main`, which made the
+    # object: the rewrite does not follow a method called on an object made elsewhere.
+    "averaged_gradients_returned_by_a_method": ("""
+        import tensorflow as tf
+        class Model(object):
+            def build_towers(self, opt, parts):
+                tower_grads = []
+                for i in range(2):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(opt.compute_gradients(tf.reduce_mean(tf.layers.dense(parts[i], 1))))
+                averaged = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+                return averaged
+        def main(parts):
+            opt = tf.train.AdamOptimizer(0.1)
+            grads = Model().build_towers(opt, parts)
+            return opt.apply_gradients(grads)
+    """, "line 9: `averaged` is returned to `build_towers`'s caller, where the rewrite does not follow it"),
     # A model function whose `reuse` stays at its default in every tower (mim92's input-pipeline
     # example): TF1 layers number their names apart, and each tower trained its own weights.
     "reuse_left_at_its_default": ("""

@@ -946,6 +946,11 @@ def _find_call(rule, region: Region, statements, method: str, argument: str, wha
             raise Refused(f"line {line_of(rule, statement)}: `{argument}` is changed after the loop before "
                           f"`{method}` (a replica can only apply its own share of the unchanged value)")
     reader = next((s for s in statements if mentions(s, argument)), None)
+    if reader is not None and isinstance(single_small(reader), cst.Return):
+        owner = region.owner.name.value if isinstance(region.owner, cst.FunctionDef) else "the function"
+        raise Refused(f"line {line_of(rule, reader)}: `{argument}` is returned to `{owner}`'s caller, where the rewrite "
+                      "does not follow it (a caller of a method on an object made elsewhere, or in another module): "
+                      f"{method.split('_')[0]} them in the function with the tower loop, or call it from one function")
     if reader is not None:
         raise Refused(f"line {line_of(rule, reader)}: `{argument}` goes through other code before `{method}` "
                       f"(a clip?): a replica can only {method.split('_')[0]} its own share of the unchanged value")
