@@ -38,12 +38,15 @@ def check():
     return run_check
 
 
-def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20, rtol: float = 1e-4) -> tuple[int, dict]:
-    """`tfmigrate verify OLD NEW` on 2 logical devices: (exit status, the JSON report)."""
+def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20, rtol: float = 1e-4,
+               loss_regex: str | None = None) -> tuple[int, dict]:
+    """`tfmigrate verify OLD NEW` on 2 logical devices: (exit status, the JSON report). With
+    ``loss_regex`` the values compared are read from the programs' printed lines."""
     report = tmp_path / f"{new.stem}.json"
     result = subprocess.run(
         [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", str(steps),
-         "--devices", "2", "--timeout", "180", "--json", str(report), "--rtol", str(rtol)],
+         "--devices", "2", "--timeout", "180", "--json", str(report), "--rtol", str(rtol),
+         *(["--warmup", "0", "--loss-regex", loss_regex] if loss_regex else [])],
         capture_output=True, text=True, cwd=ROOT,
     )
     assert report.exists(), result.stdout + result.stderr

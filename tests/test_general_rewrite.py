@@ -38,6 +38,7 @@ REWRITTEN = [
     "general_kl_annealing_load", "general_counter_towers", "general_class_train_method",
     "general_model_methods_chain", "general_staged_tower_loops", "general_train_and_eval_towers",
     "general_hand_written_adam", "general_tower_loss_ema", "general_bert_adamw_optimizer",
+    "general_trainer_and_tester_classes",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -3019,3 +3020,44 @@ def test_gradients_returned_to_a_caller_that_applies_them_with_its_own_optimizer
     assert ("    with strategy.scope():\n        opt = WeightDecayAdam(1e-3)\n"
             "        grads = get_tower_results(opt, xs, num_gpus)\n") in out
     assert "        return opt.apply_gradients(zip(grads, tvars))\n" in out
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_a_tester_class_beside_the_trainer_predicts_like_the_original(migrated, tmp_path):
+    """tfflat's `Tester(Base)` builds forward-only towers beside `Trainer(Base)`'s, in one module:
+    its outputs stay on the tester, which no training code reads, so its loop is rewritten too;
+    the migrated tester's test error on a held-out batch is the original's."""
+    pytest.importorskip("tensorflow")
+    name = "general_trainer_and_tester_classes"
+    assert sum(f.fixable for f in tower_findings((FIXTURES / "programs" / f"{name}.py").read_text())) == 2
+    status, report = run_verify(FIXTURES / "programs" / f"{name}.py", migrated[name], tmp_path, steps=1,
+                                loss_regex=r"test error (?P<loss>[0-9.]+)")
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
+TESTER_BESIDE_TRAINER = """
+    import tensorflow as tf
+    class Tester(object):
+        def build(self, parts):
+            self.outputs = []
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    self.outputs.append(tf.layers.dense(parts[i], 1, name='fc', reuse=i > 0))
+    class Trainer(object):
+        def build(self, loss):
+            self.train_op = tf.train.AdamOptimizer(0.1).minimize(loss)
+"""
+
+
+@pytest.mark.parametrize("extra, fixable", [
+    ("", True),
+    # The trainer trains on the tester's outputs: they are not the tester's alone.
+    ("def train(tester):\n        return Trainer().build(tf.reduce_mean(tester.outputs))\n", False),
+    # The trainer derives from the tester: its `self.outputs` may be the tester's.
+    ("class FineTuner(Tester):\n        def tune(self):\n"
+     "            return tf.train.AdamOptimizer(0.1).minimize(tf.reduce_mean(self.outputs))\n", False),
+])
+def test_forward_towers_whose_results_no_trainer_can_read_are_rewritten(extra, fixable):
+    (finding,) = tower_findings(TESTER_BESIDE_TRAINER + ("    " + extra if extra else ""))
+    assert finding.fixable is fixable, finding.refusal

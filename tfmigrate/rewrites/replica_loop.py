@@ -1407,7 +1407,7 @@ def _check_only_computes(rule, region: Region, own_update: frozenset | set = fro
         trainer = next((c for c in module_calls(rule) if id(c) not in own_update and trains(rule, c)), None)
     else:
         trainer = rule.context.memo("replica_loop.trainer", lambda: next((c for c in module_calls(rule) if trains(rule, c)), None))
-    if trainer is not None and _results_leave(region):
+    if trainer is not None and _results_leave(region) and not _kept_from_trainers(rule, region, own_update):
         raise Refused(f"line {line_of(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
                       "results go where the rewrite cannot follow them (an update it does not know, or storage other "
                       "functions read): build the update after the tower loop with an optimizer")
@@ -1459,6 +1459,74 @@ def _results_leave(region: Region) -> bool:
 
 # Methods that fill a container in place: a container the function does not own leaves with it.
 _FILLING_METHODS = ("append", "extend", "insert", "update", "add", "setdefault")
+
+
+def _kept_from_trainers(rule, region: Region, own_update) -> bool:
+    """Whether what the towers store (only on `self`) cannot reach any training code of the
+    module: every trainer is a method of a class unrelated to the loop's (SimpleHumanPose's
+    `Tester` beside its `Trainer`, both from `Base`), and nothing outside the loop's class reads
+    those attributes but a class's own `self`. A trainer's `self.x` is its own object's."""
+    parents = region.parents
+    home = enclosing_class(region.loop, parents)
+    stored = _stored_on_self(region)
+    if home is None or not stored:
+        return False
+    module = rule.context.module
+    for call in module_calls(rule):
+        if id(call) in own_update or not trains(rule, call):
+            continue
+        other = enclosing_class(call, parents)
+        if other is None or other is home or _related_classes(module, home, other):
+            return False
+    return not any(node.attr.value in stored and not contains(home, node)
+                   and not (isinstance(node.value, cst.Name) and node.value.value == "self")
+                   for node in find(module, cst.Attribute))
+
+
+def _stored_on_self(region: Region) -> set[str]:
+    """The attributes of `self` the loop and the code after it store into (`self.x = ...`,
+    `self.outputs.append(...)`); empty when anything else leaves (a collection, another object)."""
+    owner = region.owner
+    local = set().union(*(scope_bindings(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
+    stored: set[str] = set()
+    for statement in [region.loop.body, *region.following]:
+        for node in own_nodes(statement):
+            target = None
+            if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.target, (cst.Attribute, cst.Subscript)):
+                target = node.target
+            elif isinstance(node, cst.Call) and code(node.func).endswith("add_to_collection"):
+                return set()
+            elif (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                  and node.func.attr.value in _FILLING_METHODS):
+                target = node.func.value
+            if target is None:
+                continue
+            while isinstance(target, cst.Subscript):
+                target = target.value
+            if not (isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"):
+                if not (isinstance(target, cst.Name) and target.value in local):
+                    return set()  # another object's, a parameter's or a global container
+                continue  # a local list or dict
+            stored.add(target.attr.value)
+    return stored
+
+
+def _related_classes(module: cst.Module, one: cst.ClassDef, other: cst.ClassDef) -> bool:
+    """Whether either class derives from the other, through the module's classes."""
+    classes = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef)}
+
+    def ancestors(cls: cst.ClassDef) -> set[str]:
+        found, pending = set(), [cls]
+        while pending:
+            for base in pending.pop().bases:
+                name = code(base.value)
+                if name not in found:
+                    found.add(name)
+                    if name in classes:
+                        pending.append(classes[name])
+        return found
+
+    return one.name.value in ancestors(other) or other.name.value in ancestors(one)
 
 
 def _check_training_state(rule, region: Region, update: Update) -> None:
