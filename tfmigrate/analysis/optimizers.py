@@ -22,7 +22,7 @@ import libcst as cst
 from tfmigrate.analysis.project_imports import project_definition
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import ImportTable
-from tfmigrate.cst.traversal import find
+from tfmigrate.cst.traversal import assignments, find
 
 __all__ = ["HandWritten", "hand_written_update"]
 
@@ -58,12 +58,10 @@ def hand_written_update(context, receiver: cst.BaseExpression) -> HandWritten | 
     overrides the update without handing it to the strategy, else None (a TensorFlow
     optimizer, or one the module does not show)."""
     here = _Where(context.module, context.imports, context.path, context.read_paths)
-    target = code(receiver)
-    for node in find(context.module, cst.Assign):
-        if any(code(t.target) == target for t in node.targets):
-            found = _made_by(here, node.value, depth=0)
-            if found is not None:
-                return found
+    for node in assignments(context).get(code(receiver), []):
+        found = _made_by(here, node.value, depth=0)
+        if found is not None:
+            return found
     return None
 
 

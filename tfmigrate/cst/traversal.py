@@ -13,6 +13,7 @@ from typing import Iterator
 
 import libcst as cst
 
+from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import dotted_name
 
 _LEAVES = (
@@ -216,6 +217,20 @@ def module_parents(context) -> dict[int, cst.CSTNode]:
     if context.walk_complete:
         return context.parents
     return context.memo("parents", lambda: parents_of(context.module))
+
+
+def assignments(context) -> dict[str, list[cst.Assign]]:
+    """The module's `target = value` statements (anywhere in it) by the target's code (`x`,
+    `self.x`), walked once per file: several rewrites look up what a name is bound to."""
+
+    def compute() -> dict[str, list[cst.Assign]]:
+        found: dict[str, list[cst.Assign]] = {}
+        for node in find(context.module, cst.Assign):
+            for target in node.targets:
+                found.setdefault(code(target.target), []).append(node)
+        return found
+
+    return context.memo("assignments", compute)
 
 
 def single_small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:

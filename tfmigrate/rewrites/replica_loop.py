@@ -74,8 +74,8 @@ from tfmigrate.cst.callargs import argument, callee_name, method_call, split_arg
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, contains, find, free_names, fresh_name, module_parents, name_reads, names_used, own_nodes,
-    scope_bindings, single_small, target_names, walk,
+    assignments, blank_lines_unindented, contains, find, free_names, fresh_name, module_parents, name_reads, names_used,
+    own_nodes, scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.hand_written import kept_caller_update, kept_update, own_optimizer_steps
 from tfmigrate.rewrites.mirrored import (
@@ -2066,12 +2066,11 @@ def _check_device_names(rule, devices: str) -> None:
     ... while parsing the device spec")."""
     module = rule.context.module
     classes = {s.name.value for s in module.body if isinstance(s, cst.ClassDef)}
+    makers = [node for node in assignments(rule.context).get(devices, []) if isinstance(node.value, cst.Call)]
     functions: dict[str, list[cst.FunctionDef]] = {}
-    for function in find(module, cst.FunctionDef):
+    for function in find(module, cst.FunctionDef) if makers else []:
         functions.setdefault(function.name.value, []).append(function)
-    for node in find(module, cst.Assign):
-        if not (isinstance(node.value, cst.Call) and any(code(t.target) == devices for t in node.targets)):
-            continue
+    for node in makers:
         func = node.value.func
         name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
         for function in functions.get(name, []):

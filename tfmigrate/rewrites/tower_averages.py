@@ -31,7 +31,8 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.cst.callargs import method_call
-from tfmigrate.cst.traversal import find
+from tfmigrate.cst.traversal import find, module_parents
+from tfmigrate.rewrites.tower_code import module_calls
 
 __all__ = ["moving_averages_applied", "unhandled_averages"]
 
@@ -56,9 +57,9 @@ def unhandled_averages(rule, bodies: list, applied: dict) -> list[cst.Call]:
     average the module makes elsewhere (one object for every tower: each tower's apply made
     variables named after its own tensors, which a replica after the first cannot), except the
     ``applied`` calls (:func:`moving_averages_applied`)."""
-    names = {name for name, _ in _bindings(rule, rule.context.module)}
+    names = {name for name, _ in _module_averages(rule)}
     found = []
-    for body in bodies:
+    for body in _holding(rule, bodies, _average_calls(rule)):
         made = {id(call) for call in _averages_made(rule, body).values()}
         found += [call for call in find(body, cst.Call) if id(call) not in applied and (
             (_makes_moving_average(rule, call) and id(call) not in made)
@@ -77,7 +78,7 @@ def moving_averages_applied(rule, bodies: list, tf) -> dict[int, tuple[cst.Call,
     merge call above: id(apply call) -> (the call, its replacement). ``tf`` spells TensorFlow
     names."""
     found = {}
-    for body in bodies:
+    for body in _holding(rule, bodies, [call for _, call in _module_averages(rule)]):
         for name in _averages_made(rule, body):
             applies = [call for call in find(body, cst.Call) if method_call(call, "apply")
                        and isinstance(call.func.value, cst.Name) and call.func.value.value == name]
@@ -97,6 +98,33 @@ def _averages_made(rule, body: cst.CSTNode) -> dict[str, cst.Call]:
     for name, call in _bindings(rule, body):
         made.setdefault(name, []).append(call)
     return {name: calls[0] for name, calls in made.items() if len(calls) == 1}
+
+
+def _average_calls(rule) -> list[cst.Call]:
+    """The module's calls that make a moving average or apply one it names, found once."""
+    names = {name for name, _ in _module_averages(rule)}
+    return rule.context.memo("tower_averages.calls", lambda: [
+        call for call in module_calls(rule) if _makes_moving_average(rule, call)
+        or (method_call(call, "apply") and isinstance(call.func.value, cst.Name) and call.func.value.value in names)])
+
+
+def _holding(rule, bodies: list, calls: list[cst.Call]) -> list[cst.CSTNode]:
+    """The ``bodies`` some of the ``calls`` lie in (most replica code holds none: walked no further)."""
+    if not calls:
+        return []
+    parents, wanted, found = module_parents(rule.context), {id(body) for body in bodies}, set()
+    for call in calls:
+        node = call
+        while id(node) in parents:
+            node = parents[id(node)]
+            if id(node) in wanted:
+                found.add(id(node))
+    return [body for body in bodies if id(body) in found]
+
+
+def _module_averages(rule) -> list[tuple[str, cst.Call]]:
+    """(name, call) of each `name = tf.train.ExponentialMovingAverage(...)` of the module, found once."""
+    return rule.context.memo("tower_averages.bindings", lambda: _bindings(rule, rule.context.module))
 
 
 def _bindings(rule, node: cst.CSTNode) -> list[tuple[str, cst.Call]]:
