@@ -92,6 +92,7 @@ from tfmigrate.rewrites.tower_regularization import (
 from tfmigrate.rewrites.tower_variables import check_variable_copies
 from tfmigrate.rewrites.tower_callers import (
     PassedArguments, check_devices_visible, constructor_caller, function_caller, method_caller, passed_arguments,
+    user_called_update,
 )
 from tfmigrate.rewrites.tower_code import (
     Collected, Region, Update, class_methods, collected_appends, functions_called, index_of, left_by_towers, line_of,
@@ -200,7 +201,8 @@ def _plan(rule, tower, group: list) -> Edit:
     tf = TfNames(rule)
     across_methods = any(member.owner is not tower.owner for member in others)
     strategy = _fresh(module, "strategy", "mirrored_strategy")
-    caller = function_caller(rule, region) or method_caller(rule, region) or constructor_caller(rule, region)
+    caller = (function_caller(rule, region) or method_caller(rule, region) or constructor_caller(rule, region)
+              or user_called_update(rule, region))
     if others and caller is not None:
         raise Refused(f"the towers are built across {len(group)} loops and updated by {_owner_name(caller.owner)}, "
                       "their caller: build the update after the last loop")
@@ -226,7 +228,7 @@ def _plan(rule, tower, group: list) -> Edit:
     home = regions[id(group[0].loop)] if across_methods else scope_region  # where the strategy is made
     devices = _settings_inlined(rule, home, _devices(rule, group[0] if across_methods else tower))
     _check_device_names(rule, devices)
-    if caller is not None:
+    if caller is not None and caller.owner is not region.owner:
         passed = passed_arguments(region, caller)
         check_devices_visible(rule, region, devices, passed)
         devices = code(cst.parse_expression(devices).visit(PassedArguments(passed)))

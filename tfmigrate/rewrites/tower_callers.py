@@ -23,7 +23,7 @@ from tfmigrate.rewrites.tower_code import (
 )
 
 __all__ = ["PassedArguments", "check_devices_visible", "constructor_caller", "function_caller", "method_caller",
-           "passed_arguments"]
+           "passed_arguments", "user_called_update"]
 
 
 def function_caller(rule, region: Region) -> Region | None:
@@ -137,6 +137,33 @@ def method_caller(rule, region: Region) -> Region | None:
         found.reaches = list(found.external)
         found.following += [s for method in found.external for s in method.body.body]
     return found if found.reaches else None
+
+
+def user_called_update(rule, region: Region) -> Region | None:
+    """A trainer class whose constructor builds the towers into `self` and whose update is
+    another method, which the class's user calls after building the object (`trainer =
+    Trainer(cfg)`, then `trainer.train_step()`, maybe through `trainer.fit()`). The constructor's own region, its
+    code followed into those methods (``reaches``, ``external``): the strategy is made in the
+    constructor and kept on `self`, and the update methods run under its scope."""
+    owner, parents = region.owner, region.parents
+    holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
+    if not (isinstance(holder, cst.ClassDef) and owner.name.value == "__init__" and _first_parameter(owner) == "self"):
+        return None
+    if any(optimizer_step(c) for line in statement_lines(region.following) for c in find(line, cst.Call)):
+        return None  # the constructor updates itself
+    methods = {s.name.value: s for s in holder.body.body if isinstance(s, cst.FunctionDef)}
+    results = {c.target for c in collected_appends(region.loop)} | {
+        code(t.target) for line in [region.loop.body, *region.following] for t in find(line, cst.AssignTarget)}
+    results = {r for r in results if r.startswith("self.")}
+    external = [method for method in methods.values() if method is not owner and _first_parameter(method) == "self"
+                and results & {code(a) for a in find(method, cst.Attribute)}
+                and any(optimizer_step(c) for c in find(method, cst.Call))]
+    if not external:
+        return None
+    found = loop_region(rule.context, region.loop, owner, rule.imports)
+    found.reaches, found.external = list(external), list(external)
+    found.following += [s for method in external for s in method.body.body]
+    return found
 
 
 def _external_updates(holder: cst.ClassDef, methods: dict, owner, caller, results: set[str]) -> list[cst.FunctionDef]:
