@@ -3096,3 +3096,32 @@ def test_a_trainer_whose_user_calls_the_update_method_keeps_the_strategy_on_self
     assert "        with self.strategy.scope():\n            if self._train_op is None:\n" in out
     assert "return self.opt.apply_gradients(share)" in out
     assert "    def fit(self, sess, steps):\n        train_op = self.train_step()\n" in out  # left as it was
+
+
+TWO_STAGE_OPTIMIZERS = """
+    import tensorflow as tf
+    def build(parts, head_only):
+        tower_losses = []
+        for i in range(2):
+            with tf.device('/gpu:%d' % i):
+                tower_losses.append(tf.reduce_mean(tf.layers.dense(parts[i], 1, name='fc', reuse=i > 0)))
+        loss = tf.reduce_mean(tf.stack(tower_losses))
+        all_vars = tf.trainable_variables()
+        head_vars = [v for v in all_vars if 'head' in v.name]
+        FIRST
+        SECOND
+        return first, second
+"""
+
+
+@pytest.mark.parametrize("first, second, renamed", [
+    # YOLOv3's two stages: the second Adam's slots for the head would clash with the first's.
+    ("first = tf.train.AdamOptimizer(0.1).minimize(loss, var_list=head_vars)",
+     "second = tf.train.AdamOptimizer(0.1).minimize(loss, var_list=all_vars)", True),
+    # improved WGAN's modes: only one branch runs.
+    ("if head_only:\n            first = second = tf.train.AdamOptimizer(0.1).minimize(loss, var_list=head_vars)",
+     "else:\n            first = second = tf.train.AdamOptimizer(0.1).minimize(loss, var_list=head_vars)", False),
+])
+def test_optimizers_made_where_they_minimize_are_named_apart_when_they_share_variables(first, second, renamed):
+    out = fixed(TWO_STAGE_OPTIMIZERS.replace("FIRST", first).replace("SECOND", second))
+    assert ("AdamOptimizer(0.1, name='Adam_2')" in out) is renamed, out

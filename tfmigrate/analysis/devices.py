@@ -17,7 +17,7 @@ from tfmigrate.cst.callargs import callee_name
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import ImportTable
 from tfmigrate.cst.traversal import (
-    children, contains, events, find, identifiers, module_parents, names_used, string_parts, walk,
+    children, contains, enclosing, events, find, identifiers, module_parents, names_used, string_parts, walk,
 )
 
 DEVICE_SCOPES = {"tensorflow.device", "tensorflow.device_scope"}
@@ -743,11 +743,7 @@ def method_tower_group(context, loop: cst.CSTNode) -> list[TowerLoop]:
 
 
 def enclosing_class(node: cst.CSTNode, parents: dict) -> cst.ClassDef | None:
-    while id(node) in parents:
-        node = parents[id(node)]
-        if isinstance(node, cst.ClassDef):
-            return node
-    return None
+    return enclosing(node, parents, cst.ClassDef)
 
 
 def self_results(loop: cst.For) -> set[str]:

@@ -210,6 +210,15 @@ def string_parts(node: cst.CSTNode) -> list[str]:
     return [s.value for s in find(node, cst.SimpleString, cst.FormattedStringText)]
 
 
+def enclosing(node: cst.CSTNode, parents: dict[int, cst.CSTNode], kind: type) -> cst.CSTNode | None:
+    """The nearest ancestor of ``node`` of type ``kind`` (a function, a class), else None."""
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, kind):
+            return node
+    return None
+
+
 def module_parents(context) -> dict[int, cst.CSTNode]:
     """id(node) -> parent for the whole module: the rules' walk's own once it has visited every
     node (rules plan their rewrites in leave_Module), else computed. (The walk leaves out

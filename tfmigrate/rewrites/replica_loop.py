@@ -74,8 +74,8 @@ from tfmigrate.cst.callargs import argument, callee_name, method_call, split_arg
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    assignments, blank_lines_unindented, contains, find, free_names, fresh_name, module_parents, name_reads, names_used,
-    own_nodes, scope_bindings, single_small, target_names, walk,
+    assignments, blank_lines_unindented, contains, enclosing, find, free_names, fresh_name, module_parents, name_reads,
+    names_used, own_nodes, scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.hand_written import kept_caller_update, kept_update, own_optimizer_steps
 from tfmigrate.rewrites.mirrored import (
@@ -449,15 +449,28 @@ def _optimizers_named_apart(rule) -> dict[int, tuple[cst.Call, cst.Call]]:
     (the call, the call with the name)."""
 
     def compute() -> dict[int, tuple[cst.Call, cst.Call]]:
-        made: dict[str, list[tuple[str, cst.Call]]] = {}  # slot name -> (receiver, constructor)
-        for node in find(rule.context.module, cst.Assign):
-            name = _slot_name(rule, node.value)
-            if name is not None and len(node.targets) == 1:
-                made.setdefault(name, []).append((code(node.targets[0].target), node.value))
-        renamed, taken = {}, set(made)
-        for name, optimizers in made.items():
-            for index, (receiver, call) in enumerate(optimizers[1:], start=1):
-                if not any(_share_variables(rule, receiver, other) for other, _ in optimizers[:index]):
+        # (slot name, the function that makes it) -> (its var_lists, constructor), in source order:
+        # optimizers made in different functions build different graphs, as a rule.
+        made: dict[tuple[str, int], list[tuple[set, cst.Call]]] = {}
+        parents = module_parents(rule.context)
+        for call in module_calls(rule):
+            name = _slot_name(rule, call)
+            parent = parents.get(id(call))
+            if name is None:
+                continue
+            key = (name, id(enclosing(call, parents, cst.FunctionDef)))
+            if isinstance(parent, cst.Assign) and len(parent.targets) == 1:  # `opt = tf.train.AdamOptimizer(...)`
+                made.setdefault(key, []).append((_var_lists(rule, code(parent.targets[0].target)), call))
+            elif isinstance(parent, cst.Attribute) and parent.attr.value in ("minimize", "compute_gradients"):
+                # `tf.train.AdamOptimizer(lr).minimize(loss, var_list=...)`: made and used at once
+                step = parents.get(id(parent))
+                if isinstance(step, cst.Call):
+                    made.setdefault(key, []).append(({_var_list(step)}, call))
+        renamed, taken = {}, {name for name, _ in made}
+        for (name, _), optimizers in made.items():
+            for index, (lists, call) in enumerate(optimizers[1:], start=1):
+                if not any(_may_overlap(rule, lists, others) and not _exclusive_branches(call, other, parents)
+                           for others, other in optimizers[:index]):
                     continue
                 apart = next(f"{name}_{k}" for k in range(2, 100) if f"{name}_{k}" not in taken)
                 taken.add(apart)
@@ -480,17 +493,72 @@ def _slot_name(rule, value: cst.BaseExpression) -> str | None:
     return resolved.rsplit(".", 1)[-1][:-len("Optimizer")]
 
 
-def _share_variables(rule, first: str, second: str) -> bool:
-    """Whether the optimizers bound to ``first`` and ``second`` may update the same variable:
-    one of them (or both) without a `var_list=`, or the same list named by both."""
-    lists = {first: set(), second: set()}
-    for call in module_calls(rule):
-        if isinstance(call.func, cst.Attribute) and code(call.func.value) in lists and call.func.attr.value in (
-                "compute_gradients", "minimize"):  # (what `apply_gradients` gets, they computed)
-            params = ("loss", "var_list") if call.func.attr.value == "compute_gradients" else ("loss", "global_step", "var_list")
-            var_list = argument(call, params, "var_list")
-            lists[code(call.func.value)].add(None if var_list is None else code(var_list))
-    return None in lists[first] | lists[second] or bool(lists[first] & lists[second])
+def _may_overlap(rule, lists: set, others: set) -> bool:
+    """Whether optimizers over these `var_list=` codes may hold a slot for the same variable:
+    one over every trainable variable (None, `tf.trainable_variables()`), the same list, or one
+    list built from the other (`[v for v in t_vars if ...]`, a loop appending from it)."""
+    every = {None, "tf.trainable_variables()", "tf.compat.v1.trainable_variables()"}
+    if lists & every or others & every or lists & others:
+        return True
+    derived = _derived_lists(rule)
+    return any(a in derived.get(b, ()) or b in derived.get(a, ()) for a in lists for b in others)
+
+
+def _derived_lists(rule) -> dict[str, set[str]]:
+    """list code -> the codes of the lists it is built from (`d_vars = [v for v in t_vars if
+    ...]`; `for var in self.all: ... self.first.append(var)`), followed transitively."""
+
+    def compute() -> dict[str, set[str]]:
+        direct: dict[str, set[str]] = {}
+        for node in find(rule.context.module, cst.Assign, cst.For):
+            if isinstance(node, cst.Assign) and len(node.targets) == 1 and isinstance(node.value, cst.ListComp):
+                direct.setdefault(code(node.targets[0].target), set()).add(code(node.value.for_in.iter))
+            elif isinstance(node, cst.For):
+                for call in find(node.body, cst.Call):
+                    if method_call(call, "append") and call.args and code(call.args[0].value) in names_used(node.target):
+                        direct.setdefault(code(call.func.value), set()).add(code(node.iter))
+        closed = {}
+        for name in direct:
+            seen, pending = set(), list(direct[name])
+            while pending:
+                source = pending.pop()
+                if source not in seen:
+                    seen.add(source)
+                    pending += direct.get(source, ())
+            closed[name] = seen
+        return closed
+
+    return rule.context.memo("replica_loop.derived_lists", compute)
+
+
+def _exclusive_branches(one: cst.CSTNode, other: cst.CSTNode, parents: dict) -> bool:
+    """Whether ``one`` and ``other`` lie in different branches of one `if`/`elif`/`else`."""
+    ancestors, node = {}, one
+    while id(node) in parents:
+        parent = parents[id(node)]
+        ancestors[id(parent)] = node  # the child of that ancestor on the way to ``one``
+        node = parent
+    node = other
+    while id(node) in parents:
+        parent = parents[id(node)]
+        if id(parent) in ancestors:  # the nearest common ancestor: its body holds one, its `else`/`elif` the other
+            return isinstance(parent, cst.If) and parent.test not in (ancestors[id(parent)], node)
+        node = parent
+    return False
+
+
+def _var_lists(rule, receiver: str) -> set:
+    """The `var_list=` codes the optimizer bound to ``receiver`` computes gradients or minimizes
+    over (None for all the trainable variables; what `apply_gradients` gets, these computed)."""
+    return {_var_list(call) for call in module_calls(rule) if isinstance(call.func, cst.Attribute)
+            and code(call.func.value) == receiver and call.func.attr.value in ("compute_gradients", "minimize")}
+
+
+def _var_list(call: cst.Call) -> str | None:
+    """The code of the `var_list=` of a `compute_gradients`/`minimize` call, None when absent."""
+    params = ("loss", "var_list") if call.func.attr.value == "compute_gradients" else ("loss", "global_step", "var_list")
+    var_list = argument(call, params, "var_list")
+    return None if var_list is None else code(var_list)
 
 
 def _initial_values(rule, loop: cst.For) -> dict[int, tuple[cst.Call, cst.Attribute]]:
@@ -1241,6 +1309,8 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: Region, line, calls
     for call in calls:
         steps = [arg for arg in call.args if id(arg) in counted]
         run = _without_argument(call, steps[0]) if steps else call
+        # An optimizer made in the call itself may need a name of its own (see _optimizers_named_apart).
+        run = run.visit(ReplaceById({key: new for key, (_, new) in _optimizers_named_apart(rule).items()}))
         if steps:
             after.append(_count_once(code(single_small(line).targets[0].target), code(steps[0].value), tf))
         statements, name = _replica_step(rule, strategy, tf, region, run, taken, _control_dependencies(rule, region, line))
