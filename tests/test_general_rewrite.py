@@ -3125,3 +3125,28 @@ TWO_STAGE_OPTIMIZERS = """
 def test_optimizers_made_where_they_minimize_are_named_apart_when_they_share_variables(first, second, renamed):
     out = fixed(TWO_STAGE_OPTIMIZERS.replace("FIRST", first).replace("SECOND", second))
     assert ("AdamOptimizer(0.1, name='Adam_2')" in out) is renamed, out
+
+
+def test_a_global_step_counted_once_after_an_update_inside_a_list_names_the_update():
+    """cifar10_estimator-style `train_op = [opt.apply_gradients(grads, global_step=...)]`, then
+    `train_op.extend(update_ops)`: counting the step once after the update bound `train_op` to
+    the increment and the program failed ("Can not convert a list"). The update gets a name of
+    its own, counted after, and the list holds it."""
+    out = fixed("""
+        import tensorflow as tf
+        def build(opt, parts):
+            tower_grads = []
+            for i in range(2):
+                with tf.device('/gpu:%d' % i):
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(tf.layers.dense(parts[i], 1, name='fc', reuse=i > 0))))
+            grads = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
+            clipped, _ = tf.clip_by_global_norm([g for g, _ in grads], 5.0)
+            grads = list(zip(clipped, [v for _, v in grads]))
+            train_op = [tf.train.MomentumOptimizer(0.1, 0.9).apply_gradients(grads, global_step=tf.train.get_or_create_global_step())]
+            train_op.extend(tf.get_collection(tf.GraphKeys.UPDATE_OPS))
+            return tf.group(*train_op)
+    """)
+    assert "call_for_each_replica(apply_share)" in out  # the clipped update stays after the loop
+    assert ("        with tf.control_dependencies([update_op]):\n"
+            "            update_op = tf.train.get_or_create_global_step().assign_add(1).op\n") in out, out
+    assert "        train_op = [update_op]\n" in out

@@ -1311,13 +1311,24 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: Region, line, calls
         run = _without_argument(call, steps[0]) if steps else call
         # An optimizer made in the call itself may need a name of its own (see _optimizers_named_apart).
         run = run.visit(ReplaceById({key: new for key, (_, new) in _optimizers_named_apart(rule).items()}))
-        if steps:
-            after.append(_count_once(code(single_small(line).targets[0].target), code(steps[0].value), tf))
         statements, name = _replica_step(rule, strategy, tf, region, run, taken, _control_dependencies(rule, region, line))
         before += statements
         # Each replica's step returns its own handle on the one update: group them into one op.
         runs[id(call)] = cst.parse_expression(f"{tf('tensorflow.group')}({strategy}.experimental_local_results(\n"
                                               f"    {strategy}.extended.call_for_each_replica({name})))")
+        if not steps:
+            continue
+        small = single_small(line)
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and small.value is call:
+            after.append(_count_once(code(small.targets[0].target), code(steps[0].value), tf))
+            continue
+        # The update is part of a bigger value (`train_op = [opt.apply_gradients(...)]`): its op
+        # gets a name of its own, counted after, and the value takes that name.
+        applied = fresh_name(rule.context.module, "update_op", taken)
+        named = cst.parse_statement(f"{applied} = {code(runs[id(call)])}\n")
+        before += [named.with_changes(leading_lines=[cst.EmptyLine(indent=False)]),
+                   _count_once(applied, code(steps[0].value), tf)]
+        runs[id(call)] = cst.Name(applied)
     blank = [cst.EmptyLine(indent=False)]
     block = region.parents[id(line)]
     first = isinstance(block, (cst.IndentedBlock, cst.Module)) and block.body[0] is line
