@@ -83,15 +83,20 @@ class ManualTowerLoop(Rule):
         towers add to, made under the scope, is made with `aggregation=tf.VariableAggregation.SUM`
         so that every replica's add reaches every copy), a
         custom getter in the towers, a variable set with `Variable.load` outside the function
-        the strategy is made in (inside it, each replica's copy is loaded), an optimizer class of
-        the project that overrides `apply_gradients` itself (BERT's `AdamWeightDecayOptimizer`:
-        each replica would update its copy from its own gradients; followed into the project's
-        other modules), and a name shared with the code after the loop that the body reads
-        after a `tf.metrics` call (where the replicas wait for each other). Only the names the
-        code after the loop reads before binding them again are shared with it. A second
+        the strategy is made in (inside it, each replica's copy is loaded), towers that each
+        make their own copy of the variables (a variable scope named by the tower, a model
+        function whose `reuse` stays at its default in every tower), an optimizer class of the
+        project that overrides `apply_gradients` itself (BERT's `AdamWeightDecayOptimizer`) where
+        its update would have to run in the replicas (each would update its copy from its own
+        gradients; followed into the project's other modules), and a name shared with the code
+        after the loop that the body reads after a step where the replicas wait for each other
+        (a `tf.metrics` call, a counter's add, a moving average's merge call). Only the names
+        the code after the loop reads before binding them again are shared with it. A second
         optimizer of one class over the same variables (a pretraining and a GAN Adam on one
-        generator) gets its own `name=` (`'Adam_2'`), since under the strategy both would
-        name their slots alike. An averaging helper defined by the trainer class or imported
+        generator; YOLOv3's two training stages, one list built from the other) gets its own
+        `name=` (`'Adam_2'`), since under the strategy both would name their slots alike. A
+        moving average a tower makes of its own losses (inception's `_tower_loss`) is applied
+        per replica from a merge call, each replica's average making its own variables. An averaging helper defined by the trainer class or imported
         from another module of the project is read where it is defined.
         A `while` counter loop or a comprehension is first rewritten as the `for` loop it
         means (`for gpu in range(n):`; `towers = []` and `towers.append(...)` in the loop),
@@ -107,9 +112,13 @@ class ManualTowerLoop(Rule):
         fix: each loop is its own replica function, all run by one strategy (on `self`, made by
         the first method, across methods), and one of them may feed the update. Gradients
         combined after the loop and applied by assignments written by hand (OpenAI's
-        `adam_updates`) stay after the loop as written: outside the replicas an assignment sets
-        every replica's copy. Such an update that reads a variable it also updates, with nothing
-        ordering the two, is refused (the runtimes order them differently).
+        `adam_updates`, or a project optimizer whose `apply_gradients` assigns the weights, as
+        BERT's does) stay after the loop, or in the caller the averaged gradients are returned
+        to, as written: outside the replicas an assignment sets every replica's copy. Such an
+        update that reads a variable it also updates, with nothing ordering the two, is refused
+        (the runtimes order them differently). A trainer class whose constructor builds the
+        towers and whose update is a method its user calls (`train_step()`, a lazy property)
+        keeps the strategy on `self` and runs that method under its scope.
 
         With `tower-input = "dataset"` (pyproject.toml, or `fix --tower-input dataset`), the
         textbook shape is rewritten as a step a TF2 program can take over: `strategy.run` of a
