@@ -3150,3 +3150,47 @@ def test_a_global_step_counted_once_after_an_update_inside_a_list_names_the_upda
     assert ("        with tf.control_dependencies([update_op]):\n"
             "            update_op = tf.train.get_or_create_global_step().assign_add(1).op\n") in out, out
     assert "        train_op = [update_op]\n" in out
+
+
+MADE_MODEL_FN = """
+    import tensorflow as tf
+    def get_model_fn(n_out):
+        def model_fn(inp, is_training):
+            loss = tf.reduce_mean(tf.layers.dense(inp, n_out, name='fc', reuse=tf.AUTO_REUSE))
+            if is_training:
+                grads = tf.gradients(loss, tf.trainable_variables())
+                return loss, grads
+            return loss
+        return model_fn
+    def single_core_graph(inp, is_training):
+        model_fn = get_model_fn(4)
+        return model_fn(inp, is_training=is_training)
+    def evaluate(parts, num_gpus):
+        tower_losses = []
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i):
+                tower_losses.append(single_core_graph(parts[i], is_training=IS_TRAINING))
+        loss = tf.add_n(tower_losses) / num_gpus
+        with tf.Session() as sess:
+            return sess.run(loss)
+"""
+
+
+@pytest.mark.parametrize("is_training, fixable", [("False", True), ("True", False)])
+def test_a_made_model_fn_is_followed_where_it_is_called_with_what_it_is_passed(is_training, fixable):
+    """transformer-xl's evaluation towers: `single_core_graph(..., is_training=False)` calls the
+    `model_fn` that `get_model_fn` made and returned; its gradients are computed only
+    `if is_training:`. Followed with `False`, the towers only compute (was refused: "computes
+    gradients or updates the model inside")."""
+    (finding,) = tower_findings(MADE_MODEL_FN.replace("IS_TRAINING", is_training))
+    assert finding.fixable is fixable, finding.refusal
+
+
+def test_a_made_model_fn_used_otherwise_than_called_counts_as_training():
+    """Kept on an object (`self.model_fn = get_model_fn(...)`) where the rewrite cannot follow
+    its calls: what it may train is counted where it is made, as before."""
+    source = MADE_MODEL_FN.replace("IS_TRAINING", "False").replace(
+        "        model_fn = get_model_fn(4)\n        return model_fn(inp, is_training=is_training)",
+        "        model_fn = get_model_fn(4)\n        run = model_fn\n        return run(inp, is_training=is_training)")
+    (finding,) = tower_findings(source)
+    assert not finding.fixable

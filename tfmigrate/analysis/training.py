@@ -67,25 +67,96 @@ METADATA = ("shape", "get_shape", "dtype", "name")
 
 
 def training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozenset(),
-                   lists: frozenset = frozenset()) -> cst.Call | None:
+                   lists: frozenset = frozenset(), off: frozenset = frozenset(),
+                   made_elsewhere: bool = False) -> cst.Call | None:
     """The first call under ``node`` that trains (or passes another ``test``), looking into the
     module's functions it calls (`single_core_graph(...)` returning `tf.gradients` of its loss).
     In a function called with a list for a parameter (``lists``: OpenAI's `adam_updates(params,
     grads[0])`), a branch taken only for a non-list (`if type(cost_or_grads) is not list:
-    grads = tf.gradients(...)`) does not run."""
+    grads = tf.gradients(...)`) does not run; nor, for a parameter passed `False` or `None`
+    (``off``: `is_training=False`), the branch `if is_training:`. A function a module function
+    makes and returns (transformer-xl's `model_fn = get_model_fn(...)`) runs where it is called,
+    with what that call passes, not where it is made (``made_elsewhere``: when the caller calls
+    it only so, where :func:`_made_function` follows it)."""
     test = test or trains
     functions = module_functions(rule)
-    for call in _live_calls(node, lists):
+    made = _returned_functions(node) if made_elsewhere else []
+    for call in _live_calls(node, lists, off, frozenset(id(f) for f in made)):
         if test(rule, call):
             return call
         for name in called_functions(rule, call):
             if name in seen:
                 continue
             known = _list_parameters(rule, functions[name], call)
-            if rule.context.memo(("training.function_trains", name, test, known),
-                                 lambda: training_call(rule, functions[name], test, seen | {name}, known) is not None):
+            turned_off = _parameters_off(functions[name], call, off)
+            followed = _result_only_called(node, call)
+            if rule.context.memo(("training.function_trains", name, test, known, turned_off, followed),
+                                 lambda: training_call(rule, functions[name], test, seen | {name}, known,
+                                                       turned_off, followed) is not None):
+                return call
+        made_here = _made_function(rule, node, call)
+        if made_here is not None and id(made_here) not in seen:
+            turned_off = _parameters_off(made_here, call, off)
+            if training_call(rule, made_here, test, seen | {id(made_here)}, frozenset(), turned_off) is not None:
                 return call
     return None
+
+
+def _returned_functions(node: cst.CSTNode) -> list[cst.FunctionDef]:
+    """The functions ``node`` (a function) defines in its body and returns by name, without
+    calling them there: they run where the caller calls what it got."""
+    if not isinstance(node, cst.FunctionDef) or not isinstance(node.body, cst.IndentedBlock):
+        return []
+    defined = {s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)}
+    returned = {r.value.value for r in find(node, cst.Return) if isinstance(r.value, cst.Name)}
+    called = {c.func.value for c in find(node, cst.Call) if isinstance(c.func, cst.Name)}
+    return [f for name, f in defined.items() if name in returned and name not in called]
+
+
+def _result_only_called(scope: cst.CSTNode, call: cst.Call) -> bool:
+    """Whether ``scope`` (a function) binds the result of ``call`` to a name once and only calls
+    that name (`model_fn = get_model_fn(...)`, then `model_fn(...)`): what the result runs is
+    then followed at those calls."""
+    if not isinstance(scope, cst.FunctionDef):
+        return False
+    binding = [a for a in find(scope, cst.Assign) if a.value is call and len(a.targets) == 1
+               and isinstance(a.targets[0].target, cst.Name)]
+    if len(binding) != 1:
+        return False
+    name = binding[0].targets[0].target
+    uses = [n for n in find(scope, cst.Name) if n.value == name.value and n is not name]
+    callees = {id(c.func) for c in find(scope, cst.Call)}
+    return bool(uses) and all(id(n) in callees for n in uses)
+
+
+def _made_function(rule, scope: cst.CSTNode, call: cst.Call) -> cst.FunctionDef | None:
+    """What ``call`` runs when it calls a name ``scope`` binds once to the call of a module
+    function that returns a function it defines (`model_fn = get_model_fn(...)`, then
+    `model_fn(inp, is_training=is_training)`)."""
+    if not isinstance(call.func, cst.Name) or not isinstance(scope, cst.FunctionDef):
+        return None
+    bound = [a.value for a in find(scope, cst.Assign)
+             if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name) and a.targets[0].target.value == call.func.value]
+    if len(bound) != 1 or not isinstance(bound[0], cst.Call) or not isinstance(bound[0].func, cst.Name):
+        return None
+    factory = module_functions(rule).get(bound[0].func.value)
+    made = _returned_functions(factory) if factory is not None else []
+    return made[0] if len(made) == 1 else None
+
+
+def _parameters_off(function: cst.FunctionDef, call: cst.Call, off: frozenset) -> frozenset:
+    """The parameters of ``function`` that ``call`` passes `False` or `None` (or a name of the
+    caller's own that is)."""
+    params = [p.name.value for p in function.params.params]
+    found = set()
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            break
+        name = arg.keyword.value if arg.keyword is not None else (params[position] if position < len(params) else None)
+        value = arg.value
+        if name in params and isinstance(value, cst.Name) and (value.value in ("False", "None") or value.value in off):
+            found.add(name)
+    return frozenset(found)
 
 
 def called_functions(rule, call: cst.Call) -> list[str]:
@@ -106,19 +177,33 @@ def called_functions(rule, call: cst.Call) -> list[str]:
     return []
 
 
-def _live_calls(node: cst.CSTNode, lists: frozenset) -> list[cst.Call]:
+def _live_calls(node: cst.CSTNode, lists: frozenset, off: frozenset = frozenset(),
+                skipped: frozenset = frozenset()) -> list[cst.Call]:
     """The calls under ``node``, but those of an `if` branch that cannot run when the names in
-    ``lists`` hold lists."""
-    if not lists:
+    ``lists`` hold lists and those in ``off`` are false, and those in the nodes whose ids are
+    ``skipped``."""
+    if not lists and not off and not skipped:
         return find(node, cst.Call)
-    dead = set()
+    dead = set(skipped)
     for branch in find(node, cst.If):
         holds = _list_test(branch.test, lists)
+        if holds is None:
+            holds = _off_test(branch.test, off)
         if holds is False:
             dead.add(id(branch.body))
         elif holds is True and branch.orelse is not None:
             dead.add(id(branch.orelse))
     return [n for n in own_nodes(node, frozenset(dead), into_scopes=True) if type(n) is cst.Call]
+
+
+def _off_test(test: cst.BaseExpression, off: frozenset) -> bool | None:
+    """Whether `if flag:` (or `if not flag:`) holds for a ``flag`` in ``off``; None otherwise."""
+    if isinstance(test, cst.Name) and test.value in off:
+        return False
+    if isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not):
+        inner = _off_test(test.expression, off)
+        return None if inner is None else not inner
+    return None
 
 
 def _list_test(test: cst.BaseExpression, lists: frozenset) -> bool | None:
