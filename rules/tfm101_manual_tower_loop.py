@@ -118,7 +118,10 @@ class ManualTowerLoop(Rule):
         update that reads a variable it also updates, with nothing ordering the two, is refused
         (the runtimes order them differently). A trainer class whose constructor builds the
         towers and whose update is a method its user calls (`train_step()`, a lazy property)
-        keeps the strategy on `self` and runs that method under its scope.
+        keeps the strategy on `self` and runs that method under its scope. Whether the towers
+        train is read through the module's functions they call: a branch a parameter passed
+        `False` or `None` guards (`if is_training:`) does not run, and a function a module
+        function makes and returns (`model_fn = get_model_fn(...)`) runs where it is called.
 
         With `tower-input = "dataset"` (pyproject.toml, or `fix --tower-input dataset`), the
         textbook shape is rewritten as a step a TF2 program can take over: `strategy.run` of a
