@@ -258,6 +258,9 @@ def test_towers_that_only_compute_become_a_replica_function():
                         outputs.append(model(parts[i]))
                 predictions = tf.concat(outputs, axis=0)
                 return tf.argmax(predictions, 1)
+        def evaluate(parts, num_gpus):
+            with tf.Session() as sess:
+                return sess.run(predict(parts, num_gpus))
     """)
     assert "def tower_fn():  # one tower per GPU" in out
     assert "outputs.append(model(parts[i]))" in out and "tf.concat(outputs, axis=0)" in out
@@ -450,6 +453,10 @@ def test_the_loop_target_of_enumerate_is_the_replicas_element():
                         outputs.append(model(parts[i]))
                 merged = tf.concat(outputs, 0)
                 return tf.nn.softmax(merged)
+        def evaluate(parts, gpus):
+            probabilities = predict(parts, gpus)
+            with tf.Session() as sess:
+                return sess.run(probabilities)
     """)
     assert "gpu = list(gpus.split(','))[i]" in out
     assert "devices=['/gpu:' + gpu for i, gpu in enumerate(gpus.split(','))]" in out
@@ -800,6 +807,25 @@ def test_environment_settings_stay_above_the_strategy():
 
 
 MORE_REFUSALS = {
+    # A generic ModelWrapper: `__call__` returns a dict made from its towers' outputs, and the
+    # caller minimizes its loss outside the replicas (a probe trained differently from step 1).
+    "dict_of_tower_results_returned_by_a_wrapper": ("""
+        import tensorflow as tf
+        class ModelWrapper(object):
+            def __init__(self, model_fn):
+                self.model_fn = model_fn
+            def __call__(self, shards):
+                tower_outputs = []
+                for i, shard in enumerate(shards):
+                    with tf.device('/gpu:{}'.format(i)), tf.variable_scope('model', reuse=tf.AUTO_REUSE):
+                        tower_outputs.append(self.model_fn(shard))
+                merged = {}
+                merged['loss'] = tf.reduce_mean(tf.stack([o['loss'] for o in tower_outputs]))
+                return merged
+        def main(shards, model_fn):
+            outputs = ModelWrapper(model_fn)(shards)
+            return tf.train.AdagradOptimizer(0.1).minimize(outputs['loss'])
+    """, "the towers' results reach `merged`, returned to the caller"),
     # An ALBERT-style model method returns the averaged gradients to `main`, which made the
     # object: the rewrite does not follow a method called on an object made elsewhere.
     "averaged_gradients_returned_by_a_method": ("""
@@ -3194,3 +3220,32 @@ def test_a_made_model_fn_used_otherwise_than_called_counts_as_training():
         "        model_fn = get_model_fn(4)\n        run = model_fn\n        return run(inp, is_training=is_training)")
     (finding,) = tower_findings(source)
     assert not finding.fixable
+
+
+PREDICT_TOWERS = """
+    import tensorflow as tf
+    def mgpu_predict(parts):
+        gpu_ops = []
+        for i in range(2):
+            with tf.device('/gpu:%d' % i):
+                gpu_ops.append(tf.layers.dense(parts[i], 1, name='fc', reuse=tf.AUTO_REUSE))
+        ops = tf.concat(gpu_ops, 0)
+        return ops
+    def main(parts, labels):
+        logits = mgpu_predict(parts)
+        CALLER_CODE
+"""
+
+
+@pytest.mark.parametrize("use, fixable", [
+    # finetune-transformer-lm's evaluation: the outputs are only run.
+    ("with tf.Session() as sess:\n            return sess.run(logits)", True),
+    # A ModelWrapper-style caller trains on them, outside the replicas (a probe trained
+    # differently from step 1 before this was refused).
+    ("return tf.train.AdagradOptimizer(0.1).minimize(tf.reduce_mean(tf.square(logits - labels)))", False),
+])
+def test_results_made_from_the_towers_and_returned_are_followed_to_the_callers(use, fixable):
+    (finding,) = tower_findings(PREDICT_TOWERS.replace("CALLER_CODE", use))
+    assert finding.fixable is fixable, finding.refusal
+    if not fixable:
+        assert finding.refusal.startswith("the towers' results reach `ops`, returned to the caller")

@@ -1484,6 +1484,13 @@ def _check_only_computes(rule, region: Region, own_update: frozenset | set = fro
         raise Refused(f"the towers' {', '.join(f'`{n}`' for n in sorted(filled & returned))} are returned to the "
                       "caller: build the update (or use the results) in the function with the tower loop")
     _check_no_foreign_consumer(rule, region, filled)
+    # What is returned as values, a session run's results, is no tensor the caller can train on.
+    returned_tensors = set().union(*(names_used(r.value) - _run_reads(r.value) for r in find(region.owner, cst.Return)
+                                     if r.value is not None))
+    made = _made_from(region.following, filled) & returned_tensors
+    if made and not _callers_only_compute(rule, region):  # `merged['loss'] = ...`, `return merged`
+        raise Refused(f"the towers' results reach {', '.join(f'`{n}`' for n in sorted(made))}, returned to the "
+                      "caller: build the update (or use the results) in the function with the tower loop")
     # Results can also leave through an argument, a dict, an attribute or a collection: where
     # anything in the module trains, it may train on them outside the replicas.
     if own_update:
@@ -1494,6 +1501,71 @@ def _check_only_computes(rule, region: Region, own_update: frozenset | set = fro
         raise Refused(f"line {line_of(rule, trainer)}: `{code(trainer.func)}` trains in this module, and the towers' "
                       "results go where the rewrite cannot follow them (an update it does not know, or storage other "
                       "functions read): build the update after the tower loop with an optimizer")
+
+
+def _callers_only_compute(rule, region: Region) -> bool:
+    """Whether the function with the loop is a module function whose every call binds its
+    results to names nothing after trains on (finetune-transformer-lm's `mgpu_predict`, whose
+    outputs the evaluation only runs): the results stay computed values."""
+    owner, module, parents = region.owner, rule.context.module, region.parents
+    if not isinstance(owner, cst.FunctionDef) or not any(s is owner for s in module.body):
+        return False
+    name = owner.name.value
+    calls = [c for c in module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
+    if not calls or references(module, name) != len(calls) + 1:  # its def and these calls: used no other way
+        return False
+    for call in calls:
+        statement = call
+        while id(statement) in parents and not isinstance(statement, cst.SimpleStatementLine):
+            statement = parents[id(statement)]
+            if isinstance(statement, cst.Call) and _runs_the_graph(statement):
+                break  # `sess.run(predict(...))`: only computed
+        if isinstance(statement, cst.Call):
+            continue
+        block = parents.get(id(statement))
+        if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(block, (cst.IndentedBlock, cst.Module)):
+            return False
+        siblings = list(block.body)
+        after = siblings[index_of(siblings, statement) + 1:]
+        results = scope_bindings(statement)
+        reached = results | _made_from(after, results)
+        for line in statement_lines(after):
+            if not names_used(line) & reached:
+                continue
+            if training_call(rule, line) is not None or any(
+                    (rule.imports.resolve(c.func) or "").split(".")[0] not in ("", *KNOWN_LIBRARIES)
+                    for c in find(line, cst.Call)):
+                return False  # trains on them, or hands them to code of another module
+        if not results:
+            return False
+    return True
+
+
+def _run_reads(value: cst.BaseExpression) -> set[str]:
+    """The names read only inside session runs in ``value`` (`sess.run(loss)`)."""
+    inside = set().union(set(), *(names_used(c) for c in find(value, cst.Call) if _runs_the_graph(c)))
+    outside = {n.value for n in find(value, cst.Name)
+               if not any(contains(c, n) for c in find(value, cst.Call) if _runs_the_graph(c))}
+    return inside - outside
+
+
+def _made_from(statements: list, names: set[str]) -> set[str]:
+    """The names ``statements`` bind from ``names`` (or from what they bound before), or fill
+    with them: `total = tf.add_n(losses)`, `merged['loss'] = ...`, `outputs.append(...)`."""
+    reached = set(names)
+    for line in statement_lines(statements):
+        if not names_used(line) & reached:
+            continue
+        reached |= scope_bindings(line)
+        for node in find(line, cst.AssignTarget, cst.Call):
+            target = node.target if isinstance(node, cst.AssignTarget) else (
+                node.func.value if isinstance(node.func, cst.Attribute) and node.func.attr.value in _FILLING_METHODS
+                else None)
+            while isinstance(target, (cst.Subscript, cst.Attribute)):
+                target = target.value
+            if isinstance(target, cst.Name):
+                reached.add(target.value)
+    return reached - set(names)
 
 
 def _check_no_foreign_consumer(rule, region: Region, filled: set[str]) -> None:
