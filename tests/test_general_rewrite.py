@@ -3249,3 +3249,10 @@ def test_results_made_from_the_towers_and_returned_are_followed_to_the_callers(u
     assert finding.fixable is fixable, finding.refusal
     if not fixable:
         assert finding.refusal.startswith("the towers' results reach `ops`, returned to the caller")
+
+
+def test_a_moving_average_imported_under_another_name_is_applied_per_replica_too():
+    out = fixed(TOWER_LOSS_AVERAGE.replace(
+        "    import tensorflow as tf\n", "    import tensorflow as tf\n    from tensorflow.train import ExponentialMovingAverage as EMA\n").replace(
+        "tf.train.ExponentialMovingAverage(0.9, name='avg')", "EMA(0.9, name='avg')"))
+    assert "tf.distribute.get_replica_context().merge_call(" in out and "args=(averages, [total])" in out

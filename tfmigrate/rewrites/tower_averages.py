@@ -68,8 +68,12 @@ def unhandled_averages(rule, bodies: list, applied: dict) -> list[cst.Call]:
 
 
 def _makes_moving_average(rule, call: cst.Call) -> bool:
-    """`tf.train.ExponentialMovingAverage(...)`."""
-    return rule.imports.resolve(call.func) == _MOVING_AVERAGE
+    """`tf.train.ExponentialMovingAverage(...)`, or a name imported for it (an attribute's last
+    name is read first: resolving every call of a module is the slow part)."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and func.attr.value != "ExponentialMovingAverage":
+        return False
+    return rule.imports.resolve(func) == _MOVING_AVERAGE
 
 
 def moving_averages_applied(rule, bodies: list, tf) -> dict[int, tuple[cst.Call, cst.BaseExpression]]:
@@ -100,8 +104,17 @@ def _averages_made(rule, body: cst.CSTNode) -> dict[str, cst.Call]:
     return {name: calls[0] for name, calls in made.items() if len(calls) == 1}
 
 
+def _mentions_averages(rule) -> bool:
+    """Whether the module's text names a moving average at all (most modules do not: their
+    calls are not walked for one)."""
+    text = rule.context.text
+    return text is None or "MovingAverage" in text
+
+
 def _average_calls(rule) -> list[cst.Call]:
     """The module's calls that make a moving average or apply one it names, found once."""
+    if not _mentions_averages(rule):
+        return []
     names = {name for name, _ in _module_averages(rule)}
     return rule.context.memo("tower_averages.calls", lambda: [
         call for call in module_calls(rule) if _makes_moving_average(rule, call)
@@ -124,7 +137,8 @@ def _holding(rule, bodies: list, calls: list[cst.Call]) -> list[cst.CSTNode]:
 
 def _module_averages(rule) -> list[tuple[str, cst.Call]]:
     """(name, call) of each `name = tf.train.ExponentialMovingAverage(...)` of the module, found once."""
-    return rule.context.memo("tower_averages.bindings", lambda: _bindings(rule, rule.context.module))
+    return rule.context.memo("tower_averages.bindings", lambda: _bindings(rule, rule.context.module)
+                             if _mentions_averages(rule) else [])
 
 
 def _bindings(rule, node: cst.CSTNode) -> list[tuple[str, cst.Call]]:
