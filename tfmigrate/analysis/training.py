@@ -16,7 +16,6 @@ from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import find, name_reads, own_nodes
 
 
-
 def variable_update(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None, cst.BaseExpression | None] | None:
     """(The update, the variable, the value) of `tf.assign_add(v, n)` or `v.assign_add(n)` (any
     of :data:`VARIABLE_UPDATES`), else None."""
@@ -80,7 +79,8 @@ def training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozense
     it only so, where :func:`_made_function` follows it)."""
     test = test or trains
     functions = module_functions(rule)
-    made = _returned_functions(node) if made_elsewhere else []
+    factories = _factories(rule)
+    made = factories.get(node.name.value, []) if made_elsewhere and isinstance(node, cst.FunctionDef) else []
     for call in _live_calls(node, lists, off, frozenset(id(f) for f in made)):
         if test(rule, call):
             return call
@@ -89,17 +89,28 @@ def training_call(rule, node: cst.CSTNode, test=None, seen: frozenset = frozense
                 continue
             known = _list_parameters(rule, functions[name], call)
             turned_off = _parameters_off(functions[name], call, off)
-            followed = _result_only_called(node, call)
+            followed = name in factories and _result_only_called(node, call)
             if rule.context.memo(("training.function_trains", name, test, known, turned_off, followed),
                                  lambda: training_call(rule, functions[name], test, seen | {name}, known,
                                                        turned_off, followed) is not None):
                 return call
-        made_here = _made_function(rule, node, call)
+        made_here = _made_function(rule, node, call) if factories else None
         if made_here is not None and id(made_here) not in seen:
             turned_off = _parameters_off(made_here, call, off)
             if training_call(rule, made_here, test, seen | {id(made_here)}, frozenset(), turned_off) is not None:
                 return call
     return None
+
+
+def _factories(rule) -> dict[str, list[cst.FunctionDef]]:
+    """The module's functions that return a function they define, by name, with those (most
+    modules have none: the calls of a walked function are then not looked into for one)."""
+
+    def compute() -> dict[str, list[cst.FunctionDef]]:
+        made = {name: _returned_functions(f) for name, f in module_functions(rule).items()}
+        return {name: functions for name, functions in made.items() if functions}
+
+    return rule.context.memo("training.factories", compute)
 
 
 def _returned_functions(node: cst.CSTNode) -> list[cst.FunctionDef]:
@@ -139,8 +150,7 @@ def _made_function(rule, scope: cst.CSTNode, call: cst.Call) -> cst.FunctionDef 
              if len(a.targets) == 1 and isinstance(a.targets[0].target, cst.Name) and a.targets[0].target.value == call.func.value]
     if len(bound) != 1 or not isinstance(bound[0], cst.Call) or not isinstance(bound[0].func, cst.Name):
         return None
-    factory = module_functions(rule).get(bound[0].func.value)
-    made = _returned_functions(factory) if factory is not None else []
+    made = _factories(rule).get(bound[0].func.value, [])
     return made[0] if len(made) == 1 else None
 
 
