@@ -1515,15 +1515,13 @@ def _callers_only_compute(rule, region: Region) -> bool:
     if not calls or references(module, name) != len(calls) + 1:  # its def and these calls: used no other way
         return False
     for call in calls:
-        statement = call
-        while id(statement) in parents and not isinstance(statement, cst.SimpleStatementLine):
-            statement = parents[id(statement)]
-            if isinstance(statement, cst.Call) and _runs_the_graph(statement):
-                break  # `sess.run(predict(...))`: only computed
-        if isinstance(statement, cst.Call):
-            continue
+        statement = enclosing(call, parents, cst.SimpleStatementLine)
+        if statement is None:
+            return False
+        if any(_runs_the_graph(run) and contains(run, call) for run in find(statement, cst.Call)):
+            continue  # `sess.run(predict(...))`: only computed
         block = parents.get(id(statement))
-        if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(block, (cst.IndentedBlock, cst.Module)):
+        if not isinstance(block, (cst.IndentedBlock, cst.Module)):
             return False
         siblings = list(block.body)
         after = siblings[index_of(siblings, statement) + 1:]

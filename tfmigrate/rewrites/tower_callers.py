@@ -15,7 +15,7 @@ import libcst as cst
 
 from tfmigrate.analysis.training import optimizer_step
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import find, free_names, names_used, scope_bindings
+from tfmigrate.cst.traversal import enclosing, find, free_names, names_used, scope_bindings
 from tfmigrate.rewrites.mirrored import references
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rewrites.tower_code import (
@@ -43,14 +43,8 @@ def function_caller(rule, region: Region) -> Region | None:
     calls = [c for c in module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
     if len(calls) != 1 or references(module, name) != 2:  # the definition and the one call
         return None  # used elsewhere too, or not here: no one caller to hold the strategy
-    parents = region.parents
-    statement, caller = calls[0], None
-    while not isinstance(statement, cst.SimpleStatementLine):
-        statement = parents[id(statement)]
-    node = statement
-    while caller is None and node is not module:
-        node = parents[id(node)]
-        caller = node if isinstance(node, cst.FunctionDef) else None
+    statement = enclosing(calls[0], region.parents, cst.SimpleStatementLine)
+    caller = enclosing(statement, region.parents, cst.FunctionDef)
     if caller is None or caller is owner:
         return None
     found = loop_region(rule.context, statement, caller, rule.imports)
@@ -79,9 +73,7 @@ def constructor_caller(rule, region: Region) -> Region | None:
     statement = parents.get(id(parents.get(id(calls[0]))))
     if not isinstance(statement, cst.SimpleStatementLine):
         return None
-    home: cst.CSTNode = statement
-    while home is not module and not isinstance(home, cst.FunctionDef):
-        home = parents[id(home)]
+    home = enclosing(statement, parents, cst.FunctionDef) or module
     found = loop_region(rule.context, statement, home, rule.imports)
     if not any(optimizer_step(c) for line in statement_lines(found.following) for c in find(line, cst.Call)):
         return None
@@ -115,9 +107,7 @@ def method_caller(rule, region: Region) -> Region | None:
         return None
     statement = parents[id(calls[0])]
     statement = parents.get(id(statement)) if isinstance(statement, cst.Expr) else None
-    caller = statement
-    while caller is not None and not isinstance(caller, cst.FunctionDef):
-        caller = parents.get(id(caller))
+    caller = enclosing(statement, parents, cst.FunctionDef) if statement is not None else None
     if not isinstance(statement, cst.SimpleStatementLine) or caller is None or caller is owner or methods.get(caller.name.value) is not caller:
         return None
     found = loop_region(rule.context, statement, caller, rule.imports)
