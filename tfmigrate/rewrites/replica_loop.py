@@ -1587,8 +1587,8 @@ def _results_leave(region: Region) -> bool:
     """Whether the loop or the code after it stores anything where other functions can read it:
     an attribute or an item of something (`self.x = ...`, `settings['x'] = ...`), a list that is
     not the function's own (`self.tower_outputs.append(...)`, a parameter's), a collection."""
-    owner = region.owner
-    local = set().union(*(scope_bindings(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
+    local = _local_names(region.owner)
+    in_function = isinstance(region.owner, cst.FunctionDef)
 
     def not_local(target: cst.CSTNode) -> bool:
         base = target
@@ -1596,18 +1596,28 @@ def _results_leave(region: Region) -> bool:
             base = base.value
         return not (isinstance(base, cst.Name) and base.value in local)  # a local dict's item stays here
 
+    return any(kind == "collection" or ((kind == "assign" or in_function) and not_local(target))
+               for kind, target in _stores(region))
+
+
+def _stores(region: Region):
+    """(kind, target) for each place the loop and the code after it store into: `assign` (an
+    attribute or an item: `self.x = ...`, `d['k'] = ...`), `fill` (`x.append(...)` and the other
+    :data:`_FILLING_METHODS`: the container), `collection` (`tf.add_to_collection`: None)."""
     for statement in [region.loop.body, *region.following]:
         for node in own_nodes(statement):
             if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.target, (cst.Attribute, cst.Subscript)):
-                if not_local(node.target):
-                    return True
-            if isinstance(node, cst.Call) and code(node.func).endswith("add_to_collection"):
-                return True
-            if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                    and node.func.attr.value in _FILLING_METHODS and isinstance(owner, cst.FunctionDef)
-                    and not_local(node.func.value)):
-                return True
-    return False
+                yield "assign", node.target
+            elif isinstance(node, cst.Call) and code(node.func).endswith("add_to_collection"):
+                yield "collection", None
+            elif (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                  and node.func.attr.value in _FILLING_METHODS):
+                yield "fill", node.func.value
+
+
+def _local_names(owner: cst.CSTNode) -> set[str]:
+    """The names a function's own statements bind (none for the module)."""
+    return set().union(*(scope_bindings(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
 
 
 # Methods that fill a container in place: a container the function does not own leaves with it.
@@ -1639,28 +1649,18 @@ def _kept_from_trainers(rule, region: Region, own_update) -> bool:
 def _stored_on_self(region: Region) -> set[str]:
     """The attributes of `self` the loop and the code after it store into (`self.x = ...`,
     `self.outputs.append(...)`); empty when anything else leaves (a collection, another object)."""
-    owner = region.owner
-    local = set().union(*(scope_bindings(s) for s in owner.body.body)) if isinstance(owner, cst.FunctionDef) else set()
+    local = _local_names(region.owner)
     stored: set[str] = set()
-    for statement in [region.loop.body, *region.following]:
-        for node in own_nodes(statement):
-            target = None
-            if isinstance(node, (cst.AssignTarget, cst.AugAssign)) and isinstance(node.target, (cst.Attribute, cst.Subscript)):
-                target = node.target
-            elif isinstance(node, cst.Call) and code(node.func).endswith("add_to_collection"):
-                return set()
-            elif (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                  and node.func.attr.value in _FILLING_METHODS):
-                target = node.func.value
-            if target is None:
-                continue
-            while isinstance(target, cst.Subscript):
-                target = target.value
-            if not (isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"):
-                if not (isinstance(target, cst.Name) and target.value in local):
-                    return set()  # another object's, a parameter's or a global container
-                continue  # a local list or dict
-            stored.add(target.attr.value)
+    for kind, target in _stores(region):
+        if kind == "collection":
+            return set()
+        while isinstance(target, cst.Subscript):
+            target = target.value
+        if not (isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self"):
+            if not (isinstance(target, cst.Name) and target.value in local):
+                return set()  # another object's, a parameter's or a global container
+            continue  # a local list or dict
+        stored.add(target.attr.value)
     return stored
 
 
