@@ -132,9 +132,10 @@ def method_caller(rule, region: Region) -> Region | None:
 def user_called_update(rule, region: Region) -> Region | None:
     """A trainer class whose constructor builds the towers into `self` and whose update is
     another method, which the class's user calls after building the object (`trainer =
-    Trainer(cfg)`, then `trainer.train_step()`, maybe through `trainer.fit()`). The constructor's own region, its
-    code followed into those methods (``reaches``, ``external``): the strategy is made in the
-    constructor and kept on `self`, and the update methods run under its scope."""
+    Trainer(cfg)`, then `trainer.train_step()`, maybe through `trainer.fit()`). The
+    constructor's own region, its code followed into those methods (``reaches``,
+    ``external``): the strategy is made in the constructor and kept on `self`, and the update
+    methods run under its scope."""
     owner, parents = region.owner, region.parents
     holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
     if not (isinstance(holder, cst.ClassDef) and owner.name.value == "__init__" and _first_parameter(owner) == "self"):
@@ -144,10 +145,7 @@ def user_called_update(rule, region: Region) -> Region | None:
     methods = {s.name.value: s for s in holder.body.body if isinstance(s, cst.FunctionDef)}
     results = {c.target for c in collected_appends(region.loop)} | {
         code(t.target) for line in [region.loop.body, *region.following] for t in find(line, cst.AssignTarget)}
-    results = {r for r in results if r.startswith("self.")}
-    external = [method for method in methods.values() if method is not owner and _first_parameter(method) == "self"
-                and results & {code(a) for a in find(method, cst.Attribute)}
-                and any(optimizer_step(c) for c in find(method, cst.Call))]
+    external = _updating_methods(methods, [owner], {r for r in results if r.startswith("self.")})
     if not external:
         return None
     found = loop_region(rule.context, region.loop, owner, rule.imports)
@@ -161,14 +159,16 @@ def _external_updates(holder: cst.ClassDef, methods: dict, owner, caller, result
     (`self.d_loss`), that no method of the class calls: the class's user calls them after
     building it (carpedm20 DCGAN: `__init__` calls `build_model()`, the script calls `train()`)."""
     called = {self_method(c) for c in find(holder, cst.Call)}
-    found = []
-    for name, method in methods.items():
-        if method is owner or method is caller or name in called or _first_parameter(method) != "self":
-            continue
-        reads = {code(a) for a in find(method, cst.Attribute)}
-        if reads & results and any(optimizer_step(c) for c in find(method, cst.Call)):
-            found.append(method)
-    return found
+    return [method for method in _updating_methods(methods, [owner, caller], results) if method.name.value not in called]
+
+
+def _updating_methods(methods: dict, skipped: list, results: set[str]) -> list[cst.FunctionDef]:
+    """The methods, but ``skipped``, that update the model from what the towers left on `self`:
+    they read one of ``results`` and step an optimizer."""
+    return [method for method in methods.values()
+            if not any(method is other for other in skipped) and _first_parameter(method) == "self"
+            and results & {code(a) for a in find(method, cst.Attribute)}
+            and any(optimizer_step(c) for c in find(method, cst.Call))]
 
 
 def _first_parameter(function: cst.FunctionDef) -> str | None:
