@@ -84,7 +84,7 @@ from tfmigrate.rewrites.mirrored import (
     own_optimizer_update, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rewrites.refusal import Refused, StateRefused
-from tfmigrate.rewrites.tower_averages import moving_averages_applied, unhandled_averages
+from tfmigrate.rewrites.tower_averages import applied_per_replica, averages_applied, unhandled_averages
 from tfmigrate.rewrites.tower_regularization import (
     counted_per_replica, counting_helper, every_towers_regularization, helpers_regularization, regularization_blocker,
     regularization_scale,
@@ -330,7 +330,7 @@ def _module_changes(rule, members: list, scope_region: Region, strategy: str, tf
     variables = _variable_calls(rule)
     counters = {key: call for member in members for key, call in _counted(rule, member)[0].items()}
     renamed, op_names = _optimizers_named_apart(rule), _variable_op_names(rule, members)
-    averages = moving_averages_applied(rule, _replica_code(rule, members), tf)
+    averages = applied_per_replica(averages_applied(rule, _replica_code(rule, members)), tf)
     summed = f"{tf('tensorflow.VariableAggregation')}.SUM"
     changes = {
         **new_values,
@@ -363,11 +363,16 @@ def _variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst
 
 
 def _replica_code(rule, towers: list) -> list[cst.CSTNode]:
-    """What the replicas run: each loop's body and the functions (and own methods) it reaches."""
-    replicas = []
-    for tower in towers:
-        replicas += [tower.loop.body, *functions_called(rule, [tower.loop.body], class_methods(rule, tower.loop))]
-    return replicas
+    """What the replicas run: each loop's body and the functions (and own methods) it reaches
+    (found once per group of loops: several checks and edits ask)."""
+
+    def compute() -> list[cst.CSTNode]:
+        replicas = []
+        for tower in towers:
+            replicas += [tower.loop.body, *functions_called(rule, [tower.loop.body], class_methods(rule, tower.loop))]
+        return replicas
+
+    return rule.context.memo(("replica_loop.replica_code", tuple(id(tower.loop) for tower in towers)), compute)
 
 
 def _find_variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
@@ -693,7 +698,7 @@ def _may_get_variables(rule, call: cst.Call) -> bool:
 def _merging(rule, tower) -> set[int]:
     """The calls of the loop body that apply a tower's moving average from a merge call, or
     reach a function that does (:mod:`tfmigrate.rewrites.tower_averages`), by id."""
-    applies = moving_averages_applied(rule, _replica_code(rule, [tower]), TfNames(rule))
+    applies = averages_applied(rule, _replica_code(rule, [tower]))
     if not applies:
         return set()
     methods = class_methods(rule, tower.loop)
@@ -757,7 +762,7 @@ def _check_tower_variables(rule, tower) -> None:
     by replica 0 only, its merge call would meet the other replicas' optimizer merge call: "Values
     to regroup had different lengths".)"""
     replicas = _replica_code(rule, [tower])
-    applied = moving_averages_applied(rule, replicas, TfNames(rule))
+    applied = averages_applied(rule, replicas)
     unhandled = unhandled_averages(rule, replicas, applied)
     if unhandled:
         call = unhandled[0]
@@ -1989,7 +1994,7 @@ def _replica_body(rule, tower, region: Region, update: Update, tf: TfNames, run_
     reads = frozenset(id(call) for call in every_towers_regularization(rule, loop))
     # The module-wide edits of replica code that fall in the body (see _module_changes).
     replaced = {key: new for key, (_, new) in [*_variable_op_names(rule, [tower]).items(),
-                                               *moving_averages_applied(rule, [loop.body], tf).items()]}
+                                               *applied_per_replica(averages_applied(rule, [loop.body]), tf).items()]}
     replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target),
                            frozenset(_variable_calls(rule)), reads, replaced)
     body = loop.body.visit(replica)

@@ -34,7 +34,7 @@ from tfmigrate.cst.callargs import method_call
 from tfmigrate.cst.traversal import find, module_parents
 from tfmigrate.rewrites.tower_code import module_calls
 
-__all__ = ["moving_averages_applied", "unhandled_averages"]
+__all__ = ["applied_per_replica", "averages_applied", "unhandled_averages"]
 
 _MOVING_AVERAGE = "tensorflow.train.ExponentialMovingAverage"
 # The model's variables: an average of these is the variables' shadow copy, not a tower's result.
@@ -56,7 +56,7 @@ def unhandled_averages(rule, bodies: list, applied: dict) -> list[cst.Call]:
     an `ExponentialMovingAverage(...)` made there and not rewritten, and an `apply` there of an
     average the module makes elsewhere (one object for every tower: each tower's apply made
     variables named after its own tensors, which a replica after the first cannot), except the
-    ``applied`` calls (:func:`moving_averages_applied`)."""
+    ``applied`` calls (:func:`averages_applied`)."""
     names = {name for name, _ in _module_averages(rule)}
     found = []
     for body in _holding(rule, bodies, _average_calls(rule)):
@@ -76,11 +76,10 @@ def _makes_moving_average(rule, call: cst.Call) -> bool:
     return rule.imports.resolve(func) == _MOVING_AVERAGE
 
 
-def moving_averages_applied(rule, bodies: list, tf) -> dict[int, tuple[cst.Call, cst.BaseExpression]]:
+def averages_applied(rule, bodies: list) -> dict[int, tuple[cst.Call, str, cst.BaseExpression]]:
     """In the code the replicas run (``bodies``: the tower loop's body and the functions it
-    reaches), the `average.apply(tensors)` calls of the averages made there, rewritten as the
-    merge call above: id(apply call) -> (the call, its replacement). ``tf`` spells TensorFlow
-    names."""
+    reaches), the `average.apply(tensors)` calls of the averages made there that can be applied
+    per replica: id(apply call) -> (the call, the average's name, the tensors)."""
     found = {}
     for body in _holding(rule, bodies, [call for _, call in _module_averages(rule)]):
         for name in _averages_made(rule, body):
@@ -89,11 +88,17 @@ def moving_averages_applied(rule, bodies: list, tf) -> dict[int, tuple[cst.Call,
             tensors = [_applied_to(call) for call in applies]
             if not applies or any(t is None or _reads_variable_list(rule, t) for t in tensors):
                 continue
-            for call, applied in zip(applies, tensors):
-                found[id(call)] = (call, cst.parse_expression(_APPLIED_PER_REPLICA.format(
-                    replica_context=tf("tensorflow.distribute.get_replica_context"), group=tf("tensorflow.group"),
-                    average=name, tensors=cst.Module([]).code_for_node(applied))))
+            found.update((id(call), (call, name, applied)) for call, applied in zip(applies, tensors))
     return found
+
+
+def applied_per_replica(applied: dict, tf) -> dict[int, tuple[cst.Call, cst.BaseExpression]]:
+    """The ``applied`` calls (:func:`averages_applied`) rewritten as the merge call above:
+    id(apply call) -> (the call, its replacement). ``tf`` spells TensorFlow names."""
+    return {key: (call, cst.parse_expression(_APPLIED_PER_REPLICA.format(
+        replica_context=tf("tensorflow.distribute.get_replica_context"), group=tf("tensorflow.group"),
+        average=name, tensors=cst.Module([]).code_for_node(tensors))))
+        for key, (call, name, tensors) in applied.items()}
 
 
 def _averages_made(rule, body: cst.CSTNode) -> dict[str, cst.Call]:
