@@ -16,12 +16,17 @@ class QueueBatching(Rule):
     # from-import; only the *_join variants do not end in "batch(".
     triggers = ("batch(", "batch_join")
     # They all live in `tf.train`, and names resolve from the text: a spelling of them is a call
-    # on the module (`tf.train.shuffle_batch(`), a bare call of an imported name (`batch_join(`),
-    # or goes through an alias of the module (`batching = tf.train`, `from tensorflow.compat.v1
-    # import train as queues`). tf.data's `dataset.batch(` in a TF1 module, which names
-    # `tf.train` for its optimizers and schedules, is none of these.
-    requires = (r"(?m)\btrain\s*\.\s*\w*batch|(?<![.\w])\w*batch(?:_join)?\s*\(|\btrain\s*$"
-                r"|\bimport\s[^\n]*\btrain\b",)
+    # on the module (`tf.train.shuffle_batch(`), a bare call of an imported one by its name
+    # (`batch_join(`, `maybe_shuffle_batch(`), or goes through an alias of the module (`batching
+    # = tf.train`, `from tensorflow.compat.v1 import train as queues`). tf.data's
+    # `dataset.batch(` in a TF1 module, which names `tf.train` for its optimizers and
+    # schedules, is none of these, nor is a function of the module's own (`next_batch(`).
+    # (Each branch starts with a literal, and the lookbehinds after it say what precedes it:
+    # a pattern starting with `\b` is tried at every character of every file, see rule.py.)
+    requires = (r"(?m)train(?<!\wtrain)\s*\.\s*\w*batch"
+                r"|batch(?:(?<![.\w]batch)|(?<=(?<![.\w])shuffle_batch)|(?<=(?<![.\w])maybe_batch)"
+                r"|(?<=(?<![.\w])maybe_shuffle_batch))(?:_join)?\s*\("
+                r"|train(?<!\wtrain)\s*$|import(?<!\wimport)\s[^\n]*\btrain\b",)
     fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """

@@ -47,10 +47,26 @@ def test_a_tf_data_module_is_not_parsed(parsed):
     "from tensorflow.compat.v1 import train as queues\nx = queues.maybe_batch([a], True, 32)\n",
     "from tensorflow.compat.v1.train import batch_join\nx = batch_join([[a]], 32)\n",
     "import tensorflow as tf\nbatching = tf.train\nx = batching.batch([a], 32)\n",
+    "from tensorflow.compat.v1.train import maybe_shuffle_batch\nx = maybe_shuffle_batch([a], 32, 100, 10, True)\n",
+    "from tensorflow.compat.v1.train import (\n    shuffle_batch_join,\n)\nx = shuffle_batch_join([[a]], 32, 100, 10)\n",
 ])
 def test_every_spelling_of_a_queue_batch_still_gets_through(spelling, parsed):
     findings = check_text(spelling, Config(root=ROOT, select=["TFM303"]))
     assert [f.code for f in findings] == ["TFM303"] and parsed == [spelling]
+
+
+def test_a_batch_function_of_the_modules_own_is_not_parsed(parsed):
+    text = textwrap.dedent("""\
+        import tensorflow as tf
+
+        def next_batch(reader, size):
+            return reader.read(size)
+
+        opt = tf.train.AdamOptimizer(0.1)
+        images = next_batch(reader, 32)
+        dataset = tf.data.Dataset.range(10).batch(2)
+        """)
+    assert check_text(text, Config(root=ROOT)) == [] and parsed == []
 
 
 def test_the_catalog_keeps_the_required_patterns():

@@ -119,6 +119,8 @@ def _returned_functions(node: cst.CSTNode) -> list[cst.FunctionDef]:
     if not isinstance(node, cst.FunctionDef) or not isinstance(node.body, cst.IndentedBlock):
         return []
     defined = {s.name.value: s for s in node.body.body if isinstance(s, cst.FunctionDef)}
+    if not defined:  # most functions: nothing to walk for
+        return []
     returned = {r.value.value for r in find(node, cst.Return) if isinstance(r.value, cst.Name)}
     called = {c.func.value for c in find(node, cst.Call) if isinstance(c.func, cst.Name)}
     return [f for name, f in defined.items() if name in returned and name not in called]

@@ -45,8 +45,31 @@ def blank_lines_unindented(statement: cst.BaseStatement) -> cst.BaseStatement:
     return statement.with_changes(leading_lines=lines)
 
 
-def children(node: cst.CSTNode) -> list[cst.CSTNode]:
+# id(node) -> (node, its children): the analyses walk the same statements many times over. An
+# entry holds its node, so the id cannot be reused while it lives; bounded, and emptied for
+# each file (forget_children), not to hold on to the trees of files done with.
+_CHILDREN: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = {}
+_CHILDREN_KEPT = 200_000
+
+
+def children(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
     """The child nodes of ``node`` that can hold code, in source order."""
+    known = _CHILDREN.get(id(node))
+    if known is not None and known[0] is node:
+        return known[1]
+    found = _children(node)
+    if len(_CHILDREN) >= _CHILDREN_KEPT:
+        _CHILDREN.clear()
+    _CHILDREN[id(node)] = (node, found)
+    return found
+
+
+def forget_children() -> None:
+    """Empty the children memo (the runner calls it before each file)."""
+    _CHILDREN.clear()
+
+
+def _children(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
     cls = type(node)
     names = _FIELDS.get(cls)
     if names is None:
@@ -68,7 +91,7 @@ def children(node: cst.CSTNode) -> list[cst.CSTNode]:
             answer = holds_code.get(kind)
             if answer or (answer is None and _holds_code(kind)):
                 found.append(value)
-    return found
+    return tuple(found)
 
 
 _HOLDS_CODE: dict[type, bool] = {}

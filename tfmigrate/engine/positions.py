@@ -52,9 +52,11 @@ class LazyPositions(Mapping):
     def __init__(
         self, module: cst.Module, text: str, statement_of: dict[int, int],
         in_order: dict[tuple[int, str], list] | None = None, walked: set[int] | None = None,
+        python_tree: ast.Module | None = None,
     ) -> None:
         self.module = module
         self.text = text
+        self.python_tree = python_tree  # Python's parse of ``text`` when the caller has one
         self.statement_of = statement_of
         self.in_order = in_order
         self.walked = walked  # the top-level statements the rules' walk has left (in_order complete)
@@ -86,7 +88,7 @@ class LazyPositions(Mapping):
 
             self._starts = []
             try:
-                statements = ast.parse(self.text).body
+                statements = (self.python_tree or ast.parse(self.text)).body
             except (SyntaxError, ValueError, RecursionError, MemoryError):
                 return self._starts
             starts, taken = [], 0

@@ -127,11 +127,21 @@ class RuleInfo:
         return info
 
 
-def could_fire(rule, text: str) -> bool:
+def could_fire(rule, text: str, matched: dict[str, bool] | None = None) -> bool:
     """The prefilter, for a rule or its RuleInfo: the text mentions one of its trigger words
     and matches each of its ``requires`` patterns. A file no enabled rule could fire on is
-    not parsed."""
-    return any(word in text for word in rule.triggers) and all(re.search(pattern, text) for pattern in rule.requires)
+    not parsed. ``matched`` remembers the patterns' answers on this text across rules (several
+    rules require the same one)."""
+    if not any(word in text for word in rule.triggers):
+        return False
+    matched = {} if matched is None else matched
+    for pattern in rule.requires:
+        answer = matched.get(pattern)
+        if answer is None:
+            answer = matched[pattern] = re.search(pattern, text) is not None
+        if not answer:
+            return False
+    return True
 
 
 _catalog: tuple[RuleInfo, ...] | None = None  # from the cache, or computed by catalog()

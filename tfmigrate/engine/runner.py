@@ -24,6 +24,8 @@ from tfmigrate.engine.positions import TWIN_KINDS, LazyPositions
 from tfmigrate.cst.walker import is_attribute_hook, skipped_types, visitor_method_names, walk
 
 if TYPE_CHECKING:
+    import ast
+
     import libcst as cst
     from libcst.metadata import MetadataWrapper
 
@@ -85,9 +87,10 @@ def codes_for(text: str, config: Config, path: str | None = None) -> set[str]:
     rules = registry.stored_catalog() if all_rules is registry.all_rules else None
     if rules is None:
         rules = all_rules()
+    matched: dict[str, bool] = {}
     return {
         rule.code for rule in rules
-        if config.enabled(rule.code, path) and registry.could_fire(rule, text)
+        if config.enabled(rule.code, path) and registry.could_fire(rule, text, matched)
     }
 
 
@@ -179,17 +182,24 @@ def _batched(visitors: list):
     return Batched()
 
 
-def analyze_module(module: cst.Module, path: str, rules: list[type[Rule]], config: Config, text: str) -> Analysis:
+def analyze_module(
+    module: cst.Module, path: str, rules: list[type[Rule]], config: Config, text: str,
+    python_tree: ast.Module | None = None,
+) -> Analysis:
+    """Run ``rules`` over ``module`` (parsed from ``text``; ``python_tree``: Python's parse of it,
+    when the caller has one)."""
     from tfmigrate.cst.names import ImportTable
+    from tfmigrate.cst.traversal import forget_children
     from tfmigrate.rule import RuleContext
 
+    forget_children()  # the last file's nodes
     statement_of: dict[int, int] = {}
     in_order: dict[tuple[int, str], list] = {}
     walked: set[int] = set()
     context = RuleContext(
         path=path, module=module, imports=ImportTable.from_module(module), target=config.target, tower_input=config.tower_input,
         text=text,
-        positions=LazyPositions(module, text, statement_of, in_order, walked),
+        positions=LazyPositions(module, text, statement_of, in_order, walked, python_tree),
     )
     visitors = [rule(context) for rule in rules]
     needed = [visitor for visitor in visitors if visitor.get_inherited_dependencies()]
@@ -219,7 +229,7 @@ def analyze_source(source: SourceFile, config: Config) -> Analysis | None:
     else:  # rules of a test's own
         rules = [rule for rule in all_rules() if rule.code in codes]
     module = parse_source(source)
-    return analyze_module(module, source.path, rules, config, source.text)
+    return analyze_module(module, source.path, rules, config, source.text, source.python_tree)
 
 
 def internal_error(exc: BaseException) -> str:

@@ -20,7 +20,7 @@ import threading
 import time
 import tokenize
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,6 +49,9 @@ class SourceFile:
     text: str
     encoding: str
     bom: bool
+    # Python's own syntax tree of ``text``, kept by ``parse_source`` (which must run Python's
+    # parser anyway) for the positions, which pair its statements with LibCST's.
+    python_tree: ast.Module | None = field(default=None, repr=False, compare=False)
 
     @property
     def lines(self) -> list[str]:
@@ -142,9 +145,10 @@ def python2_reason(text: str, line: int) -> str | None:
 
 def _python_syntax_error(source: SourceFile) -> SyntaxError | None:
     """Python's parser on the file (in C, guarded against deep nesting: more than 200 nested
-    brackets are a SyntaxError, a deeper expression a RecursionError or MemoryError)."""
+    brackets are a SyntaxError, a deeper expression a RecursionError or MemoryError); the tree
+    it makes is kept in ``source.python_tree``."""
     try:
-        compile(source.text, source.path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+        source.python_tree = compile(source.text, source.path, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
     except SyntaxError as exc:
         return exc
     except (RecursionError, MemoryError) as exc:

@@ -33,9 +33,15 @@ __all__ = ["REGULARIZATION_SCALE", "counted_per_replica", "counting_helper", "ev
 _LAZY_REGULARIZERS = {"regularizer", "weights_regularizer", "biases_regularizer"}
 
 
+# Every read regularization_blocker looks at spells one of these (an alias, where it is imported).
+_READ_WORDS = ("get_total_loss", "REGULARIZATION_LOSSES", "get_regularization_loss")
+
+
 def regularization_blocker(rule) -> str:
     """Why the module's regularization losses cannot be kept per replica (see
     :func:`tfmigrate.rewrites.replica_loop`'s training-state check), or ""."""
+    if not rule.context.mentions(*_READ_WORDS):
+        return ""  # no read of a regularization or total loss can be there
     fixed = _fixed_regularization(rule)
     scoped: list[cst.Call] = []  # reads by the tower's scope, and what they contain
     for node in module_nodes(rule):
@@ -124,7 +130,14 @@ def _regularization_read(rule, call: cst.Call) -> tuple[str, cst.BaseExpression 
 
 
 def _fixed_regularization(rule) -> cst.CSTNode | None:
-    """Where the module makes a regularization loss that is not re-read per replica, if it does."""
+    """Where the module makes a regularization loss that is not re-read per replica, if it does
+    (found once per module: every check and edit of every tower asks)."""
+    return rule.context.memo("tower_regularization.fixed", lambda: _find_fixed_regularization(rule))
+
+
+def _find_fixed_regularization(rule) -> cst.CSTNode | None:
+    if not rule.context.mentions("_regularizer", "REGULARIZATION_LOSSES"):
+        return None
     for node in module_nodes(rule):
         if isinstance(node, cst.Attribute):
             continue
