@@ -7,6 +7,7 @@ this walks the dataclass fields directly and skips whitespace and punctuation.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 from typing import Iterator
@@ -47,7 +48,7 @@ def blank_lines_unindented(statement: cst.BaseStatement) -> cst.BaseStatement:
 
 # id(node) -> (node, its children): the analyses walk the same statements many times over. An
 # entry holds its node, so the id cannot be reused while it lives; bounded, and emptied for
-# each file (forget_children), not to hold on to the trees of files done with.
+# each file (index_module), not to hold on to the trees of files done with.
 _CHILDREN: dict[int, tuple[cst.CSTNode, tuple[cst.CSTNode, ...]]] = {}
 _CHILDREN_KEPT = 200_000
 
@@ -62,11 +63,6 @@ def children(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
         _CHILDREN.clear()
     _CHILDREN[id(node)] = (node, found)
     return found
-
-
-def forget_children() -> None:
-    """Empty the children memo (the runner calls it before each file)."""
-    _CHILDREN.clear()
 
 
 def _children(node: cst.CSTNode) -> tuple[cst.CSTNode, ...]:
@@ -130,9 +126,8 @@ def events(node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, bool]]:
 def name_nodes(root: cst.CSTNode) -> dict[str, list[cst.Name]]:
     """name -> the Name nodes under ``root`` with that value, in source order."""
     index: dict[str, list[cst.Name]] = {}
-    for node in walk(root):
-        if type(node) is cst.Name:
-            index.setdefault(node.value, []).append(node)
+    for node in find(root, cst.Name):
+        index.setdefault(node.value, []).append(node)
     return index
 
 
@@ -162,9 +157,98 @@ def parents_of(root: cst.CSTNode) -> dict[int, cst.CSTNode]:
 
 
 def find(node: cst.CSTNode, *types: type) -> list:
-    """Every node of the given types under ``node`` (``node`` included)."""
+    """Every node of the given types under ``node`` (``node`` included), in pre-order."""
     wanted = concrete_types(types)
+    index = _INDEX[0]
+    if index is not None:
+        found = index.find(node, wanted)
+        if found is not None:
+            return found
     return [n for n in walk(node) if type(n) in wanted]
+
+
+class _TypeIndex:
+    """The nodes of one tree by type, each with its place in pre-order and where its subtree
+    ends: the nodes of some types under a node of the module are then slices of the lists of
+    those types, not a walk (the analyses ask thousands of times per tower file, mostly of the
+    same few statements). A node of another tree (one a rewrite built) is not in it."""
+
+    def __init__(self, root: cst.CSTNode) -> None:
+        self.span: dict[int, tuple[cst.CSTNode, int, int]] = {}  # id -> (node, first, past its last)
+        self.places: dict[type, list[int]] = {}
+        self.nodes: dict[type, list[cst.CSTNode]] = {}
+        order = 0
+        stack: list[tuple[cst.CSTNode, bool]] = [(root, True)]
+        while stack:
+            node, entering = stack.pop()
+            if not entering:
+                self.span[id(node)] = (node, self.span[id(node)][1], order)
+                continue
+            self.span[id(node)] = (node, order, order)
+            kind = type(node)
+            self.places.setdefault(kind, []).append(order)
+            self.nodes.setdefault(kind, []).append(node)
+            order += 1
+            stack.append((node, False))
+            stack.extend((child, True) for child in reversed(children(node)))
+
+    def find(self, node: cst.CSTNode, wanted: frozenset[type]) -> list | None:
+        known = self.span.get(id(node))
+        if known is None or known[0] is not node:
+            return None
+        _, first, end = known
+        found: list[tuple[int, cst.CSTNode]] = []
+        kinds = 0
+        for kind in wanted:
+            places = self.places.get(kind)
+            if places is None:
+                continue
+            low, high = bisect.bisect_left(places, first), bisect.bisect_left(places, end)
+            if low < high:
+                kinds += 1
+                found.extend(zip(places[low:high], self.nodes[kind][low:high]))
+        if kinds > 1:
+            found.sort(key=lambda item: item[0])
+        return [n for _, n in found]
+
+
+class _ModuleIndex:
+    """A :class:`_TypeIndex` of each top-level statement of a module that a find looks into,
+    made at the first such find (most of a module is never searched)."""
+
+    def __init__(self, module: cst.Module, statement_of: dict[int, int]) -> None:
+        self.module = module
+        self.statement_of = statement_of  # id(node) -> its top-level statement's index, as far as known
+        self.parts: dict[int, _TypeIndex] = {}
+
+    def find(self, node: cst.CSTNode, wanted: frozenset[type]) -> list | None:
+        if node is self.module:  # its children are its statements
+            found = [node] if type(node) in wanted else []
+            for statement, top in enumerate(node.body):
+                found.extend(self._part(statement).find(top, wanted) or ())
+            return found
+        statement = self.statement_of.get(id(node))
+        if statement is None or statement < 0:
+            return None
+        return self._part(statement).find(node, wanted)
+
+    def _part(self, statement: int) -> _TypeIndex:
+        part = self.parts.get(statement)
+        if part is None:
+            part = self.parts[statement] = _TypeIndex(self.module.body[statement])
+        return part
+
+
+# The index of the module being analysed (see index_module).
+_INDEX: list[_ModuleIndex | None] = [None]
+
+
+def index_module(module: cst.Module | None, statement_of: dict[int, int] | None = None) -> None:
+    """Make ``find`` answer from an index of ``module`` (the file being analysed; None: no
+    index), whose nodes' top-level statements ``statement_of`` gives (filled by the runner's
+    walk as it goes), and forget what was remembered of the file before."""
+    _CHILDREN.clear()
+    _INDEX[0] = None if module is None else _ModuleIndex(module, {} if statement_of is None else statement_of)
 
 
 @functools.lru_cache(maxsize=None)

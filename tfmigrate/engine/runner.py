@@ -189,11 +189,11 @@ def analyze_module(
     """Run ``rules`` over ``module`` (parsed from ``text``; ``python_tree``: Python's parse of it,
     when the caller has one)."""
     from tfmigrate.cst.names import ImportTable
-    from tfmigrate.cst.traversal import forget_children
+    from tfmigrate.cst.traversal import index_module
     from tfmigrate.rule import RuleContext
 
-    forget_children()  # the last file's nodes
     statement_of: dict[int, int] = {}
+    index_module(module, statement_of)  # and forget the last file's nodes
     in_order: dict[tuple[int, str], list] = {}
     walked: set[int] = set()
     context = RuleContext(
