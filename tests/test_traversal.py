@@ -8,7 +8,7 @@ import libcst as cst
 import pytest
 
 from tfmigrate.cst import traversal
-from tfmigrate.cst.traversal import find, index_module, walk
+from tfmigrate.cst.traversal import find, find_own, index_module, own_nodes, walk
 from tfmigrate.engine.config import Config
 from tfmigrate.engine.runner import check_text
 
@@ -34,9 +34,26 @@ def test_find_from_the_index_is_the_walk(path):
         for types in KINDS:
             for node in [module, *nodes[::7]]:
                 assert find(node, *types) == _walked(node, types)
+                own = [n for n in own_nodes(node) if isinstance(n, types)]
+                assert find_own(node, *types) == own
         assert len(traversal._INDEX[0].parts) == len(module.body)  # answered from the index
     finally:
         index_module(None)
+
+
+def test_find_own_leaves_out_what_nested_scopes_hold():
+    module = cst.parse_module(
+        "def f(x):\n    a = 1\n    def g():\n        b = 2\n        class C:\n            c = 3\n"
+        "    h = lambda: [d for d in x]\n    e = 4\n"
+    )
+    statement_of = {id(node): 0 for node in walk(module.body[0])}
+    index_module(module, statement_of)
+    try:
+        names = [t.target.value for t in find_own(module.body[0], cst.AssignTarget)]
+        scopes = [type(n).__name__ for n in find_own(module.body[0], cst.FunctionDef, cst.Lambda, cst.ListComp)]
+    finally:
+        index_module(None)
+    assert names == ["a", "h", "e"] and scopes == ["FunctionDef", "FunctionDef", "Lambda"]
 
 
 def test_a_node_of_another_tree_is_walked():

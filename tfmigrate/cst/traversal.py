@@ -167,6 +167,18 @@ def find(node: cst.CSTNode, *types: type) -> list:
     return [n for n in walk(node) if type(n) in wanted]
 
 
+def find_own(node: cst.CSTNode, *types: type) -> list:
+    """The nodes of the given types among :func:`own_nodes` of ``node`` (outside nested
+    functions, classes, lambdas and comprehensions), in pre-order."""
+    wanted = concrete_types(types)
+    index = _INDEX[0]
+    if index is not None:
+        found = index.find(node, wanted, own=True)
+        if found is not None:
+            return found
+    return [n for n in own_nodes(node) if type(n) in wanted]
+
+
 class _TypeIndex:
     """The nodes of one tree by type, each with its place in pre-order and where its subtree
     ends: the nodes of some types under a node of the module are then slices of the lists of
@@ -192,11 +204,19 @@ class _TypeIndex:
             stack.append((node, False))
             stack.extend((child, True) for child in reversed(children(node)))
 
-    def find(self, node: cst.CSTNode, wanted: frozenset[type]) -> list | None:
+    def find(self, node: cst.CSTNode, wanted: frozenset[type], own: bool = False) -> list | None:
+        """As :func:`find` (``own``: as :func:`find_own`); None if ``node`` is not in this tree."""
         known = self.span.get(id(node))
         if known is None or known[0] is not node:
             return None
         _, first, end = known
+        found = self._between(first, end, wanted)
+        if own:
+            found = self._outside_scopes(found, first, end)
+        return [n for _, n in found]
+
+    def _between(self, first: int, end: int, wanted: frozenset[type]) -> list[tuple[int, cst.CSTNode]]:
+        """(place, node) of the nodes of the ``wanted`` types placed from ``first`` to before ``end``."""
         found: list[tuple[int, cst.CSTNode]] = []
         kinds = 0
         for kind in wanted:
@@ -209,7 +229,25 @@ class _TypeIndex:
                 found.extend(zip(places[low:high], self.nodes[kind][low:high]))
         if kinds > 1:
             found.sort(key=lambda item: item[0])
-        return [n for _, n in found]
+        return found
+
+    def _outside_scopes(self, found: list, first: int, end: int) -> list:
+        """``found`` less the nodes inside the scopes nested in the node placed at ``first``
+        (the scopes themselves stay, as in :func:`own_nodes`)."""
+        starts: list[int] = []
+        ends: list[int] = []
+        for place, scope in self._between(first + 1, end, _SCOPE_TYPES):
+            if not ends or place >= ends[-1]:  # not inside the scope before
+                starts.append(place)
+                ends.append(self.span[id(scope)][2])
+        if not starts:
+            return found
+        kept = []
+        for place, node in found:
+            k = bisect.bisect_right(starts, place) - 1
+            if k < 0 or place == starts[k] or place >= ends[k]:
+                kept.append((place, node))
+        return kept
 
 
 class _ModuleIndex:
@@ -221,8 +259,10 @@ class _ModuleIndex:
         self.statement_of = statement_of  # id(node) -> its top-level statement's index, as far as known
         self.parts: dict[int, _TypeIndex] = {}
 
-    def find(self, node: cst.CSTNode, wanted: frozenset[type]) -> list | None:
+    def find(self, node: cst.CSTNode, wanted: frozenset[type], own: bool = False) -> list | None:
         if node is self.module:  # its children are its statements
+            if own:
+                return None  # (its functions and classes are scopes nested in it: walked)
             found = [node] if type(node) in wanted else []
             for statement, top in enumerate(node.body):
                 found.extend(self._part(statement).find(top, wanted) or ())
@@ -230,7 +270,7 @@ class _ModuleIndex:
         statement = self.statement_of.get(id(node))
         if statement is None or statement < 0:
             return None
-        return self._part(statement).find(node, wanted)
+        return self._part(statement).find(node, wanted, own)
 
     def _part(self, statement: int) -> _TypeIndex:
         part = self.parts.get(statement)
@@ -389,7 +429,7 @@ def target_names(target: cst.CSTNode) -> list[str]:
 def scope_bindings(node: cst.CSTNode, skipped: frozenset = frozenset()) -> set[str]:
     """Names a statement binds in its own scope (not inside nested functions or comprehensions)."""
     found: set[str] = set()
-    for current in own_nodes(node, skipped):
+    for current in own_nodes(node, skipped) if skipped else find_own(node, *_BINDERS):
         kind = type(current)
         if kind not in _BINDERS:  # most nodes (tested by type: isinstance on LibCST classes is slow)
             continue

@@ -18,7 +18,7 @@ from tfmigrate.analysis.training import called_functions, module_functions
 from tfmigrate.cst.callargs import callee_name, method_call
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    contains, find, module_parents, names_used, own_nodes, scope_bindings, single_small, walk,
+    contains, find, find_own, module_parents, names_used, own_nodes, scope_bindings, single_small, walk,
 )
 
 
@@ -100,7 +100,7 @@ def index_of(statements: list, statement: cst.CSTNode) -> int:
 
 def simple_statements(node: cst.CSTNode) -> list[cst.SimpleStatementLine]:
     """The simple statement lines of ``node`` in the order they run, outside nested scopes."""
-    return [n for n in own_nodes(node) if type(n) is cst.SimpleStatementLine]
+    return find_own(node, cst.SimpleStatementLine)
 
 
 def statement_lines(statements: list[cst.BaseStatement]) -> list[cst.SimpleStatementLine]:
