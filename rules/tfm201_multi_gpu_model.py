@@ -368,6 +368,8 @@ class MultiGpuModel(Rule):
 
     def _generator_fit(self, models: set) -> str | None:
         """`parallel_model.fit_generator(...)`: the model trained from a Python generator."""
+        if not self.context.mentions("fit_generator"):
+            return None
         for node in find(self.context.module, cst.Call):
             func = node.func
             if (isinstance(func, cst.Attribute) and func.attr.value == "fit_generator"

@@ -122,9 +122,18 @@ def events(node: cst.CSTNode) -> Iterator[tuple[cst.CSTNode, bool]]:
             stack.extend((child, True) for child in reversed(children(current)))
 
 
-@functools.lru_cache(maxsize=16)  # rewrites ask the same few blocks about many names
 def name_nodes(root: cst.CSTNode) -> dict[str, list[cst.Name]]:
     """name -> the Name nodes under ``root`` with that value, in source order."""
+    index = _INDEX[0]
+    if index is not None and root is index.module:  # asked of the module over and over
+        if index.names is None:
+            index.names = _name_nodes(root)
+        return index.names
+    return _name_nodes(root)
+
+
+@functools.lru_cache(maxsize=16)  # rewrites ask the same few blocks about many names
+def _name_nodes(root: cst.CSTNode) -> dict[str, list[cst.Name]]:
     index: dict[str, list[cst.Name]] = {}
     for node in find(root, cst.Name):
         index.setdefault(node.value, []).append(node)
@@ -258,6 +267,7 @@ class _ModuleIndex:
         self.module = module
         self.statement_of = statement_of  # id(node) -> its top-level statement's index, as far as known
         self.parts: dict[int, _TypeIndex] = {}
+        self.names: dict[str, list[cst.Name]] | None = None  # name_nodes of the module
 
     def find(self, node: cst.CSTNode, wanted: frozenset[type], own: bool = False) -> list | None:
         if node is self.module:  # its children are its statements
