@@ -38,7 +38,8 @@ REWRITTEN = [
     "general_kl_annealing_load", "general_counter_towers", "general_class_train_method",
     "general_model_methods_chain", "general_staged_tower_loops", "general_train_and_eval_towers",
     "general_hand_written_adam", "general_tower_loss_ema", "general_bert_adamw_optimizer",
-    "general_trainer_and_tester_classes", "general_lazy_property_model",
+    "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
+    "general_tower_builder_local_devices",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -694,14 +695,44 @@ def test_towers_returned_to_the_one_caller_run_in_its_strategy_and_its_update_is
 ])
 def test_towers_returned_to_a_caller_are_refused_where_the_caller_cannot_hold_the_strategy(change, reason):
     source = CALLER.replace(change, reason)
-    if "local_devices" in reason:
+    if "local_devices" in reason:  # made by a function of the module's (it may ask the session)
         source = source.replace("        tower_grads, tower_losses = [], []\n",
-                                "        local_devices = list(DEVICES)\n        tower_grads, tower_losses = [], []\n")
+                                "        local_devices = available_gpus()\n        tower_grads, tower_losses = [], []\n")
         source = source.replace("range(len(DEVICES))", "range(len(local_devices))")
     (finding,) = tower_findings(textwrap.dedent(source))
     expected = ("`tower_grads` is returned to the caller" if "local_devices" not in reason
                 else "are computed inside `get_tower_results`")
     assert not finding.fixable and expected in finding.refusal, finding.refusal
+
+
+LOCAL_DEVICES = CALLER.replace(
+    "    def get_tower_results(opt, parts):\n        tower_grads, tower_losses = [], []\n",
+    "    def get_tower_results(opt, parts, n_gpus):\n        gpus = MADE\n        tower_grads, tower_losses = [], []\n",
+).replace("for i in range(len(DEVICES)):\n            device = DEVICES[i]", "for i in range(n_gpus):\n            device = gpus[i]"
+          ).replace("get_tower_results(opt, parts)\n", "get_tower_results(opt, parts, len(DEVICES))\n")
+
+
+@pytest.mark.parametrize("made, devices", [
+    # The tower function's own list, from its parameters and the module's names: the caller
+    # makes the same list from what it passes.
+    ("['/gpu:%d' % k for k in range(n_gpus)]", "[['/gpu:%d' % k for k in range(len(DEVICES))][i] for i in range(len(DEVICES))]"),
+    ("list(DEVICES)[:n_gpus]", "[list(DEVICES)[:len(DEVICES)][i] for i in range(len(DEVICES))]"),
+])
+def test_a_device_list_the_tower_function_makes_from_its_parameters_is_made_again_by_the_caller(made, devices):
+    out = fixed(LOCAL_DEVICES.replace("MADE", made))
+    assert f"strategy = tf.distribute.MirroredStrategy(devices={devices})" in out
+
+
+@pytest.mark.parametrize("made, after", [
+    ("list(DEVICES)", "        gpus.append('/gpu:2')\n"),  # changed after it is made
+    ("['/gpu:%d' % n_gpus for n_gpus in range(4)]", ""),  # the comprehension's own `n_gpus`
+    ("available_gpus()[:n_gpus]", ""),  # a function of the module's: it may read anything
+])
+def test_a_device_list_the_caller_could_not_make_the_same_is_refused(made, after):
+    source = LOCAL_DEVICES.replace("MADE", made).replace("        tower_grads, tower_losses = [], []\n",
+                                                          after + "        tower_grads, tower_losses = [], []\n", 1)
+    (finding,) = tower_findings(textwrap.dedent(source))
+    assert not finding.fixable and "(`gpus`) are computed inside `get_tower_results`" in finding.refusal, finding.refusal
 
 
 @pytest.mark.parametrize("device, devices", [

@@ -98,6 +98,18 @@ def test_detect_legacy_programs():
     for name in ("migrated_towers.py", "migrated_keras_strategy.py", "crash.py"):
         assert not detect((PROGRAMS / name).read_text()).legacy, name
     assert detect("import tensorflow.compat.v1 as tf\ntf.disable_v2_behavior()\nx = tf.placeholder(tf.float32)\n").legacy is False
+
+
+@pytest.mark.parametrize("source, keras2", [
+    ("import tensorflow.compat.v1 as tf\ny = tf.layers.dense(x, 2)\n", True),
+    ("from tensorflow.compat import v1\ncell = v1.nn.rnn_cell.GRUCell(8)\n", True),
+    ("import tensorflow as tf\ny = tf.compat.v1.layers.conv2d(x, 4, 3)\n", True),
+    ("import tensorflow.compat.v1 as tf\ny = tf.nn.relu(tf.matmul(x, w))\n", False),
+    ("import tensorflow as tf\ny = tf.keras.layers.Dense(2)(x)\n", False),  # Keras 3 is what it asks for
+])
+def test_tf1_layers_through_compat_v1_run_with_keras_2(source, keras2):
+    detection = detect(source)
+    assert detection.keras2 is keras2 and not detection.legacy
     assert detect("import tensorflow as tf\nopt = tf.train.AdamOptimizer(0.1)\n").legacy
     assert not detect("import tensorflow as tf\nckpt = tf.train.Checkpoint()\n").legacy
 
@@ -312,3 +324,38 @@ def test_multi_gpu_model_runs_from_tensorflow_keras_imports_too(tf_available, tm
     program.write_text(MULTI_GPU_MODEL_SPELLINGS)
     status, report = run_verify(program, program, tmp_path, steps=4)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
+V1_LAYERS = """\
+import numpy as np
+import tensorflow.compat.v1 as tf
+
+tf.disable_v2_behavior()
+x = tf.placeholder(tf.float32, [8, 4])
+y = tf.placeholder(tf.float32, [8, 1])
+hidden = tf.layers.dense(x, 6, activation=tf.nn.tanh, kernel_initializer=tf.glorot_uniform_initializer(seed=1))
+out = tf.layers.dense(hidden, 1, kernel_initializer=tf.glorot_uniform_initializer(seed=2))
+loss = tf.reduce_mean(tf.square(out - y))
+train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
+data = np.random.RandomState(0).randn(8, 4).astype(np.float32)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    for step in range(12):
+        _, value = sess.run([train_op, loss], {x: data, y: data[:, :1] * 0.5})
+        print('step %d loss %.6f' % (step, value))
+"""
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_a_program_with_tf1_layers_through_compat_v1_runs_with_keras_2(tmp_path):
+    # With Keras 3 (TensorFlow 2.16+'s default) `tf.compat.v1.layers.dense` raises
+    # "`dense` is not available with Keras 3": the run failed before it trained.
+    pytest.importorskip("tensorflow")
+    program = tmp_path / "v1_layers.py"
+    program.write_text(V1_LAYERS)
+    from tests.conftest import run_verify as verify_report
+
+    status, report = verify_report(program, program, tmp_path, steps=10)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert report["old"]["mode"] == "as written (TF2), Keras 2 for its tf.compat.v1 layers"

@@ -230,6 +230,7 @@ def _plan(rule, tower, group: list) -> Edit:
     _check_device_names(rule, devices)
     if caller is not None and caller.owner is not region.owner:
         passed = passed_arguments(region, caller)
+        devices = _callee_settings_inlined(region, devices)
         check_devices_visible(rule, region, devices, passed)
         devices = code(cst.parse_expression(devices).visit(PassedArguments(passed)))
     create = cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
@@ -244,7 +245,9 @@ def _plan(rule, tower, group: list) -> Edit:
         anchor, new_anchor = place_scope(home.loop, home.parents, imports, region_changes, create, scope_item, prelude)
         changes = {anchor: new_anchor}
     for method in scope_region.external:
-        changes[method] = _under_scope(method.visit(ReplaceById(region_changes)), scope_item, _BUILT_IN_CONSTRUCTOR)
+        built_in = scope_region.owner.name.value
+        why = _BUILT_IN.format(where="the constructor" if built_in == "__init__" else f"`{built_in}`")
+        changes[method] = _under_scope(method.visit(ReplaceById(region_changes)), scope_item, why)
     if across_methods:
         why = _BUILT_ACROSS_METHODS.format(method=group[0].owner.name.value)
         for member in group[1:]:
@@ -315,7 +318,7 @@ def _check_others_compute(rule, region: Region, others: list, regions: dict) -> 
         _check_only_computes(rule, replace(member_region, following=unjudged), trainers)
 
 
-_BUILT_IN_CONSTRUCTOR = "The towers were built under this strategy (in the constructor); their update runs under it too."
+_BUILT_IN = "The towers were built under this strategy (in {where}); their update runs under it too."
 _BUILT_ACROSS_METHODS = "The towers are built across this class's methods, under the one strategy `{method}` made."
 
 
@@ -1770,8 +1773,13 @@ def _global_steps_outside(rule, region: Region, statements) -> list[tuple[cst.Ba
     strategy scope covers (in `__init__`, at module level): a plain variable, not a mirrored one."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     in_loop = {id(s) for s in simple_statements(region.loop)}
-    made_inside = set().union(*(scope_bindings(s) | {code(t.target) for t in find(s, cst.AssignTarget)}
-                                for s in simple_statements(owner) if id(s) not in in_loop))
+    made_inside: set[str] = set()
+    for line in simple_statements(owner):
+        small = single_small(line)
+        if id(line) in in_loop or (isinstance(small, cst.Assign) and isinstance(small.value, (cst.Name, cst.Attribute))
+                                   and code(small.value) not in made_inside):
+            continue  # another name for what is made elsewhere (`self.global_step = global_step`)
+        made_inside |= scope_bindings(line) | {code(t.target) for t in find(line, cst.AssignTarget)}
     return [(statement, arg) for statement in statements for arg in find(statement, cst.Arg)
             if arg.keyword is not None and arg.keyword.value == "global_step"
             and code(arg.value) not in made_inside | {"None"}]
@@ -2606,19 +2614,63 @@ def _inline_settings(rule, region: Region, node: cst.CSTNode) -> cst.CSTNode:
     return node.visit(ReplaceById(reads)) if reads else node
 
 
+def _callee_settings_inlined(region: Region, devices: str) -> str:
+    """The device list, for a strategy its caller makes, reading the value of each name the
+    towers' function binds once, by a plain assignment, to a plain setting computed from its
+    parameters it never rebinds and the module's names (`devices = ['/gpu:0', '/gpu:1',
+    '/gpu:2', '/gpu:3'][:num_gpus]` in a `build_towers(opt, tensors, num_gpus)`), and that
+    nothing changes in place: the same value in the caller, where the parameters read what the
+    call passes (:class:`tfmigrate.rewrites.tower_callers.PassedArguments`)."""
+    owner = region.owner
+    node = cst.parse_expression(devices)
+    bound_in_body = scope_bindings(owner.body)
+    other_binders = set().union(set(), *(target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
+                                *(target_names(n.name) for n in find(owner, cst.AsName)))
+    parameters = {p.name.value for p in find(owner.params, cst.Param)}
+    values: dict[str, cst.BaseExpression] = {}
+    for name in (free_names(node) & bound_in_body) - other_binders:
+        bindings = [s for s in simple_statements(owner) if name in scope_bindings(s)]
+        small = single_small(bindings[0]) if len(bindings) == 1 else None
+        if not (_assigns(small, name) and _plain_setting(small.value, comprehensions=True)):
+            continue
+        reads = free_names(small.value)
+        # (a comprehension's own name that a parameter also has would read the caller's argument)
+        if not reads & bound_in_body and not (names_used(small.value) - reads) & parameters \
+                and not _changed_in_place(owner, name):
+            values[name] = small.value
+    reads = {id(read): values[read.value] for read in name_reads(node) if read.value in values}
+    return code(node.visit(ReplaceById(reads))) if reads else devices
+
+
+def _changed_in_place(scope: cst.CSTNode, name: str) -> bool:
+    """Whether code in ``scope`` may change the object ``name`` holds without rebinding the name:
+    an attribute of it used (`devices.append(...)`), an item of it assigned or deleted."""
+    if any(type(n.value) is cst.Name and n.value.value == name for n in find(scope, cst.Attribute)):
+        return True
+    targets = [t.target for t in find(scope, cst.AssignTarget, cst.AugAssign)]
+    for statement in find(scope, cst.Del):
+        target = statement.target
+        targets += [e.value for e in target.elements] if isinstance(target, cst.Tuple) else [target]
+    return any(isinstance(t, cst.Subscript) and type(t.value) is cst.Name and t.value.value == name for t in targets)
+
+
 # Calls that only read a setting: `len(cfgs.GPU_GROUP.strip().split(','))` (FPN_Tensorflow).
 _PLAIN_FUNCTIONS = {"len", "int", "str", "list", "tuple", "range", "sorted"}
 _PLAIN_METHODS = {"split", "strip", "lstrip", "rstrip", "lower", "upper", "replace"}
 
 
-def _plain_setting(value: cst.BaseExpression) -> bool:
-    """Names, attributes, literals and calls of ``_PLAIN_FUNCTIONS`` or string methods on them."""
+def _plain_setting(value: cst.BaseExpression, comprehensions: bool = False) -> bool:
+    """Names, attributes, literals and calls of ``_PLAIN_FUNCTIONS`` or string methods on them
+    (with ``comprehensions``, also list comprehensions of those: `['/gpu:%d' % k for k in
+    range(n_gpus)]`)."""
     for node in walk(value):
         if type(node) is cst.Call:
             func = node.func
             if not ((type(func) is cst.Name and func.value in _PLAIN_FUNCTIONS)
                     or (type(func) is cst.Attribute and func.attr.value in _PLAIN_METHODS)):
                 return False
+        elif type(node) is cst.ListComp and comprehensions:
+            continue
         elif isinstance(node, (cst.Lambda, cst.BaseComp, cst.NamedExpr, cst.Await, cst.Yield)):
             return False
     return True

@@ -132,14 +132,17 @@ def method_caller(rule, region: Region) -> Region | None:
 def user_called_update(rule, region: Region) -> Region | None:
     """A trainer class whose constructor builds the towers into `self` and whose update is
     another method, which the class's user calls after building the object (`trainer =
-    Trainer(cfg)`, then `trainer.train_step()`, maybe through `trainer.fit()`). The
-    constructor's own region, its code followed into those methods (``reaches``,
-    ``external``): the strategy is made in the constructor and kept on `self`, and the update
-    methods run under its scope."""
+    Trainer(cfg)`, then `trainer.train_step()`, maybe through `trainer.fit()`); or a method the
+    user calls to build them, then the update (Tacotron-2's `model.initialize(...)`, then
+    `model.add_optimizer(global_step)`). The building method's own region, its code followed
+    into those methods (``reaches``, ``external``): the strategy is made where the towers are
+    built and kept on `self`, and the update methods run under its scope."""
     owner, parents = region.owner, region.parents
     holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
-    if not (isinstance(holder, cst.ClassDef) and owner.name.value == "__init__" and _first_parameter(owner) == "self"):
+    if not (isinstance(holder, cst.ClassDef) and _first_parameter(owner) == "self"):
         return None
+    if owner.name.value != "__init__" and owner.name.value in {self_method(c) for c in find(holder, cst.Call)}:
+        return None  # built by another method of the class (see method_caller)
     if any(optimizer_step(c) for line in statement_lines(region.following) for c in find(line, cst.Call)):
         return None  # the constructor updates itself
     methods = {s.name.value: s for s in holder.body.body if isinstance(s, cst.FunctionDef)}

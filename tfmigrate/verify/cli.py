@@ -72,6 +72,8 @@ def _side(outcome: RunOutcome, detection) -> dict:
     mode = "legacy TF1 (compat.v1, v2 off)" if outcome.spec.legacy else "as written (TF2)"
     if outcome.spec.keras and outcome.spec.legacy:
         mode += ", Keras 2"
+    elif outcome.spec.keras2 and not outcome.spec.legacy:
+        mode += ", Keras 2 for its tf.compat.v1 layers"
     return {
         "program": str(outcome.spec.program), "legacy": outcome.spec.legacy, "mode": mode,
         "legacy_reasons": detection.reasons[:8], "loss_source": result.get("loss_source"),
@@ -173,6 +175,7 @@ def _run_both(job: _Job) -> List[RunOutcome]:
                 dump_weights=weights if label == "OLD" else None,
                 load_weights=weights if label == "NEW" else None,
                 loss_regex=settings["loss_regex"], program_args=list(settings["program_args"]),
+                keras2=job.detections[index].keras2,
             )
             outcome = _run_one(job, spec)
             outcomes.append(outcome)

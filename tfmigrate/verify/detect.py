@@ -23,6 +23,15 @@ class Detection:
     legacy: bool
     keras: bool
     reasons: list[str] = field(default_factory=list)
+    #: The program calls TF1's layers or RNN cells through `tf.compat.v1` (`v1.layers.dense`,
+    #: `v1.nn.rnn_cell.GRUCell`): TensorFlow 2.16+ builds them from Keras 2 only (with Keras 3
+    #: they raise "not available with Keras 3"), so it runs with `TF_USE_LEGACY_KERAS=1`.
+    keras2: bool = False
+
+
+def _keras_backed(parts: list[str]) -> bool:
+    """`layers.X` or `nn.rnn_cell.X` of the TF1 API (``parts`` after the compat.v1 module)."""
+    return (len(parts) > 1 and parts[0] == "layers") or parts[:2] == ["nn", "rnn_cell"]
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -43,13 +52,16 @@ def detect(source: str) -> Detection:
     except SyntaxError:
         return Detection(False, "keras" in source)
     tf_aliases: set[str] = set()       # names bound to the top-level tensorflow module
+    v1_aliases: set[str] = set()       # names bound to tensorflow.compat.v1
     reasons: list[str] = []
-    keras = False
+    keras = keras2 = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == "tensorflow":
                     tf_aliases.add(alias.asname or "tensorflow")
+                if alias.name == "tensorflow.compat.v1" and alias.asname:
+                    v1_aliases.add(alias.asname)
                 if alias.name.split(".")[0] in KERAS_MARKERS:
                     keras = True
                 if alias.name.startswith("tensorflow.contrib"):
@@ -62,6 +74,8 @@ def detect(source: str) -> Detection:
             for alias in node.names:
                 if alias.name == "multi_gpu_model":
                     reasons.append(f"from {node.module} import multi_gpu_model")
+                if node.module == "tensorflow.compat" and alias.name == "v1":
+                    v1_aliases.add(alias.asname or "v1")
             if node.module.startswith("tensorflow.contrib"):
                 reasons.append(f"from {node.module} import ...")
     for node in ast.walk(tree):
@@ -75,6 +89,9 @@ def detect(source: str) -> Detection:
             keras = True
         if parts[-1] == "multi_gpu_model":
             reasons.append(name)
+        if (parts[0] in v1_aliases and _keras_backed(parts[1:])) or (
+                parts[0] in tf_aliases and parts[1:3] == ["compat", "v1"] and _keras_backed(parts[3:])):
+            keras2 = True
         if parts[0] not in tf_aliases or len(parts) < 2:
             continue
         if tf1_only(parts[1:]):
@@ -82,4 +99,4 @@ def detect(source: str) -> Detection:
     if any(isinstance(n, ast.Name) and n.id == "multi_gpu_model" for n in ast.walk(tree)):
         reasons.append("multi_gpu_model")
     unique = list(dict.fromkeys(reasons))
-    return Detection(bool(unique), keras, unique)
+    return Detection(bool(unique), keras, unique, keras2=keras2)

@@ -1013,6 +1013,7 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--legacy", action="store_true")
     parser.add_argument("--keras", action="store_true")
+    parser.add_argument("--keras2", action="store_true")  # TF1 layers through tf.compat.v1 (see detect.py)
     parser.add_argument("--dump-weights")
     parser.add_argument("--load-weights")
     parser.add_argument("--loss-regex")
@@ -1049,7 +1050,7 @@ def main(argv=None) -> int:
 def _set_up(state: State, result: dict) -> None:
     """Seeds, devices, the TF1 shim and the capture hooks, before the program imports anything."""
     args = state.args
-    if args.legacy:
+    if args.legacy or args.keras2:
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     random.seed(args.seed)

@@ -33,6 +33,7 @@ class RunSpec:
     load_weights: Optional[Path] = None
     loss_regex: Optional[str] = None
     program_args: list = field(default_factory=list)
+    keras2: bool = False         # TF1 layers through tf.compat.v1: run with Keras 2 (see detect.Detection)
 
 
 @dataclass
@@ -71,6 +72,8 @@ def harness_command(spec: RunSpec, out: Path) -> list[str]:
         command.append("--legacy")
     if spec.keras:
         command.append("--keras")
+    if spec.keras2:
+        command.append("--keras2")
     if spec.dump_weights:
         command += ["--dump-weights", str(spec.dump_weights)]
     if spec.load_weights:
