@@ -39,7 +39,7 @@ REWRITTEN = [
     "general_model_methods_chain", "general_staged_tower_loops", "general_train_and_eval_towers",
     "general_hand_written_adam", "general_tower_loss_ema", "general_bert_adamw_optimizer",
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
-    "general_tower_builder_local_devices",
+    "general_tower_builder_local_devices", "general_script_calls_tower_function",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -3287,3 +3287,40 @@ def test_a_moving_average_imported_under_another_name_is_applied_per_replica_too
         "    import tensorflow as tf\n", "    import tensorflow as tf\n    from tensorflow.train import ExponentialMovingAverage as EMA\n").replace(
         "tf.train.ExponentialMovingAverage(0.9, name='avg')", "EMA(0.9, name='avg')"))
     assert "tf.distribute.get_replica_context().merge_call(" in out and "args=(averages, [total])" in out
+
+
+BUILT_THEN_RETURNED = """
+    import tensorflow as tf
+
+    class Net(object):
+        def __init__(self, num_gpus):
+            self.num_gpus = num_gpus
+
+        def build(self, x):
+            opt = tf.train.GradientDescentOptimizer(1.0)
+            parts = tf.split(x, self.num_gpus)
+            self.tower_grads = []
+            for i in range(self.num_gpus):
+                with tf.device('/gpu:%d' % i), tf.variable_scope('net', reuse=i > 0):
+                    self.tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(parts[i]))))
+
+        def train_op(self, lr, global_step):
+            averaged = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*self.tower_grads)]
+            return tf.train.MomentumOptimizer(lr, 0.9).apply_gradients(averaged, global_step=global_step)
+
+    net = Net(2)
+    net.build(x)
+    train = net.train_op(0.1, tf.train.get_or_create_global_step())
+"""
+
+
+def test_an_update_method_returning_its_op_counts_a_step_made_outside_once_after_it():
+    out = fixed(BUILT_THEN_RETURNED)
+    # The towers are built under the strategy `build` keeps on self; `train_op` runs under it.
+    assert "        self.strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % i for i in range(self.num_gpus)])" in out
+    assert "# The towers were built under this strategy (in `build`); their update runs under it too." in out
+    # The replicas apply without the step (not a mirrored variable); the returned op counts it once.
+    assert "return tf.train.MomentumOptimizer(lr, 0.9).apply_gradients(share)\n" in out
+    assert ("with tf.control_dependencies([update_op]):\n"
+            "                update_op = global_step.assign_add(1).op\n\n"
+            "            return update_op\n") in out

@@ -1267,9 +1267,11 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
 
 def _countable_global_steps(rule, region: Region, line) -> set[int]:
     """The `global_step=` arguments in ``line`` naming a step made outside the scope, when the
-    line names what it makes (`train_op = ...`): the increment is ordered after that."""
+    line names what it makes (`train_op = ...`) or returns it (`return opt.apply_gradients(...)`,
+    named first): the increment is ordered after that."""
     small = single_small(line)
-    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+    if not ((isinstance(small, cst.Assign) and len(small.targets) == 1)
+            or (isinstance(small, cst.Return) and small.value is not None)):
         return set()
     return {id(arg) for _, arg in _global_steps_outside(rule, region, [line])}
 
@@ -2661,13 +2663,14 @@ _PLAIN_METHODS = {"split", "strip", "lstrip", "rstrip", "lower", "upper", "repla
 
 def _plain_setting(value: cst.BaseExpression, comprehensions: bool = False) -> bool:
     """Names, attributes, literals and calls of ``_PLAIN_FUNCTIONS`` or string methods on them
-    (with ``comprehensions``, also list comprehensions of those: `['/gpu:%d' % k for k in
-    range(n_gpus)]`)."""
+    (`'/gpu:{}'.format(k)` on a literal); with ``comprehensions``, also list comprehensions of
+    those (`['/gpu:%d' % k for k in range(n_gpus)]`)."""
     for node in walk(value):
         if type(node) is cst.Call:
             func = node.func
             if not ((type(func) is cst.Name and func.value in _PLAIN_FUNCTIONS)
-                    or (type(func) is cst.Attribute and func.attr.value in _PLAIN_METHODS)):
+                    or (type(func) is cst.Attribute and func.attr.value in _PLAIN_METHODS)
+                    or (type(func) is cst.Attribute and func.attr.value == "format" and type(func.value) is cst.SimpleString)):
                 return False
         elif type(node) is cst.ListComp and comprehensions:
             continue

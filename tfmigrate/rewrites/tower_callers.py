@@ -28,8 +28,8 @@ __all__ = ["PassedArguments", "check_devices_visible", "constructor_caller", "fu
 
 def function_caller(rule, region: Region) -> Region | None:
     """Where the towers' results go when the function with the loop returns them to its one
-    caller, a function of the module, which combines them and updates (DeepSpeech's
-    `get_tower_results`): the region around that call, as the loop's region would be. None
+    caller, a function of the module or its top level, which combines them and updates
+    (DeepSpeech's `get_tower_results`): the region around that call, as the loop's region would be. None
     when the function updates itself, or has no such caller."""
     owner, module = region.owner, rule.context.module
     if not isinstance(owner, cst.FunctionDef) or not any(s is owner for s in module.body):
@@ -44,8 +44,8 @@ def function_caller(rule, region: Region) -> Region | None:
     if len(calls) != 1 or references(module, name) != 2:  # the definition and the one call
         return None  # used elsewhere too, or not here: no one caller to hold the strategy
     statement = enclosing(calls[0], region.parents, cst.SimpleStatementLine)
-    caller = enclosing(statement, region.parents, cst.FunctionDef)
-    if caller is None or caller is owner:
+    caller = enclosing(statement, region.parents, cst.FunctionDef) or module  # (a script's top level)
+    if caller is owner or statement is None:
         return None
     found = loop_region(rule.context, statement, caller, rule.imports)
     found.call = calls[0]
