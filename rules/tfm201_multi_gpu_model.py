@@ -47,6 +47,12 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
     return None
 
 
+def _is_call_line(statement: cst.BaseStatement) -> bool:
+    """A line that is one call (`print(...)`, `logger.info(...)`)."""
+    small = single_small(statement)
+    return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+
+
 class _Blocks(cst.CSTVisitor):
     """For every call: the statement it is in, as (the statements of its block, index)."""
 
@@ -61,8 +67,9 @@ class _Blocks(cst.CSTVisitor):
         return self._where.get(id(statement))
 
     def visit_Try(self, node: cst.Try) -> None:
-        if len(node.body.body) == 1:
-            self.guarded[id(node.body.body[0])] = node
+        first, *rest = node.body.body
+        if all(_is_call_line(s) for s in rest):  # the call alone, or then a log line
+            self.guarded[id(first)] = node
 
     def _record(self, body) -> None:
         for index, statement in enumerate(body):
@@ -148,7 +155,11 @@ class MultiGpuModel(Rule):
         No fix where the template is not built in the same block (a function argument, a
         model made in another function, a call inside an expression such as a list or a
         `return`): the variables must be created under the scope, and only the code that
-        creates the model can do that. The message then says where to put the scope.
+        creates the model can do that. The message then says where to put the scope. No
+        fix either where the model trains from a Python generator (`fit_generator`) or is
+        validated during `fit` (`validation_data=`, `validation_split=`): under a
+        distribution strategy TF1-mode Keras trains only from `tf.data` and evaluates whole
+        batches only, where the parallel model took a partial last one.
         Check the result with `tfmigrate verify`.
     """
 
@@ -224,6 +235,32 @@ class MultiGpuModel(Rule):
                     parallel = model
                     parallel.compile(loss='mse', optimizer='adam')
                 parallel.fit(x, y)
+            """,
+        ),
+        # The same at a script's top level, the `try` logging after the call: the log stays.
+        Invalid(
+            """
+            import tensorflow as tf
+            model = build_model()
+            try:
+                parallel = tf.keras.utils.multi_gpu_model(model, gpus=2)
+                print('Training on 2 GPUs')
+            except ValueError:
+                parallel = model
+            parallel.compile(loss='mse', optimizer='adam')
+            parallel.fit(x, y)
+            """,
+            line=4,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                model = build_model()
+                parallel = model
+                print('Training on 2 GPUs')
+                parallel.compile(loss='mse', optimizer='adam')
+            parallel.fit(x, y)
             """,
         ),
     ]
@@ -330,6 +367,15 @@ class MultiGpuModel(Rule):
                 "distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
                 "`tf.data.Dataset` (`tf.data.Dataset.from_generator(...)`) or run the program as TF2"
             )
+        validated = self._validated_fit({model, target})
+        if validated is not None:
+            return None, (
+                f"`{validated}(..., validation_...)` validates in batches of the fit's batch size, and under a "
+                "distribution strategy TF1-mode Keras evaluates whole batches only (`The number of samples N is not "
+                "divisible by batch size B`; a run failed) where the parallel model took a partial last one: make "
+                "the validation set a multiple of the batch size and build the model under `strategy.scope()` by "
+                "hand, or run the program as TF2"
+            )
         devices = self._devices(call)
         if devices is False:
             return None, "`gpus` is a list that is not a literal list of GPU ids; pass `devices=[...]` to MirroredStrategy by hand"
@@ -348,6 +394,7 @@ class MultiGpuModel(Rule):
         line = body[index]
         if line is guard:  # the fallback the `except` took is what the strategy does: the template itself
             moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
+            moved += guard.body.body[1:]  # what the `try` logged after the call (`print('Training on GPUs')`)
         elif target != model:
             moved.append(line.deep_replace(call, cst.Name(model)))
         moved += list(body[index + 1:last + 1])
@@ -365,6 +412,19 @@ class MultiGpuModel(Rule):
         changes.update(self._keras3_weight_files({model, target}))
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
+
+    def _validated_fit(self, models: set) -> str | None:
+        """`parallel_model.fit(..., validation_data=...)` (or `validation_split=`): the model
+        validated after each epoch."""
+        if not self.context.mentions("validation_data", "validation_split"):
+            return None
+        for node in find(self.context.module, cst.Call):
+            func = node.func
+            if (isinstance(func, cst.Attribute) and func.attr.value in FIT_METHODS and self._code(func.value) in models
+                    and any(a.keyword is not None and a.keyword.value in ("validation_data", "validation_split")
+                            for a in node.args)):
+                return self._code(func)
+        return None
 
     def _generator_fit(self, models: set) -> str | None:
         """`parallel_model.fit_generator(...)`: the model trained from a Python generator."""
@@ -403,14 +463,9 @@ class MultiGpuModel(Rule):
             assigns = [_single_assign(s) for s in statements]
             if not any(a is not None and a[0] == target and self._code(a[1]) == model for a in assigns):
                 return False
-            if not all(a is not None or self._is_call_line(s) for a, s in zip(assigns, statements)):
+            if not all(a is not None or _is_call_line(s) for a, s in zip(assigns, statements)):
                 return False
         return True
-
-    @staticmethod
-    def _is_call_line(statement: cst.BaseStatement) -> bool:
-        small = single_small(statement)
-        return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
 
     def _keras3_weight_files(self, models: set) -> dict:
         """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which

@@ -866,7 +866,7 @@ MORE_REFUSALS = {
                 tower_grads = []
                 for i in range(2):
                     with tf.device('/gpu:%d' % i):
-                        tower_grads.append(opt.compute_gradients(tf.reduce_mean(tf.layers.dense(parts[i], 1))))
+                        tower_grads.append(opt.compute_gradients(tf.reduce_mean(tf.layers.dense(parts[i], 1, name='fc', reuse=tf.AUTO_REUSE))))
                 averaged = [(tf.reduce_mean(tf.stack([g for g, _ in gv]), 0), gv[0][1]) for gv in zip(*tower_grads)]
                 return averaged
         def main(parts):
@@ -1004,7 +1004,7 @@ MORE_REFUSALS = {
             tower_losses = []
             for i in range(num_gpus):
                 with tf.device('/gpu:%d' % i):
-                    tower_losses.append(tf.reduce_mean(tf.layers.dense(parts[i], 1)))
+                    tower_losses.append(tf.reduce_mean(tf.layers.dense(parts[i], 1, name='fc', reuse=tf.AUTO_REUSE)))
             total = tf.add_n(tower_losses) / num_gpus
             return build_train_op(total, learning_rate=0.1)
     """, "line 9: the towers' results reach `build_train_op`, imported from another module"),
@@ -1022,7 +1022,7 @@ MORE_REFUSALS = {
             def add_optimizer(self):
                 loss = tf.add_n([tf.reduce_mean(o) for o in self.tower_outputs])
                 self.optimize = tf.train.AdamOptimizer(0.1).minimize(loss)
-    """, "trains in this module, and the towers' results go where the rewrite cannot follow them"),
+    """, "line 7: every tower makes its own `tf.layers.dense` layer (nothing asks for reuse"),
     "iterator_loop": ("""
         import tensorflow as tf
         def train(opt, parts, devices):
@@ -2677,6 +2677,29 @@ def test_a_parallel_model_trained_from_a_python_generator_is_refused():
     """) if f.code == "TFM201"]
     assert findings and not findings[0].fixable
     assert "`parallel_model.fit_generator(...)` feeds a Python generator" in findings[0].message
+
+
+@pytest.mark.parametrize("fit, refused", [
+    ("parallel_model.fit(x, y, batch_size=30, validation_data=(x_val, y_val))", True),
+    ("parallel_model.fit(x, y, batch_size=30, validation_split=0.1)", True),
+    ("model.fit(x, y, batch_size=30, validation_data=(x_val, y_val))", True),  # the template, trained the same
+    ("parallel_model.fit(x, y, batch_size=30)", False),
+])
+def test_a_parallel_model_validated_during_fit_is_refused(fit, refused):
+    """A probe (Keras 2 `multi_gpu_model` with `validation_data` of 96 samples, batch 30) ran,
+    rewritten, into `ValueError: The number of samples 96 is not divisible by batch size 30`:
+    under a distribution strategy TF1-mode Keras evaluates whole batches only."""
+    findings = [f for f in run_check(f"""
+        import tensorflow as tf
+        from keras.utils import multi_gpu_model
+        model = build_model()
+        parallel_model = multi_gpu_model(model, gpus=2)
+        parallel_model.compile(optimizer='sgd', loss='mse')
+        {fit}
+    """) if f.code == "TFM201"]
+    assert findings and findings[0].fixable is not refused
+    if refused:
+        assert "evaluates whole batches only" in findings[0].message
 
 
 def test_an_averaging_helper_imported_relatively_is_read_from_the_package(tmp_path):

@@ -11,7 +11,9 @@ the line. Two spellings are recognised:
 - a model function whose `reuse` parameter is left at its default in every tower
   (`model_fn(inputs, reuse=False)` opening `tf.variable_scope('model', reuse=reuse)`), with
   nothing else in or around the loop reusing: TF1 layers number their names apart
-  (`model/conv2d`, `model/conv2d_4`), so each tower trained its own weights.
+  (`model/conv2d`, `model/conv2d_4`), so each tower trained its own weights;
+- a TF1 layer function called by every tower, in the loop or a function of the module it
+  calls, with nothing asking for reuse (`tf.layers.dense(x, 8)` makes `dense`, then `dense_1`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,49 @@ def check_variable_copies(rule, loop: cst.For) -> None:
     """Refused when the towers of ``loop`` each make their own copy of the variables."""
     _check_scopes_named_by_tower(rule, loop)
     _check_reuse_left_at_default(rule, loop)
+    _check_layers_made_per_tower(rule, loop)
+
+
+def _check_layers_made_per_tower(rule, loop: cst.For) -> None:
+    """A TF1 layer function (`tf.layers.dense(x, 8)`) called by every tower, in the loop or in
+    a function of the module it calls, with nothing asking for reuse: each call made a layer
+    of its own (`dense`, `dense_1`), so each tower trained its own weights."""
+    if _reuses_somehow(rule, loop):
+        return
+    for call in find(loop.body, cst.Call):
+        layer = call if _makes_layer(rule, call) else None
+        function = _function(rule, call) if layer is None else None
+        if function is not None and not _reuses_inside(function):
+            layer = next((c for c in find(function.body, cst.Call) if _makes_layer(rule, c)), None)
+        if layer is not None:
+            raise Refused(f"line {line_of(rule, call)}: every tower makes its own `{code(layer.func)}` layer (nothing "
+                          "asks for reuse: TF1 layers number their names apart), so each tower trained its own "
+                          "weights, which MirroredStrategy cannot keep; if the towers were meant to share them, "
+                          "open `tf.variable_scope(..., reuse=(i > 0))` around the tower and fix again")
+
+
+def _makes_layer(rule, call: cst.Call) -> bool:
+    """A call of one of TF1's functional layers that make weights (`tf.layers.dense`,
+    `tf.compat.v1.layers.conv2d`), without `reuse=`."""
+    module, _, function = (rule.imports.resolve(call.func) or "").rpartition(".")
+    return module in _LAYER_MODULES and function in _WEIGHTED_LAYERS and argument(call, (), "reuse") is None
+
+
+_LAYER_MODULES = {"tensorflow.layers", "tensorflow.compat.v1.layers"}
+_WEIGHTED_LAYERS = {"dense", "conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose", "separable_conv1d",
+                    "separable_conv2d", "batch_normalization"}
+
+
+def _reuses_inside(function: cst.FunctionDef) -> bool:
+    """Whether the function asks for reuse some way (a `reuse=` other than False/None, or
+    `reuse_variables()`)."""
+    for call in find(function, cst.Call):
+        if isinstance(call.func, cst.Attribute) and call.func.attr.value == "reuse_variables":
+            return True
+        if any(arg.keyword is not None and arg.keyword.value == "reuse" and code(arg.value) not in ("False", "None")
+               for arg in call.args):
+            return True
+    return False
 
 
 def _check_scopes_named_by_tower(rule, loop: cst.For) -> None:
