@@ -359,3 +359,36 @@ def test_a_program_with_tf1_layers_through_compat_v1_runs_with_keras_2(tmp_path)
     status, report = verify_report(program, program, tmp_path, steps=10)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
     assert report["old"]["mode"] == "as written (TF2), Keras 2 for its tf.compat.v1 layers"
+
+
+KERAS_OPTIMIZERS_IMPORTED = """\
+import numpy as np
+import keras
+from keras import optimizers
+from keras.layers import Dense
+from keras.models import Sequential
+from keras.utils import multi_gpu_model
+
+rng = np.random.RandomState(0)
+x = rng.randn(64, 4).astype('float32')
+y = (x[:, :1] > 0).astype('float32')
+model = Sequential([Dense(1, activation='sigmoid', input_shape=(4,),
+                          kernel_initializer=keras.initializers.glorot_uniform(seed=1))])
+parallel = multi_gpu_model(model, gpus=2)
+parallel.compile(loss='binary_crossentropy', optimizer=optimizers.Adagrad(lr=0.05))
+parallel.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+"""
+
+
+@pytest.mark.tensorflow
+@pytest.mark.slow
+def test_keras_optimizers_imported_from_keras_are_the_graph_mode_ones(tmp_path):
+    # `from keras import optimizers` imported the real tf_keras, whose optimizers fail in graph
+    # mode (NotImplementedError: numpy() is only available when eager execution is enabled).
+    pytest.importorskip("tensorflow")
+    from tests.conftest import run_verify as verify_report
+
+    program = tmp_path / "keras_optimizers.py"
+    program.write_text(KERAS_OPTIMIZERS_IMPORTED)
+    status, report = verify_report(program, program, tmp_path, steps=6)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")

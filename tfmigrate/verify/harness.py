@@ -294,7 +294,8 @@ def make_keras2_modules(tf_keras):
     optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)
     utils = _Overlay("keras.utils", {"multi_gpu_model": multi_gpu_model}, tf_keras.utils)
     top = _Overlay("keras", {"optimizers": optimizers, "utils": utils}, tf_keras)
-    submodules = {"keras.optimizers": optimizers, "keras.utils": utils,
+    # `from keras import optimizers` imports "keras" with a fromlist: the overlay too.
+    submodules = {"keras": top, "keras.optimizers": optimizers, "keras.utils": utils,
                   "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils}
     return top, submodules
 
