@@ -270,6 +270,7 @@ class MultiGpuModel(Rule):
         self._calls: list[tuple[cst.Call, str | None]] = []  # (call, name it is assigned to)
         self._assigned: dict[int, str] = {}  # id(call) -> target name
         self._fit_batch: dict[str, str] = {}  # model name -> batch_size text in its fit
+        self._validated: dict[str, str] = {}  # model name -> its `fit` that validates (`parallel.fit`)
         self._names: set[str] = set()  # every Name in the module (to pick a free `strategy`)
         self._imports: dict[str, list[ImportItem]] = {}  # bound name -> the imports binding it
         self._weight_files: list[cst.Call] = []  # `x.save_weights(...)` / `x.load_weights(...)` calls
@@ -320,6 +321,8 @@ class MultiGpuModel(Rule):
             batch = argument(node, FIT_PARAMS[func.attr.value], "batch_size")
             if batch is not None:
                 self._fit_batch.setdefault(func.value.value, self._code(batch))
+            if any(a.keyword is not None and a.keyword.value in ("validation_data", "validation_split") for a in node.args):
+                self._validated.setdefault(func.value.value, self._code(func))
 
     def leave_Module(self, original_node: cst.Module) -> None:
         if not self._calls:
@@ -415,16 +418,8 @@ class MultiGpuModel(Rule):
 
     def _validated_fit(self, models: set) -> str | None:
         """`parallel_model.fit(..., validation_data=...)` (or `validation_split=`): the model
-        validated after each epoch."""
-        if not self.context.mentions("validation_data", "validation_split"):
-            return None
-        for node in find(self.context.module, cst.Call):
-            func = node.func
-            if (isinstance(func, cst.Attribute) and func.attr.value in FIT_METHODS and self._code(func.value) in models
-                    and any(a.keyword is not None and a.keyword.value in ("validation_data", "validation_split")
-                            for a in node.args)):
-                return self._code(func)
-        return None
+        validated after each epoch (the fits were seen by visit_Call)."""
+        return next((self._validated[m] for m in sorted(models - {None}) if m in self._validated), None)
 
     def _generator_fit(self, models: set) -> str | None:
         """`parallel_model.fit_generator(...)`: the model trained from a Python generator."""
