@@ -351,13 +351,7 @@ with tf.Session() as sess:
 def test_a_program_with_tf1_layers_through_compat_v1_runs_with_keras_2(tmp_path):
     # With Keras 3 (TensorFlow 2.16+'s default) `tf.compat.v1.layers.dense` raises
     # "`dense` is not available with Keras 3": the run failed before it trained.
-    pytest.importorskip("tensorflow")
-    program = tmp_path / "v1_layers.py"
-    program.write_text(V1_LAYERS)
-    from tests.conftest import run_verify as verify_report
-
-    status, report = verify_report(program, program, tmp_path, steps=10)
-    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    report = _verified_against_itself(V1_LAYERS, tmp_path, steps=10)
     assert report["old"]["mode"] == "as written (TF2), Keras 2 for its tf.compat.v1 layers"
 
 
@@ -385,10 +379,16 @@ parallel.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
 def test_keras_optimizers_imported_from_keras_are_the_graph_mode_ones(tmp_path):
     # `from keras import optimizers` imported the real tf_keras, whose optimizers fail in graph
     # mode (NotImplementedError: numpy() is only available when eager execution is enabled).
+    _verified_against_itself(KERAS_OPTIMIZERS_IMPORTED, tmp_path, steps=6)
+
+
+def _verified_against_itself(source: str, tmp_path, steps: int) -> dict:
+    """`verify` of a program against itself: it must run and match; the JSON report."""
     pytest.importorskip("tensorflow")
     from tests.conftest import run_verify as verify_report
 
-    program = tmp_path / "keras_optimizers.py"
-    program.write_text(KERAS_OPTIMIZERS_IMPORTED)
-    status, report = verify_report(program, program, tmp_path, steps=6)
+    program = tmp_path / "program.py"
+    program.write_text(source)
+    status, report = verify_report(program, program, tmp_path, steps=steps)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    return report

@@ -51,7 +51,7 @@ def _check_layers_made_per_tower(rule, loop: cst.For) -> None:
     for call in find(loop.body, cst.Call):
         layer = call if _makes_layer(rule, call) else None
         function = _function(rule, call) if layer is None else None
-        if function is not None and not _reuses_inside(function):
+        if function is not None and not _asks_for_reuse(function):
             layer = next((c for c in find(function.body, cst.Call) if _makes_layer(rule, c)), None)
         if layer is not None:
             raise Refused(f"line {line_of(rule, call)}: every tower makes its own `{code(layer.func)}` layer (nothing "
@@ -72,10 +72,10 @@ _WEIGHTED_LAYERS = {"dense", "conv1d", "conv2d", "conv3d", "conv2d_transpose", "
                     "separable_conv2d", "batch_normalization"}
 
 
-def _reuses_inside(function: cst.FunctionDef) -> bool:
-    """Whether the function asks for reuse some way (a `reuse=` other than False/None, or
-    `reuse_variables()`)."""
-    for call in find(function, cst.Call):
+def _asks_for_reuse(node: cst.CSTNode) -> bool:
+    """Whether code in ``node`` asks for reuse some way: `reuse_variables()`, a `reuse=`
+    argument other than a literal False/None."""
+    for call in find(node, cst.Call):
         if isinstance(call.func, cst.Attribute) and call.func.attr.value == "reuse_variables":
             return True
         if any(arg.keyword is not None and arg.keyword.value == "reuse" and code(arg.value) not in ("False", "None")
@@ -124,14 +124,7 @@ def _reuses_somehow(rule, loop: cst.For) -> bool:
         node = parents[id(node)]
         if isinstance(node, cst.With):
             around.append(node)
-    for part in [loop.body, *(item.item for w in around for item in w.items)]:
-        for call in find(part, cst.Call):
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "reuse_variables":
-                return True
-            if any(arg.keyword is not None and arg.keyword.value == "reuse" and code(arg.value) not in ("False", "None")
-                   for arg in call.args):
-                return True
-    return False
+    return any(_asks_for_reuse(part) for part in [loop.body, *(item.item for w in around for item in w.items)])
 
 
 def _function(rule, call: cst.Call) -> cst.FunctionDef | None:
