@@ -2601,9 +2601,7 @@ def _inline_settings(rule, region: Region, node: cst.CSTNode) -> cst.CSTNode:
     statements = [s for s in simple_statements(owner) if id(s) not in movable]
     bound_in_body = scope_bindings(owner)
     bound_in_owner = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
-    # Names bound other than by a plain assignment (loop targets, `as` names, `+=`): not settings.
-    other_binders = set().union(set(), *(target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
-                                *(target_names(n.name) for n in find(owner, cst.AsName)))
+    other_binders = _other_binders(owner)
     values: dict[str, cst.BaseExpression] = {}
     for name in (free_names(node) & bound_in_owner) - other_binders:
         if any(name in scope_bindings(s) for s in simple_statements(owner) if id(s) in movable):
@@ -2626,8 +2624,7 @@ def _callee_settings_inlined(region: Region, devices: str) -> str:
     owner = region.owner
     node = cst.parse_expression(devices)
     bound_in_body = scope_bindings(owner.body)
-    other_binders = set().union(set(), *(target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
-                                *(target_names(n.name) for n in find(owner, cst.AsName)))
+    other_binders = _other_binders(owner)
     parameters = {p.name.value for p in find(owner.params, cst.Param)}
     values: dict[str, cst.BaseExpression] = {}
     for name in (free_names(node) & bound_in_body) - other_binders:
@@ -2642,6 +2639,13 @@ def _callee_settings_inlined(region: Region, devices: str) -> str:
             values[name] = small.value
     reads = {id(read): values[read.value] for read in name_reads(node) if read.value in values}
     return code(node.visit(ReplaceById(reads))) if reads else devices
+
+
+def _other_binders(owner: cst.CSTNode) -> set[str]:
+    """Names ``owner`` binds other than by a plain assignment (loop targets, `as` names, `+=`,
+    `:=`): not settings."""
+    return set().union(set(), *(target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
+                       *(target_names(n.name) for n in find(owner, cst.AsName)))
 
 
 def _changed_in_place(scope: cst.CSTNode, name: str) -> bool:
