@@ -60,8 +60,11 @@ class InputProducer(Rule):
         batching call (TFM303) and the queue-runner scaffolding (TFM301), by the one edit the
         three rules share; TFM303's page lists the shapes. `num_epochs` becomes `.repeat(E)`
         (`.repeat()` for None) and the default `shuffle=True` a per-epoch shuffle of the file
-        names or slices (`shuffle=False` keeps their order). No fix for `input_producer` and
-        `range_input_producer`, or where the tensors are not batched in the same function; the
+        names or slices (`shuffle=False` keeps their order). An index queue read right away,
+        `i = range_input_producer(n).dequeue()` (the PTB tutorial's reader, which slices one
+        window of the data per step with `i`), becomes a range dataset mapped back to int32
+        and read by a one-shot iterator. No fix for `input_producer`, for a range producer
+        used otherwise, or where the tensors are not batched in the same function; the
         message says what blocks it. Compare the runs with `tfmigrate verify`.
     """
 
@@ -92,12 +95,25 @@ class InputProducer(Rule):
             """,
             line=2,
         ),
+        # An index queue read right away (the PTB tutorial's reader): a range dataset, its
+        # positions int32 as the queue's were.
         Invalid(
             """
             import tensorflow as tf
             index = tf.train.range_input_producer(100, num_epochs=1).dequeue()
             """,
             line=2,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            positions = (
+                tf.data.Dataset.range(100)
+                .shuffle(100)
+                .repeat(1)
+                .map(lambda i: tf.cast(i, tf.int32))
+            )
+            index = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()
+            """,
         ),
     ]
 

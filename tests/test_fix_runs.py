@@ -105,3 +105,23 @@ def test_fixed_pipeline_yields_the_same_batches(name, tmp_path):
     old_batches, new_batches = _last_json(old.stdout), _last_json(new.stdout)
     assert len(old_batches) >= 5  # two epochs, the incomplete last batch dropped by both
     assert new_batches == old_batches
+
+
+def test_fixed_index_queue_reads_the_same_windows_and_trains_the_same(tmp_path):
+    """The PTB reader's shape: `i = tf.train.range_input_producer(n, shuffle=False).dequeue()`
+    picks the window each step reads; it becomes an int32 range dataset read by a one-shot
+    iterator, and the Coordinator and queue-runner threads go."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_queue_range_producer.py", tmp_path)
+    text = fixed.read_text()
+    assert "= tf.train.range_input_producer(" not in text and "start_queue_runners(" not in text
+    assert "coord = tf.train.Coordinator()" not in text
+    assert ("        positions = (\n"
+            "            tf.data.Dataset.range(tf.cast(epoch_size, tf.int64))\n"
+            "            .repeat()\n"
+            "            .map(lambda i: tf.cast(i, tf.int32))\n"
+            "        )\n"
+            "        i = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()\n") in text
+    status, report = run_verify(legacy, fixed, tmp_path)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")

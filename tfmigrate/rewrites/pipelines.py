@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 STRING_PRODUCER = "tensorflow.train.string_input_producer"
 SLICE_PRODUCER = "tensorflow.train.slice_input_producer"
+RANGE_PRODUCER = "tensorflow.train.range_input_producer"
+RANGE_PARAMS = ("limit", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name")
 PRODUCER_PARAMS = {
     STRING_PRODUCER: ("string_tensor", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name", "cancel_op"),
     SLICE_PRODUCER: ("tensor_list", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name"),
@@ -75,7 +77,7 @@ FIX_TITLE = "rewrite the queue input pipeline with tf.data"
 
 @dataclass
 class Pipeline:
-    batch_call: cst.Call
+    batch_call: cst.Call  # the batching call; for an index queue read alone, its `.dequeue()`
     producer_call: cst.Call | None = None
     blocker: str | None = None
     # Filled in when the pipeline can be rewritten:
@@ -353,6 +355,8 @@ class _Planner:
                 except Blocked as blocked:
                     pipeline.blocker = str(blocked)
                 pipelines.append(pipeline)
+            elif qualified == RANGE_PRODUCER and self._dequeued(call) is not None:
+                pipelines.append(self._index_pipeline(call))
         rewritable = [p for p in pipelines if p.blocker is None]
         covered = {id(p.batch_call) for p in rewritable} | {id(p.producer_call) for p in rewritable}
         scaffolding_blocker = None
@@ -386,6 +390,54 @@ class _Planner:
                 remove_imports=self._from_imports(rewritable), safety=FixSafety.UNSAFE,
             )
         return ModulePlan(pipelines, scaffolding_blocker, edit, scaffolding is not None)
+
+    # -- an index queue read alone: `i = tf.train.range_input_producer(n).dequeue()` --
+    def _dequeued(self, call: cst.Call) -> cst.Call | None:
+        """The `.dequeue()` called on the producer's queue right away, if it is."""
+        if id(call) not in self.blocks.of_call:
+            return None
+        body, index = self.blocks.of_call[id(call)]
+        assigned = _assign(body[index])
+        value = assigned[1] if assigned is not None else None
+        if (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute)
+                and value.func.attr.value == "dequeue" and value.func.value is call):
+            return value
+        return None
+
+    def _index_pipeline(self, call: cst.Call) -> Pipeline:
+        """The queue of epoch positions (the PTB tutorial's reader: one window of the data per
+        step, `i` the window's index): a range dataset, repeated (and shuffled) as the producer
+        did, whose next element is the same int32 index. Nothing is batched."""
+        dequeue = self._dequeued(call)
+        pipeline = Pipeline(batch_call=dequeue, producer_call=call)
+        body, index = self.blocks.of_call[id(call)]
+        if has_star_args(call) or unknown_keywords(call, RANGE_PARAMS):
+            pipeline.blocker = "the producer passes arguments the rewrite cannot map"
+            return pipeline
+        if argument(call, RANGE_PARAMS, "shared_name") is not None:
+            pipeline.blocker = "the producer's `shared_name=` has no tf.data equivalent"
+            return pipeline
+        limit = argument(call, RANGE_PARAMS, "limit")
+        # The producer took an int32 tensor for the limit (`(batch_len - 1) // num_steps`); a range takes int64.
+        count = self.code(limit) if isinstance(limit, cst.Integer) else \
+            f"{self.ref('tensorflow.cast')}({self.code(limit)}, {self.ref('tensorflow.int64')})"
+        chain = [f"{self.ref('tensorflow.data.Dataset.range')}({count})"]
+        if not is_false(argument(call, RANGE_PARAMS, "shuffle")):
+            seed = argument(call, RANGE_PARAMS, "seed")
+            chain.append(f".shuffle({count}" + (f", seed={self.code(seed)}" if seed is not None else "") + ")")
+        epochs = argument(call, RANGE_PARAMS, "num_epochs")
+        chain.append(".repeat()" if is_none(epochs) else f".repeat({self.code(epochs)})")
+        # The queue held int32 positions; a range dataset counts in int64.
+        chain.append(f".map(lambda i: {self.ref('tensorflow.cast')}(i, {self.ref('tensorflow.int32')}))")
+        iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
+        target = self.code(_assign(body[index])[0])
+        positions = self._free("positions")
+        lines = "\n".join(f"    {piece}" for piece in chain)
+        dataset = cst.parse_statement(f"{positions} = (\n{lines}\n)\n").with_changes(leading_lines=body[index].leading_lines)
+        consume = cst.parse_statement(f"{target} = {iterator}({positions}).get_next()\n").with_changes(
+            trailing_whitespace=body[index].trailing_whitespace)
+        pipeline.replaced = {id(body[index]): [dataset, consume]}
+        return pipeline
 
     def _from_imports(self, pipelines: list[Pipeline]) -> list[ImportItem]:
         """`from tensorflow.compat.v1.train import batch`: removed once nothing uses it."""
