@@ -62,9 +62,10 @@ class InputProducer(Rule):
         (`.repeat()` for None) and the default `shuffle=True` a per-epoch shuffle of the file
         names or slices (`shuffle=False` keeps their order). An index queue read right away,
         `i = range_input_producer(n).dequeue()` (the PTB tutorial's reader, which slices one
-        window of the data per step with `i`), becomes a range dataset mapped back to int32
-        and read by a one-shot iterator. No fix for `input_producer`, for a range producer
-        used otherwise, or where the tensors are not batched in the same function; the
+        window of the data per step with `i`), or named and dequeued once later in the same
+        block, becomes a range dataset mapped back to int32 and read by a one-shot iterator.
+        No fix for `input_producer`, for a range producer used otherwise, or where the
+        tensors are not batched in the same function; the
         message says what blocks it. Compare the runs with `tfmigrate verify`.
     """
 

@@ -125,3 +125,24 @@ def test_fixed_index_queue_reads_the_same_windows_and_trains_the_same(tmp_path):
             "        i = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()\n") in text
     status, report = run_verify(legacy, fixed, tmp_path)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
+def test_a_named_index_queue_dequeued_once_is_rewritten_and_a_rebound_limit_is_refused(tmp_path):
+    from tests.conftest import run_check, unsafe_fix
+
+    named = (PROGRAMS / "fix_queue_range_producer.py").read_text().replace(
+        "        i = tf.train.range_input_producer(epoch_size, shuffle=False).dequeue()\n",
+        "        positions_queue = tf.train.range_input_producer(epoch_size, shuffle=False)\n"
+        "        i = positions_queue.dequeue()\n")
+    fixed = unsafe_fix(named)
+    assert "positions_queue" not in fixed and "i = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()\n" in fixed
+    legacy, migrated = tmp_path / "named.py", tmp_path / "named_fixed.py"
+    legacy.write_text(named)
+    migrated.write_text(fixed)
+    from tests.conftest import run_verify
+
+    status, report = run_verify(legacy, migrated, tmp_path, steps=10)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    rebound = named.replace("        i = positions_queue.dequeue()\n", "        epoch_size = 3\n        i = positions_queue.dequeue()\n")
+    (finding,) = [f for f in run_check(rebound) if f.code == "TFM302"]
+    assert not finding.fixable and "`epoch_size` is set again between the producer and its `dequeue()`" in finding.message

@@ -143,6 +143,12 @@ def _assign(statement: cst.BaseStatement) -> tuple[cst.BaseExpression, cst.BaseE
     return None
 
 
+def _dequeue_of(value: cst.BaseExpression, is_queue) -> bool:
+    """`<queue>.dequeue()`, the queue passing ``is_queue``."""
+    return (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute)
+            and value.func.attr.value == "dequeue" and is_queue(value.func.value))
+
+
 def _assigned_names(statement: cst.BaseStatement) -> set[str]:
     names: set[str] = set()
     if isinstance(statement, cst.SimpleStatementLine):
@@ -392,25 +398,41 @@ class _Planner:
         return ModulePlan(pipelines, scaffolding_blocker, edit, scaffolding is not None)
 
     # -- an index queue read alone: `i = tf.train.range_input_producer(n).dequeue()` --
-    def _dequeued(self, call: cst.Call) -> cst.Call | None:
-        """The `.dequeue()` called on the producer's queue right away, if it is."""
+    def _dequeued(self, call: cst.Call) -> tuple[cst.Call, int] | None:
+        """The `.dequeue()` of the producer's queue and the index of its statement in the
+        producer's block: called right away (`i = producer(n).dequeue()`), or the queue named
+        on a line of its own and dequeued once, later in the block (`q = producer(n)`, then
+        `i = q.dequeue()`, the queue's name read nowhere else)."""
         if id(call) not in self.blocks.of_call:
             return None
         body, index = self.blocks.of_call[id(call)]
         assigned = _assign(body[index])
-        value = assigned[1] if assigned is not None else None
-        if (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute)
-                and value.func.attr.value == "dequeue" and value.func.value is call):
-            return value
+        if assigned is not None and _dequeue_of(assigned[1], lambda queue: queue is call):
+            return assigned[1], index
+        if assigned is None or assigned[1] is not call or not isinstance(assigned[0], cst.Name):
+            return None
+        queue = assigned[0].value
+        if sum(1 for n in self.calls.names if n.value == queue) != 2:  # bound here, read once
+            return None
+        for later in range(index + 1, len(body)):
+            read = _assign(body[later])
+            if read is not None and _dequeue_of(read[1], lambda q: isinstance(q, cst.Name) and q.value == queue):
+                return read[1], later
         return None
 
     def _index_pipeline(self, call: cst.Call) -> Pipeline:
         """The queue of epoch positions (the PTB tutorial's reader: one window of the data per
         step, `i` the window's index): a range dataset, repeated (and shuffled) as the producer
         did, whose next element is the same int32 index. Nothing is batched."""
-        dequeue = self._dequeued(call)
+        dequeue, index = self._dequeued(call)
         pipeline = Pipeline(batch_call=dequeue, producer_call=call)
-        body, index = self.blocks.of_call[id(call)]
+        body, produced = self.blocks.of_call[id(call)]
+        if produced != index:  # `q = producer(n)` on a line of its own: it goes
+            pipeline.removed = [body[produced]]
+            rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:index])) & _names_in(call)
+            if rebound:  # the producer's arguments are read where the dequeue is
+                pipeline.blocker = f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`"
+                return pipeline
         if has_star_args(call) or unknown_keywords(call, RANGE_PARAMS):
             pipeline.blocker = "the producer passes arguments the rewrite cannot map"
             return pipeline
