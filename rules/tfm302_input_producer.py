@@ -63,9 +63,10 @@ class InputProducer(Rule):
         names or slices (`shuffle=False` keeps their order). An index queue read right away,
         `i = range_input_producer(n).dequeue()` (the PTB tutorial's reader, which slices one
         window of the data per step with `i`), or named and dequeued once later in the same
-        block, becomes a range dataset mapped back to int32 and read by a one-shot iterator.
-        No fix for `input_producer`, for a range producer used otherwise, or where the
-        tensors are not batched in the same function; the
+        block, becomes a range dataset mapped back to int32 and read by a one-shot iterator;
+        `row = input_producer(rows).dequeue()` likewise becomes the rows' dataset. No fix for
+        those producers used otherwise, or where the tensors are not batched in the same
+        function; the
         message says what blocks it. Compare the runs with `tfmigrate verify`.
     """
 
@@ -114,6 +115,26 @@ class InputProducer(Rule):
                 .map(lambda i: tf.cast(i, tf.int32))
             )
             index = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()
+            """,
+        ),
+        # A queue of a tensor's rows, named and dequeued once: the rows as a dataset.
+        Invalid(
+            """
+            import tensorflow as tf
+            rows = tf.constant(table)
+            row_queue = tf.train.input_producer(rows, shuffle=False)
+            row = row_queue.dequeue()
+            """,
+            line=3,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            rows = tf.constant(table)
+            elements = (
+                tf.data.Dataset.from_tensor_slices(rows)
+                .repeat()
+            )
+            row = tf.compat.v1.data.make_one_shot_iterator(elements).get_next()
             """,
         ),
     ]

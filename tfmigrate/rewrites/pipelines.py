@@ -50,7 +50,13 @@ if TYPE_CHECKING:
 STRING_PRODUCER = "tensorflow.train.string_input_producer"
 SLICE_PRODUCER = "tensorflow.train.slice_input_producer"
 RANGE_PRODUCER = "tensorflow.train.range_input_producer"
-RANGE_PARAMS = ("limit", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name")
+INPUT_PRODUCER = "tensorflow.train.input_producer"
+#: The producers whose queue a program may dequeue itself, element by element.
+DEQUEUED_PARAMS = {
+    RANGE_PRODUCER: ("limit", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name"),
+    INPUT_PRODUCER: ("input_tensor", "element_shape", "num_epochs", "shuffle", "seed", "capacity", "shared_name",
+                     "summary_name", "name", "cancel_op"),
+}
 PRODUCER_PARAMS = {
     STRING_PRODUCER: ("string_tensor", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name", "cancel_op"),
     SLICE_PRODUCER: ("tensor_list", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name"),
@@ -361,8 +367,8 @@ class _Planner:
                 except Blocked as blocked:
                     pipeline.blocker = str(blocked)
                 pipelines.append(pipeline)
-            elif qualified == RANGE_PRODUCER and self._dequeued(call) is not None:
-                pipelines.append(self._index_pipeline(call))
+            elif qualified in DEQUEUED_PARAMS and self._dequeued(call) is not None:
+                pipelines.append(self._dequeued_pipeline(call, qualified))
         rewritable = [p for p in pipelines if p.blocker is None]
         covered = {id(p.batch_call) for p in rewritable} | {id(p.producer_call) for p in rewritable}
         scaffolding_blocker = None
@@ -420,46 +426,61 @@ class _Planner:
                 return read[1], later
         return None
 
-    def _index_pipeline(self, call: cst.Call) -> Pipeline:
-        """The queue of epoch positions (the PTB tutorial's reader: one window of the data per
-        step, `i` the window's index): a range dataset, repeated (and shuffled) as the producer
-        did, whose next element is the same int32 index. Nothing is batched."""
+    def _dequeued_pipeline(self, call: cst.Call, qualified: str) -> Pipeline:
+        """A producer's queue the program dequeues itself, element by element (the PTB
+        tutorial's reader: `i = range_input_producer(epoch_size).dequeue()`, one window of the
+        data per step; `row = input_producer(rows).dequeue()`): a dataset of the same
+        elements, repeated (and shuffled) as the producer did, read by a one-shot iterator."""
         dequeue, index = self._dequeued(call)
         pipeline = Pipeline(batch_call=dequeue, producer_call=call)
         body, produced = self.blocks.of_call[id(call)]
-        if produced != index:  # `q = producer(n)` on a line of its own: it goes
-            pipeline.removed = [body[produced]]
-            rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:index])) & _names_in(call)
-            if rebound:  # the producer's arguments are read where the dequeue is
-                pipeline.blocker = f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`"
-                return pipeline
-        if has_star_args(call) or unknown_keywords(call, RANGE_PARAMS):
-            pipeline.blocker = "the producer passes arguments the rewrite cannot map"
+        params = DEQUEUED_PARAMS[qualified]
+        try:
+            if produced != index:  # `q = producer(n)` on a line of its own: it goes
+                pipeline.removed = [body[produced]]
+                rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:index])) & _names_in(call)
+                if rebound:  # the producer's arguments are read where the dequeue is
+                    raise Blocked(f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`")
+            if has_star_args(call) or unknown_keywords(call, params):
+                raise Blocked("the producer passes arguments the rewrite cannot map")
+            for unsupported in ("shared_name", "cancel_op"):
+                if argument(call, params, unsupported) is not None:
+                    raise Blocked(f"the producer's `{unsupported}=` has no tf.data equivalent")
+        except Blocked as blocked:
+            pipeline.blocker = str(blocked)
             return pipeline
-        if argument(call, RANGE_PARAMS, "shared_name") is not None:
-            pipeline.blocker = "the producer's `shared_name=` has no tf.data equivalent"
-            return pipeline
-        limit = argument(call, RANGE_PARAMS, "limit")
-        # The producer took an int32 tensor for the limit (`(batch_len - 1) // num_steps`); a range takes int64.
-        count = self.code(limit) if isinstance(limit, cst.Integer) else \
-            f"{self.ref('tensorflow.cast')}({self.code(limit)}, {self.ref('tensorflow.int64')})"
-        chain = [f"{self.ref('tensorflow.data.Dataset.range')}({count})"]
-        if not is_false(argument(call, RANGE_PARAMS, "shuffle")):
-            seed = argument(call, RANGE_PARAMS, "seed")
-            chain.append(f".shuffle({count}" + (f", seed={self.code(seed)}" if seed is not None else "") + ")")
-        epochs = argument(call, RANGE_PARAMS, "num_epochs")
-        chain.append(".repeat()" if is_none(epochs) else f".repeat({self.code(epochs)})")
-        # The queue held int32 positions; a range dataset counts in int64.
-        chain.append(f".map(lambda i: {self.ref('tensorflow.cast')}(i, {self.ref('tensorflow.int32')}))")
+        name, chain = self._dequeued_chain(call, qualified)
         iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
         target = self.code(_assign(body[index])[0])
-        positions = self._free("positions")
+        dataset_name = self._free(name)
         lines = "\n".join(f"    {piece}" for piece in chain)
-        dataset = cst.parse_statement(f"{positions} = (\n{lines}\n)\n").with_changes(leading_lines=body[index].leading_lines)
-        consume = cst.parse_statement(f"{target} = {iterator}({positions}).get_next()\n").with_changes(
+        dataset = cst.parse_statement(f"{dataset_name} = (\n{lines}\n)\n").with_changes(leading_lines=body[index].leading_lines)
+        consume = cst.parse_statement(f"{target} = {iterator}({dataset_name}).get_next()\n").with_changes(
             trailing_whitespace=body[index].trailing_whitespace)
         pipeline.replaced = {id(body[index]): [dataset, consume]}
         return pipeline
+
+    def _dequeued_chain(self, call: cst.Call, qualified: str) -> tuple[str, list[str]]:
+        """The dataset's name and its chain: the source, shuffle, repeat (and the int32 cast of
+        a range's positions)."""
+        params = DEQUEUED_PARAMS[qualified]
+        source = argument(call, params, params[0])
+        if qualified == RANGE_PRODUCER:
+            # The producer took an int32 tensor for the limit (`(batch_len - 1) // num_steps`); a range takes int64.
+            count = self.code(source) if isinstance(source, cst.Integer) else \
+                f"{self.ref('tensorflow.cast')}({self.code(source)}, {self.ref('tensorflow.int64')})"
+            name, chain = "positions", [f"{self.ref('tensorflow.data.Dataset.range')}({count})"]
+        else:
+            count = f"{self.ref('tensorflow.shape')}({self.code(source)}, out_type={self.ref('tensorflow.int64')})[0]"
+            name, chain = "elements", [f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({self.code(source)})"]
+        if not is_false(argument(call, params, "shuffle")):
+            seed = argument(call, params, "seed")
+            chain.append(f".shuffle({count}" + (f", seed={self.code(seed)}" if seed is not None else "") + ")")
+        epochs = argument(call, params, "num_epochs")
+        chain.append(".repeat()" if is_none(epochs) else f".repeat({self.code(epochs)})")
+        if qualified == RANGE_PRODUCER:  # the queue held int32 positions; a range counts in int64
+            chain.append(f".map(lambda i: {self.ref('tensorflow.cast')}(i, {self.ref('tensorflow.int32')}))")
+        return name, chain
 
     def _from_imports(self, pipelines: list[Pipeline]) -> list[ImportItem]:
         """`from tensorflow.compat.v1.train import batch`: removed once nothing uses it."""
