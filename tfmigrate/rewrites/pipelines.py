@@ -367,8 +367,10 @@ class _Planner:
                 except Blocked as blocked:
                     pipeline.blocker = str(blocked)
                 pipelines.append(pipeline)
-            elif qualified in DEQUEUED_PARAMS and self._dequeued(call) is not None:
-                pipelines.append(self._dequeued_pipeline(call, qualified))
+            elif qualified in DEQUEUED_PARAMS:
+                dequeued = self._dequeued(call)
+                if dequeued is not None:
+                    pipelines.append(self._dequeued_pipeline(call, qualified, *dequeued))
         rewritable = [p for p in pipelines if p.blocker is None]
         covered = {id(p.batch_call) for p in rewritable} | {id(p.producer_call) for p in rewritable}
         scaffolding_blocker = None
@@ -426,30 +428,25 @@ class _Planner:
                 return read[1], later
         return None
 
-    def _dequeued_pipeline(self, call: cst.Call, qualified: str) -> Pipeline:
+    def _dequeued_pipeline(self, call: cst.Call, qualified: str, dequeue: cst.Call, index: int) -> Pipeline:
         """A producer's queue the program dequeues itself, element by element (the PTB
         tutorial's reader: `i = range_input_producer(epoch_size).dequeue()`, one window of the
         data per step; `row = input_producer(rows).dequeue()`): a dataset of the same
-        elements, repeated (and shuffled) as the producer did, read by a one-shot iterator."""
-        dequeue, index = self._dequeued(call)
+        elements, repeated (and shuffled) as the producer did, read by a one-shot iterator.
+        ``dequeue`` and ``index``: what :meth:`_dequeued` found."""
         pipeline = Pipeline(batch_call=dequeue, producer_call=call)
         body, produced = self.blocks.of_call[id(call)]
-        params = DEQUEUED_PARAMS[qualified]
         try:
             if produced != index:  # `q = producer(n)` on a line of its own: it goes
                 pipeline.removed = [body[produced]]
                 rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:index])) & _names_in(call)
                 if rebound:  # the producer's arguments are read where the dequeue is
                     raise Blocked(f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`")
-            if has_star_args(call) or unknown_keywords(call, params):
-                raise Blocked("the producer passes arguments the rewrite cannot map")
-            for unsupported in ("shared_name", "cancel_op"):
-                if argument(call, params, unsupported) is not None:
-                    raise Blocked(f"the producer's `{unsupported}=` has no tf.data equivalent")
+            producer = self._producer_args(body[index], call, qualified)
         except Blocked as blocked:
             pipeline.blocker = str(blocked)
             return pipeline
-        name, chain = self._dequeued_chain(call, qualified)
+        name, chain = self._dequeued_chain(producer, qualified)
         iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
         target = self.code(_assign(body[index])[0])
         dataset_name = self._free(name)
@@ -460,24 +457,21 @@ class _Planner:
         pipeline.replaced = {id(body[index]): [dataset, consume]}
         return pipeline
 
-    def _dequeued_chain(self, call: cst.Call, qualified: str) -> tuple[str, list[str]]:
+    def _dequeued_chain(self, producer: _ProducerArgs, qualified: str) -> tuple[str, list[str]]:
         """The dataset's name and its chain: the source, shuffle, repeat (and the int32 cast of
         a range's positions)."""
-        params = DEQUEUED_PARAMS[qualified]
-        source = argument(call, params, params[0])
+        source = self.code(producer.source)
         if qualified == RANGE_PRODUCER:
             # The producer took an int32 tensor for the limit (`(batch_len - 1) // num_steps`); a range takes int64.
-            count = self.code(source) if isinstance(source, cst.Integer) else \
-                f"{self.ref('tensorflow.cast')}({self.code(source)}, {self.ref('tensorflow.int64')})"
+            count = source if isinstance(producer.source, cst.Integer) else \
+                f"{self.ref('tensorflow.cast')}({source}, {producer.int64})"
             name, chain = "positions", [f"{self.ref('tensorflow.data.Dataset.range')}({count})"]
         else:
-            count = f"{self.ref('tensorflow.shape')}({self.code(source)}, out_type={self.ref('tensorflow.int64')})[0]"
-            name, chain = "elements", [f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({self.code(source)})"]
-        if not is_false(argument(call, params, "shuffle")):
-            seed = argument(call, params, "seed")
-            chain.append(f".shuffle({count}" + (f", seed={self.code(seed)}" if seed is not None else "") + ")")
-        epochs = argument(call, params, "num_epochs")
-        chain.append(".repeat()" if is_none(epochs) else f".repeat({self.code(epochs)})")
+            count = f"{self.ref('tensorflow.shape')}({source}, out_type={producer.int64})[0]"
+            name, chain = "elements", [f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({source})"]
+        if producer.shuffle:
+            chain.append(f".shuffle({count}{producer.seed_text})")
+        chain.append(producer.repeat)
         if qualified == RANGE_PRODUCER:  # the queue held int32 positions; a range counts in int64
             chain.append(f".map(lambda i: {self.ref('tensorflow.cast')}(i, {self.ref('tensorflow.int32')}))")
         return name, chain
@@ -610,7 +604,7 @@ class _Planner:
 
     def _producer_args(self, statement: cst.BaseStatement, call: cst.Call, qualified: str) -> _ProducerArgs:
         """Check the producer call's arguments; its target, input, epochs and shuffling."""
-        params = PRODUCER_PARAMS[qualified]
+        params = PRODUCER_PARAMS.get(qualified) or DEQUEUED_PARAMS[qualified]
         if has_star_args(call) or unknown_keywords(call, params):
             raise Blocked("the producer passes arguments the rewrite cannot map")
         for unsupported in ("shared_name", "cancel_op"):

@@ -2606,12 +2606,10 @@ def _inline_settings(rule, region: Region, node: cst.CSTNode) -> cst.CSTNode:
     for name in (free_names(node) & bound_in_owner) - other_binders:
         if any(name in scope_bindings(s) for s in simple_statements(owner) if id(s) in movable):
             continue
-        bindings = [s for s in statements if name in scope_bindings(s)]
-        small = single_small(bindings[0]) if len(bindings) == 1 else None
-        if _assigns(small, name) and _plain_setting(small.value) and not names_used(small.value) & bound_in_body:
-            values[name] = small.value
-    reads = {id(read): values[read.value] for read in name_reads(node) if read.value in values}
-    return node.visit(ReplaceById(reads)) if reads else node
+        value = _plain_binding(statements, name)
+        if value is not None and not names_used(value) & bound_in_body:
+            values[name] = value
+    return _read_as(node, values)
 
 
 def _callee_settings_inlined(region: Region, devices: str) -> str:
@@ -2628,17 +2626,29 @@ def _callee_settings_inlined(region: Region, devices: str) -> str:
     parameters = {p.name.value for p in find(owner.params, cst.Param)}
     values: dict[str, cst.BaseExpression] = {}
     for name in (free_names(node) & bound_in_body) - other_binders:
-        bindings = [s for s in simple_statements(owner) if name in scope_bindings(s)]
-        small = single_small(bindings[0]) if len(bindings) == 1 else None
-        if not (_assigns(small, name) and _plain_setting(small.value, comprehensions=True)):
+        value = _plain_binding(simple_statements(owner), name, comprehensions=True)
+        if value is None:
             continue
-        reads = free_names(small.value)
+        reads = free_names(value)
         # (a comprehension's own name that a parameter also has would read the caller's argument)
-        if not reads & bound_in_body and not (names_used(small.value) - reads) & parameters \
+        if not reads & bound_in_body and not (names_used(value) - reads) & parameters \
                 and not _changed_in_place(owner, name):
-            values[name] = small.value
+            values[name] = value
+    return code(_read_as(node, values)) if values else devices
+
+
+def _plain_binding(statements: list, name: str, comprehensions: bool = False) -> cst.BaseExpression | None:
+    """The value the one statement of ``statements`` that binds ``name`` gives it, when that is
+    a plain assignment (`name = value`) of a plain setting (:func:`_plain_setting`)."""
+    bindings = [s for s in statements if name in scope_bindings(s)]
+    small = single_small(bindings[0]) if len(bindings) == 1 else None
+    return small.value if _assigns(small, name) and _plain_setting(small.value, comprehensions) else None
+
+
+def _read_as(node: cst.CSTNode, values: dict[str, cst.BaseExpression]) -> cst.CSTNode:
+    """``node`` with each read of a name in ``values`` replaced by its value."""
     reads = {id(read): values[read.value] for read in name_reads(node) if read.value in values}
-    return code(node.visit(ReplaceById(reads))) if reads else devices
+    return node.visit(ReplaceById(reads)) if reads else node
 
 
 def _other_binders(owner: cst.CSTNode) -> set[str]:

@@ -141,7 +141,7 @@ def user_called_update(rule, region: Region) -> Region | None:
     holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
     if not (isinstance(holder, cst.ClassDef) and _first_parameter(owner) == "self"):
         return None
-    if owner.name.value != "__init__" and owner.name.value in {self_method(c) for c in find(holder, cst.Call)}:
+    if owner.name.value != "__init__" and owner.name.value in _called_by_class(holder):
         return None  # built by another method of the class (see method_caller)
     if any(optimizer_step(c) for line in statement_lines(region.following) for c in find(line, cst.Call)):
         return None  # the constructor updates itself
@@ -161,8 +161,13 @@ def _external_updates(holder: cst.ClassDef, methods: dict, owner, caller, result
     """The methods of the class that update the model from what the towers left on `self`
     (`self.d_loss`), that no method of the class calls: the class's user calls them after
     building it (carpedm20 DCGAN: `__init__` calls `build_model()`, the script calls `train()`)."""
-    called = {self_method(c) for c in find(holder, cst.Call)}
+    called = _called_by_class(holder)
     return [method for method in _updating_methods(methods, [owner, caller], results) if method.name.value not in called]
+
+
+def _called_by_class(holder: cst.ClassDef) -> set:
+    """The names of the methods the class calls on `self` itself."""
+    return {self_method(c) for c in find(holder, cst.Call)}
 
 
 def _updating_methods(methods: dict, skipped: list, results: set[str]) -> list[cst.FunctionDef]:
