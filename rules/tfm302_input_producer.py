@@ -64,10 +64,12 @@ class InputProducer(Rule):
         `i = range_input_producer(n).dequeue()` (the PTB tutorial's reader, which slices one
         window of the data per step with `i`), or named and dequeued once later in the same
         block, becomes a range dataset mapped back to int32 and read by a one-shot iterator;
-        `row = input_producer(rows).dequeue()` likewise becomes the rows' dataset. No fix for
+        `row = input_producer(rows).dequeue()` likewise becomes the rows' dataset (its
+        `element_shape` a `tf.ensure_shape`), and what is dequeued, worked on and batched in the
+        block becomes one dataset. A `slice_input_producer` list kept under one name and read
+        by position (`input_queue[0]`) is the map function's tuple of slices. No fix for
         those producers used otherwise, or where the tensors are not batched in the same
-        function; the
-        message says what blocks it. Compare the runs with `tfmigrate verify`.
+        function; the message says what blocks it. Compare the runs with `tfmigrate verify`.
     """
 
     valid = [
@@ -115,6 +117,35 @@ class InputProducer(Rule):
                 .map(lambda i: tf.cast(i, tf.int32))
             )
             index = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()
+            """,
+        ),
+        # An "image list": the slices read by position, the decoded image's static shape
+        # given to the batch. The map function takes the slices as one tuple; the shapes the
+        # queue checked become `tf.ensure_shape`.
+        Invalid(
+            """
+            import tensorflow as tf
+            input_queue = tf.train.slice_input_producer([paths, labels], shuffle=False)
+            image = tf.image.decode_png(tf.read_file(input_queue[0]), channels=3)
+            images, labels = tf.train.batch([image, input_queue[1]], batch_size=32, shapes=[[28, 28, 3], []])
+            """,
+            line=2,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+
+            def _parse(*input_queue):
+                image = tf.image.decode_png(tf.read_file(input_queue[0]), channels=3)
+                return tf.ensure_shape(image, [28, 28, 3]), tf.ensure_shape(input_queue[1], [])
+
+            dataset = (
+                tf.data.Dataset.from_tensor_slices((paths, labels))
+                .repeat()
+                .map(_parse)
+                .batch(32, drop_remainder=True)
+                .prefetch(tf.data.AUTOTUNE)
+            )
+            images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
             """,
         ),
         # A queue of a tensor's rows, named and dequeued once: the rows as a dataset.

@@ -70,10 +70,19 @@ class QueueBatching(Rule):
         Recognised in one function (or module) body:
         `q = string_input_producer(files, num_epochs=E, shuffle=S)` read by
         `tf.TFRecordReader()` / `TextLineReader()` / `FixedLengthRecordReader(record_bytes=R)`
-        (`_, value = reader.read(q)`), or `x, y = slice_input_producer([xs, ys], ...)`; the
+        (`_, value = reader.read(q)`), `x, y = slice_input_producer([xs, ys], ...)`, or
+        `queue = slice_input_producer([xs, ys])` read by position (`queue[0]`; the map
+        function then takes the slices as one tuple, `def _parse(*queue)`), or an index or row
+        queue the program dequeues (`idx = range_input_producer(n).dequeue()`, `row =
+        input_producer(rows).dequeue()`, `Dataset.range` / `from_tensor_slices`); the
         statements after it that use what was read become a nested `def _parse(value): ...
         return <tensors>` for `.map`; `tf.train.batch` / `shuffle_batch` over those tensors,
-        assigned or returned. The result is
+        assigned (to names or attributes) or returned. `shapes=[...]` becomes a
+        `tf.ensure_shape` of each returned tensor (the queue checked them and gave the batch
+        those static shapes). `enqueue_many=True` adds `.unbatch()` before `.batch`; over
+        `tf.constant`s made in the same block (no producer), whose rows the queue runner
+        enqueued again and again, the source is `Dataset.from_tensor_slices((x, y)).repeat()`.
+        The result is
         `dataset = (tf.data.TFRecordDataset(files).repeat(E).map(_parse, num_parallel_calls=T)
         .shuffle(M).batch(B, drop_remainder=True).prefetch(tf.data.AUTOTUNE))` and
         `tensors = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()`.
@@ -87,7 +96,8 @@ class QueueBatching(Rule):
         .repeat(E).flat_map(tf.data.TFRecordDataset)`. `capacity` has no equivalent and goes.
 
         No fix, and the message says why, for `batch_join`, `shuffle_batch_join` and the
-        `maybe_` variants, `enqueue_many=True`, `dynamic_pad=True`, `shared_name=`, readers
+        `maybe_` variants, `enqueue_many=True` over tensors that are not constants (each
+        enqueue may see other values) or with `shapes=`, `dynamic_pad=True`, `shared_name=`, readers
         other than the three above or with options, a reader or producer in another
         function than the batching call (`read_and_decode(filename_queue)` helpers), or a
         tensor of the pipeline used after the batching call. Check the result with

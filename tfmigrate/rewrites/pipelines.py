@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Sequence
 import libcst as cst
 
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
+from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import blank_lines_unindented
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
@@ -136,6 +137,14 @@ def _target_names(target: cst.BaseExpression) -> list[str] | None:
     return None
 
 
+def _plain_target(target: cst.BaseExpression) -> bool:
+    """A target the batch's results can be assigned to as they were: names or attributes
+    (`images, labels = ...`, `self.images, self.labels = ...`)."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return bool(target.elements) and all(isinstance(e.value, (cst.Name, cst.Attribute)) for e in target.elements)
+    return isinstance(target, (cst.Name, cst.Attribute))
+
+
 def _only(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
         return statement.body[0]
@@ -230,8 +239,14 @@ class _Batch:
     statement: cst.BaseStatement
     outputs: cst.BaseExpression | None  # the assignment target; None for `return`
     tensors: cst.BaseExpression | None  # the batched tensors, as passed
-    returned: list[str]  # their names
+    returned: list[str]  # their code: names, or a producer's element by position (`queue[1]`)
     as_tuple: bool  # batched as a list (`[image, label]`) rather than one name
+    enqueue_many: bool  # each tensor is a batch of examples, not one
+
+
+    @property
+    def returned_names(self) -> set[str]:
+        return {text.split("[", 1)[0] for text in self.returned}
 
 
 @dataclass
@@ -244,6 +259,7 @@ class _ProducerArgs:
     shuffle: bool
     seed_text: str  # `, seed=S` or ""
     int64: str  # how `tf.int64` is spelled here
+    element_shape: cst.BaseExpression | None = None  # `input_producer(element_shape=...)`
 
 
 @dataclass
@@ -266,6 +282,7 @@ class _Source:
     removed: list[cst.BaseStatement]  # the producer, the read, the reader
     tainted: set[str]  # the names holding what was read
     consumed: set[str]  # the queue and the reader: nothing else may use them
+    rows: bool = False  # it yields the rows of what `enqueue_many=True` batched already
 
 
 def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], cst.BaseExpression | None]:
@@ -276,11 +293,12 @@ def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], c
     params = BATCH_PARAMS[qualified]
     if has_star_args(call) or unknown_keywords(call, params):
         raise Blocked("the batching call passes arguments the rewrite cannot map")
-    for flag, why in (("enqueue_many", "`enqueue_many=True` (use `.unbatch()` before `.batch`)"),
-                      ("dynamic_pad", "`dynamic_pad=True` (use `.padded_batch`)")):
-        value = argument(call, params, flag)
-        if value is not None and not is_false(value):
-            raise Blocked(f"{why} is not rewritten automatically")
+    dynamic_pad = argument(call, params, "dynamic_pad")
+    if dynamic_pad is not None and not is_false(dynamic_pad):
+        raise Blocked("`dynamic_pad=True` (use `.padded_batch`) is not rewritten automatically")
+    enqueue_many = argument(call, params, "enqueue_many")
+    if enqueue_many is not None and not (is_true(enqueue_many) or is_false(enqueue_many)):
+        raise Blocked("`enqueue_many` is not a literal True/False")
     if argument(call, params, "shared_name") is not None:
         raise Blocked("a shared batching queue (`shared_name=`) has no tf.data equivalent")
     smaller = argument(call, params, "allow_smaller_final_batch")
@@ -289,10 +307,24 @@ def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], c
     return params, smaller
 
 
+def _element_code(node: cst.BaseExpression) -> str | None:
+    """A batched tensor the rewrite can return from the map function: a name, or an element of a
+    producer's list picked by position (`input_queue[1]`)."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 1:
+        index = node.slice[0].slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer):
+            return f"{node.value.value}[{index.value.value}]"
+    return None
+
+
 def _batched_names(tensors: cst.BaseExpression | None) -> tuple[list[str], bool]:
-    """The names of the batched tensors, and whether they are batched as a list (`[image, label]`)."""
-    if isinstance(tensors, (cst.List, cst.Tuple)) and all(isinstance(e.value, cst.Name) for e in tensors.elements) and tensors.elements:
-        return [e.value.value for e in tensors.elements], True  # type: ignore[attr-defined]
+    """The batched tensors' code, and whether they are batched as a list (`[image, label]`)."""
+    if isinstance(tensors, (cst.List, cst.Tuple)) and tensors.elements:
+        codes = [_element_code(e.value) for e in tensors.elements]
+        if all(codes):
+            return codes, True  # type: ignore[return-value]
     if isinstance(tensors, cst.Name):
         return [tensors.value], False
     raise Blocked("the batched tensors are not a list of names (`[image, label]`)")
@@ -318,21 +350,63 @@ def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseSt
     return parse
 
 
+def _queue_line(body: Sequence[cst.BaseStatement], produced: int, dequeued: int, call: cst.Call) -> list[cst.BaseStatement]:
+    """`q = producer(n)` on a line of its own, dequeued later (`i = q.dequeue()`): that line,
+    which goes. Refused when the producer's arguments are set again before the dequeue, where
+    the dataset that replaces both will read them."""
+    if produced == dequeued:
+        return []
+    rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:dequeued])) & _names_in(call)
+    if rebound:
+        raise Blocked(f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`")
+    return [body[produced]]
+
+
+def _check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement]) -> None:
+    """The producer's list of slices, kept under one name, is only read by position
+    (`queue[0]`, `queue[-1]`, `queue[1:]`) or unpacked: what a tuple of them does the same."""
+    unsupported: list[str] = []
+
+    class Uses(cst.CSTVisitor):
+        def visit_Subscript(self, node: cst.Subscript) -> bool:
+            if isinstance(node.value, cst.Name) and node.value.value == queue:
+                for element in node.slice:
+                    visit_read_only(element, self)
+                return False
+            return True
+
+        def visit_Assign(self, node: cst.Assign) -> bool:
+            if isinstance(node.value, cst.Name) and node.value.value == queue and all(
+                    isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets):
+                return False  # `image, label = queue`
+            return True
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            visit_read_only(node.value, self)
+            return False
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == queue:
+                unsupported.append(node.value)
+
+    for statement in statements:
+        visit_read_only(statement, Uses())
+    if unsupported:
+        raise Blocked(f"`{queue}`, the producer's list of slices, is used otherwise than by position (`{queue}[0]`)")
+
+
 def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str]) -> None:
     """The parsed tensors only feed the batch, and nothing of the pipeline is used after it."""
     call, body, b = batch.call, batch.body, batch.index
-    if not set(batch.returned) <= parse_names:
+    if not batch.returned_names <= parse_names:
         raise Blocked("the batched tensors do not all come from the reader or producer")
-    if _names_in(call) & (parse_names - set(batch.returned)) or any(
+    if _names_in(call) & (parse_names - batch.returned_names) or any(
         _names_in(arg.value) & parse_names for arg in call.args if arg.value is not batch.tensors
     ):
         raise Blocked("the batching arguments depend on the parsed tensors")
-    later = set().union(*(_names_in(s) for s in body[b + 1:])) if b + 1 < len(body) else set()
-    if batch.outputs is not None:
-        rebound = set(_target_names(batch.outputs) or [])
-    else:
-        rebound = set()
-    if later & ((parse_names | consumed) - rebound):
+    rebound = set(_target_names(batch.outputs) or []) if batch.outputs is not None else set()
+    # Read again before being bound afresh (`_, loss = sess.run(...)` binds a parse's `_` anew).
+    if reads_first(body[b + 1:], (parse_names | consumed) - rebound):
         raise Blocked("a tensor of the queue pipeline is used after the batching call")
 
 class _Planner:
@@ -367,10 +441,12 @@ class _Planner:
                 except Blocked as blocked:
                     pipeline.blocker = str(blocked)
                 pipelines.append(pipeline)
-            elif qualified in DEQUEUED_PARAMS:
+        batched = {id(p.producer_call) for p in pipelines if p.blocker is None}
+        for call, qualified in self.calls.calls:
+            if qualified in DEQUEUED_PARAMS and id(call) not in batched:
                 dequeued = self._dequeued(call)
-                if dequeued is not None:
-                    pipelines.append(self._dequeued_pipeline(call, qualified, *dequeued))
+                if dequeued is not None:  # first: the producer's own pipeline, where a batch pipeline over it is refused
+                    pipelines.insert(0, self._dequeued_pipeline(call, qualified, *dequeued))
         rewritable = [p for p in pipelines if p.blocker is None]
         covered = {id(p.batch_call) for p in rewritable} | {id(p.producer_call) for p in rewritable}
         scaffolding_blocker = None
@@ -437,11 +513,7 @@ class _Planner:
         pipeline = Pipeline(batch_call=dequeue, producer_call=call)
         body, produced = self.blocks.of_call[id(call)]
         try:
-            if produced != index:  # `q = producer(n)` on a line of its own: it goes
-                pipeline.removed = [body[produced]]
-                rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:index])) & _names_in(call)
-                if rebound:  # the producer's arguments are read where the dequeue is
-                    raise Blocked(f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`")
+            pipeline.removed = _queue_line(body, produced, index, call)
             producer = self._producer_args(body[index], call, qualified)
         except Blocked as blocked:
             pipeline.blocker = str(blocked)
@@ -456,6 +528,22 @@ class _Planner:
             trailing_whitespace=body[index].trailing_whitespace)
         pipeline.replaced = {id(body[index]): [dataset, consume]}
         return pipeline
+
+    def _dequeued_source(self, body, p: int, b: int, call: cst.Call, qualified: str) -> _Source:
+        """An index or row queue the program dequeues itself, then works on what it read and
+        batches it (`idx = index_queue.dequeue()`, `row = tf.gather(table, idx)`, then
+        `tf.train.batch([row], ...)`): the producer's dataset, mapped and batched."""
+        found = self._dequeued(call)
+        if found is None or found[1] >= b:
+            raise Blocked("the producer's queue is not dequeued once, with `.dequeue()`, before the batching call")
+        index = found[1]
+        removed = _queue_line(body, p, index, call) + [body[index]]
+        producer = self._producer_args(body[index], call, qualified)
+        if not isinstance(producer.target, cst.Name):
+            raise Blocked("assign the `dequeue()` to a name")
+        _, chain = self._dequeued_chain(producer, qualified)
+        consumed = {self.code(body[p].body[0].targets[0].target)} if index != p else set()  # type: ignore[attr-defined]
+        return _Source(chain[0], [producer.target.value], chain[1:], removed, {producer.target.value}, consumed)
 
     def _dequeued_chain(self, producer: _ProducerArgs, qualified: str) -> tuple[str, list[str]]:
         """The dataset's name and its chain: the source, shuffle, repeat (and the int32 cast of
@@ -474,6 +562,9 @@ class _Planner:
         chain.append(producer.repeat)
         if qualified == RANGE_PRODUCER:  # the queue held int32 positions; a range counts in int64
             chain.append(f".map(lambda i: {self.ref('tensorflow.cast')}(i, {self.ref('tensorflow.int32')}))")
+        if producer.element_shape is not None:  # the queue's shape: the static shape of what it gave
+            shape = self.code(producer.element_shape)
+            chain.append(f".map(lambda element: {self.ref('tensorflow.ensure_shape')}(element, {shape}))")
         return name, chain
 
     def _from_imports(self, pipelines: list[Pipeline]) -> list[ImportItem]:
@@ -495,6 +586,10 @@ class _Planner:
         """Plan the rewrite of one pipeline into ``pipeline``, or raise Blocked with the reason."""
         batch = self._batch(pipeline.batch_call, qualified)
         producer = self._producer(batch.body, batch.index)
+        if producer is None and batch.enqueue_many:
+            source = self._constant_source(batch)
+            pipeline.replaced = {id(batch.statement): self._replacement(batch, source, [])}
+            return
         if producer is None:
             raise Blocked(
                 "the batched tensors are not produced in this function (no `string_input_producer` + reader or "
@@ -517,7 +612,7 @@ class _Planner:
         statement = body[b]
         small = _only(statement)
         assigned = _assign(statement)
-        if assigned is not None and assigned[1] is call and _target_names(assigned[0]):
+        if assigned is not None and assigned[1] is call and _plain_target(assigned[0]):
             outputs = assigned[0]
         elif isinstance(small, cst.Return) and small.value is call:
             outputs = None
@@ -525,24 +620,29 @@ class _Planner:
             raise Blocked("assign or return the batching call on a line of its own")
         tensors = argument(call, params, "tensors")
         returned, as_tuple = _batched_names(tensors)
-        return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors, returned, as_tuple)
+        enqueue_many = is_true(argument(call, params, "enqueue_many"))
+        return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors, returned, as_tuple, enqueue_many)
 
     def _replacement(self, batch: _Batch, source: _Source, parse: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """What replaces the batching statement: [the parse function,] the dataset and its next element."""
+        removed = [statement for statement in source.removed if statement is not batch.statement]
         threads = argument(batch.call, batch.params, "num_threads")
         parse_fn = self._free("_parse")
         dataset = self._free("dataset")
-        needs_map = bool(parse) or batch.returned != source.params or not batch.as_tuple
+        returned = self._shaped(batch)
+        needs_map = bool(parse) or returned != source.params or not batch.as_tuple
         if needs_map:
             parallel = ""
             if threads is not None and not (isinstance(threads, cst.Integer) and threads.value == "1"):
                 parallel = f", num_parallel_calls={self.code(threads)}"
             source.chain.append(f".map({parse_fn}{parallel})")
+        if batch.enqueue_many and not source.rows:  # what was enqueued were batches of examples
+            source.chain.append(".unbatch()")
         self._batching_chain(batch, source.chain)
         lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
-            new_statements.append(self._parse_function(parse_fn, source.params, parse, batch.returned, batch.as_tuple))
+            new_statements.append(self._parse_function(parse_fn, source.params, parse, returned, batch.as_tuple))
         dataset_statement = cst.parse_statement(f"{dataset} = (\n{lines}\n)\n")
         if needs_map:
             dataset_statement = dataset_statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
@@ -554,8 +654,23 @@ class _Planner:
             consume = cst.parse_statement(f"return {next_element}\n")
         consume = consume.with_changes(trailing_whitespace=batch.statement.trailing_whitespace)
         new_statements += [dataset_statement, consume]
-        new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
+        # The comments above the producer and reader that go describe the input: they stay, above its dataset.
+        kept = [line for statement in removed for line in statement.leading_lines if line.comment is not None]
+        new_statements[0] = new_statements[0].with_changes(leading_lines=[*kept, *batch.statement.leading_lines])
         return new_statements
+
+    def _shaped(self, batch: _Batch) -> list[str]:
+        """What the map function returns: the batched tensors, each checked against its entry in
+        `shapes=` (which the queue enforced and gave the batch as its static shape)."""
+        shapes = argument(batch.call, batch.params, "shapes")
+        if shapes is None:
+            return batch.returned
+        if batch.enqueue_many:
+            raise Blocked("`shapes=` with `enqueue_many=True` is not rewritten automatically")
+        if not isinstance(shapes, (cst.List, cst.Tuple)) or len(shapes.elements) != len(batch.returned):
+            raise Blocked("`shapes=` is not a list with one shape per batched tensor")
+        ensure_shape = self.ref("tensorflow.ensure_shape")
+        return [f"{ensure_shape}({tensor}, {self.code(shape.value)})" for tensor, shape in zip(batch.returned, shapes.elements)]
 
     def _batching_chain(self, batch: _Batch, chain: list[str]) -> None:
         """Append the shuffle buffer, the batch and the prefetch to the dataset's ``chain``."""
@@ -586,21 +701,49 @@ class _Planner:
             assigned = _assign(body[index])
             if assigned is None or not isinstance(assigned[1], cst.Call):
                 continue
-            qualified = self.rule.call_name(assigned[1])
-            if qualified in PRODUCER_PARAMS:
-                return index, assigned[1], qualified
+            call = assigned[1]
+            if _dequeue_of(call, lambda queue: isinstance(queue, cst.Call)):  # `producer(n).dequeue()`
+                call = call.func.value  # type: ignore[attr-defined]
+            qualified = self.rule.call_name(call)
+            if qualified in PRODUCER_PARAMS or qualified in DEQUEUED_PARAMS:
+                return index, call, qualified
             if qualified is not None and qualified.startswith("tensorflow.train.") and qualified.endswith("_input_producer"):
                 raise Blocked(f"`{qualified.rsplit('.', 1)[1]}` has no automatic rewrite (only string and slice producers)")
         return None
 
     def _source(self, body, p: int, b: int, call: cst.Call, qualified: str) -> _Source:
         """The dataset source and the producer's shuffle/repeat, and what the map receives."""
+        if qualified in DEQUEUED_PARAMS:
+            return self._dequeued_source(body, p, b, call, qualified)
         producer = self._producer_args(body[p], call, qualified)
         removed: list[cst.BaseStatement] = [body[p]]
         if qualified == SLICE_PRODUCER:
-            return self._slice_source(producer, removed)
+            return self._slice_source(producer, removed, body[p + 1:b + 1])
         # string_input_producer: find `k, v = reader.read(queue)` and the reader.
         return self._files_source(body, p, b, producer, removed)
+
+    def _constant_source(self, batch: _Batch) -> _Source:
+        """`tf.train.batch([x, y], enqueue_many=True)` over `x = tf.constant(...)`, ... made
+        earlier in the block: the queue runner enqueued all their rows again and again, in
+        order; the dataset of their rows, repeated, does the same. (Other tensors could hold
+        other rows at each enqueue, which a dataset made once would not see.)"""
+        constants = {}
+        for statement in batch.body[:batch.index]:
+            for name in _assigned_names(statement):
+                constants.pop(name, None)
+            assigned = _assign(statement)
+            if assigned is not None and isinstance(assigned[0], cst.Name) and isinstance(assigned[1], cst.Call) \
+                    and self.rule.call_name(assigned[1]) == "tensorflow.constant":
+                constants[assigned[0].value] = assigned[1]
+        if not batch.as_tuple or not all(name in constants for name in batch.returned):
+            raise Blocked(
+                "the batched tensors are neither produced in this function (no `string_input_producer` + reader or "
+                "`slice_input_producer` before it in the same block) nor `tf.constant`s made there; build the "
+                "tf.data pipeline by hand"
+            )
+        names = ", ".join(batch.returned) + ("," if len(batch.returned) == 1 else "")
+        source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({names}))"
+        return _Source(source_text, list(batch.returned), [".repeat()"], [], set(batch.returned), set(), rows=True)
 
     def _producer_args(self, statement: cst.BaseStatement, call: cst.Call, qualified: str) -> _ProducerArgs:
         """Check the producer call's arguments; its target, input, epochs and shuffling."""
@@ -620,14 +763,24 @@ class _Planner:
         seed = argument(call, params, "seed")
         seed_text = f", seed={self.code(seed)}" if seed is not None else ""
         int64 = self.ref("tensorflow.int64")
-        return _ProducerArgs(target, source, repeat, shuffle, seed_text, int64)
+        element_shape = argument(call, params, "element_shape") if "element_shape" in params else None
+        return _ProducerArgs(target, source, repeat, shuffle, seed_text, int64, element_shape)
 
-    def _slice_source(self, producer: _ProducerArgs, removed: list[cst.BaseStatement]) -> _Source:
-        """`x, y = slice_input_producer([x, y])`: the tensors' slices, one name per tensor."""
+    def _slice_source(self, producer: _ProducerArgs, removed: list[cst.BaseStatement], uses: Sequence[cst.BaseStatement]) -> _Source:
+        """`x, y = slice_input_producer([x, y])`: the tensors' slices, one name per tensor; or
+        `queue = slice_input_producer([x, y])` read by position (`queue[0]`): the map function
+        takes the slices as that one tuple (``uses``: the statements up to the batching call)."""
         target, source, int64 = producer.target, producer.source, producer.int64
         chain: list[str] = []
+        if not isinstance(source, (cst.List, cst.Tuple)):
+            raise Blocked("pass `slice_input_producer` a list of tensors (`[x, y]`)")
         names = _target_names(target)
-        if not isinstance(source, (cst.List, cst.Tuple)) or names is None or len(names) != len(source.elements) or isinstance(target, cst.Name):
+        if isinstance(target, cst.Name):
+            _check_read_by_position(target.value, uses)
+            params, tainted = [f"*{target.value}"], {target.value}
+        elif names is not None and len(names) == len(source.elements):
+            params, tainted = names, set(names)
+        else:
             raise Blocked("unpack `slice_input_producer([x, y])` into one name per tensor")
         parts = [self.code(e.value) for e in source.elements]
         source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)},))" if len(parts) == 1 else \
@@ -635,7 +788,7 @@ class _Planner:
         if producer.shuffle:
             chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{producer.seed_text})")
         chain.append(producer.repeat)
-        return _Source(source_text, names, chain, removed, set(names), set())
+        return _Source(source_text, params, chain, removed, tainted, set())
 
     def _files_source(self, body, p: int, b: int, producer: _ProducerArgs, removed: list[cst.BaseStatement]) -> _Source:
         """`q = string_input_producer(files)` and its reader: the reader's dataset over the files."""

@@ -1,0 +1,211 @@
+"""The queue-pipeline rewrite (TFM301-TFM303) on the shapes public TF1 input code takes beyond
+one producer, one read and one batch of names: a producer's slices read by position, the
+static shapes `tf.train.batch(shapes=...)` gave, `enqueue_many=True`, an index or row queue
+dequeued by the program and then batched, and the refusals where the meaning cannot be kept.
+The fixed programs that run are in tests/test_fix_runs.py (same batches, same order)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from tests.conftest import run_check, unsafe_fix
+
+
+def _fixed(code: str) -> str:
+    return unsafe_fix(textwrap.dedent(code).lstrip("\n"))
+
+
+def _blocker(code: str, rule: str = "TFM303") -> str:
+    (finding,) = [f for f in run_check(code) if f.code == rule]
+    assert not finding.fixable, finding.message
+    return finding.message.split("no automatic fix: ", 1)[1]
+
+
+def test_slices_read_by_position_are_the_map_function_s_tuple():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def batches(paths, labels):
+            input_queue = tf.train.slice_input_producer([paths, labels], shuffle=False)
+            label = input_queue[1]
+            image = tf.image.decode_png(tf.read_file(input_queue[0]))
+            return tf.train.batch([image, label], batch_size=8)
+        """)
+    assert "    def _parse(*input_queue):\n        label = input_queue[1]\n" in fixed
+    assert "tf.data.Dataset.from_tensor_slices((paths, labels))" in fixed and "input_producer" not in fixed
+
+
+def test_a_slice_batched_by_position_is_returned_by_position():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def batches(paths, labels):
+            queue = tf.train.slice_input_producer([paths, labels], shuffle=False)
+            text = tf.read_file(queue[0])
+            return tf.train.batch([text, queue[1]], batch_size=8)
+        """)
+    assert "        return text, queue[1]\n" in fixed
+
+
+def test_slices_used_otherwise_than_by_position_are_refused():
+    message = _blocker("""
+        import tensorflow as tf
+
+        def batches(paths, labels):
+            queue = tf.train.slice_input_producer([paths, labels], shuffle=False)
+            text = tf.read_file(queue[0])
+            parts = queue + [text]
+            return tf.train.batch([text, parts[1]], batch_size=8)
+        """)
+    assert "`queue`, the producer's list of slices, is used otherwise than by position" in message
+
+
+def test_shapes_become_the_map_function_s_shape_checks():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def batches(xs, ys):
+            x, y = tf.train.slice_input_producer([xs, ys], shuffle=False)
+            x = tf.reshape(x, [-1])
+            return tf.train.batch([x, y], batch_size=4, shapes=[[6], []])
+        """)
+    assert "        return tf.ensure_shape(x, [6]), tf.ensure_shape(y, [])\n" in fixed
+
+
+def test_shapes_that_are_not_a_list_per_tensor_are_refused():
+    code = """
+        import tensorflow as tf
+
+        def batches(xs, ys):
+            x, y = tf.train.slice_input_producer([xs, ys], shuffle=False)
+            return tf.train.batch([x, y], batch_size=4, shapes=SHAPES)
+        """
+    assert _blocker(code) == "`shapes=` is not a list with one shape per batched tensor"
+
+
+def test_enqueue_many_over_constants_is_the_dataset_of_their_rows_repeated():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(table, targets):
+            features = tf.constant(table)
+            labels = tf.constant(targets)
+            return tf.train.batch([features, labels], batch_size=4, enqueue_many=True)
+        """)
+    assert ("        tf.data.Dataset.from_tensor_slices((features, labels))\n"
+            "        .repeat()\n"
+            "        .batch(4, drop_remainder=True)\n") in fixed
+    assert "unbatch" not in fixed
+
+
+def test_enqueue_many_after_a_producer_unbatches_what_was_enqueued():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(chunks, targets):
+            chunk, target = tf.train.slice_input_producer([chunks, targets], shuffle=False)
+            return tf.train.batch([chunk, target], batch_size=4, enqueue_many=True)
+        """)
+    assert "        .repeat()\n        .unbatch()\n        .batch(4, drop_remainder=True)\n" in fixed
+
+
+def test_enqueue_many_over_tensors_that_may_change_is_refused():
+    code = """
+        import tensorflow as tf
+
+        def inputs(table):
+            features = tf.random.shuffle(tf.constant(table))
+            return tf.train.batch([features], batch_size=4, enqueue_many=True)
+        """
+    assert "nor `tf.constant`s made there" in _blocker(code)
+
+
+def test_a_constant_rebound_before_the_batch_is_not_taken_for_a_constant():
+    code = """
+        import tensorflow as tf
+
+        def inputs(table):
+            features = tf.constant(table)
+            features = features + tf.random.normal([4])
+            return tf.train.batch([features], batch_size=4, enqueue_many=True)
+        """
+    assert "nor `tf.constant`s made there" in _blocker(code)
+
+
+def test_batch_outputs_assigned_to_attributes_are_kept():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        class Input(object):
+            def __init__(self, xs, ys):
+                x, y = tf.train.slice_input_producer([xs, ys], shuffle=False)
+                self.x, self.y = tf.train.batch([x, y], batch_size=2)
+        """)
+    assert "        self.x, self.y = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()\n" in fixed
+
+
+def test_a_dequeued_index_queue_feeding_a_batch_is_one_dataset():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(features):
+            idx = tf.train.range_input_producer(100, shuffle=False).dequeue()
+            row = tf.gather(features, idx)
+            return tf.train.batch([row], batch_size=4)
+        """)
+    assert "    def _parse(idx):\n        row = tf.gather(features, idx)\n        return (row,)\n" in fixed
+    assert ("        tf.data.Dataset.range(100)\n        .repeat()\n        .map(lambda i: tf.cast(i, tf.int32))\n"
+            "        .map(_parse)\n        .batch(4, drop_remainder=True)\n") in fixed
+    assert fixed.count("make_one_shot_iterator") == 1
+
+
+def test_a_row_queue_keeps_its_element_shape():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(rows):
+            row_queue = tf.train.input_producer(rows, element_shape=[5], shuffle=False)
+            row = row_queue.dequeue()
+            return tf.train.batch([row[:4], row[4:]], batch_size=4)
+        """)
+    assert ".map(lambda element: tf.ensure_shape(element, [5]))" in fixed and "row_queue" not in fixed
+
+
+def test_a_refused_batch_over_a_dequeued_queue_still_gets_the_queue_rewritten():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(features):
+            idx = tf.train.range_input_producer(100, shuffle=False).dequeue()
+            row = tf.gather(features, idx)
+            return tf.train.batch([row], batch_size=4, dynamic_pad=True)
+        """)
+    assert "idx = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()" in fixed
+    assert "tf.train.batch([row], batch_size=4, dynamic_pad=True)" in fixed
+
+
+def test_a_parse_s_throwaway_bound_again_later_is_not_a_use_of_the_pipeline():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def train(xs, ys, sess, op):
+            x, y = tf.train.slice_input_producer([xs, ys], shuffle=False)
+            image, _, _ = tf.py_func(load, [x], [tf.float32, tf.int64, tf.int64])
+            images, labels = tf.train.batch([image, y], batch_size=4)
+            for _ in range(3):
+                sess.run(op)
+        """)
+    assert "slice_input_producer" not in fixed
+
+
+def test_a_parsed_tensor_read_after_the_batch_is_refused():
+    code = """
+        import tensorflow as tf
+
+        def train(xs, ys):
+            x, y = tf.train.slice_input_producer([xs, ys], shuffle=False)
+            image = tf.cast(x, tf.float32)
+            images, labels = tf.train.batch([image, y], batch_size=4)
+            tf.summary.image("one", image[None])
+        """
+    assert _blocker(code) == "a tensor of the queue pipeline is used after the batching call"
