@@ -209,3 +209,71 @@ def test_a_parsed_tensor_read_after_the_batch_is_refused():
             tf.summary.image("one", image[None])
         """
     assert _blocker(code) == "a tensor of the queue pipeline is used after the batching call"
+
+
+READER_FUNCTION = """
+    import tensorflow as tf
+
+    def read_and_decode(filename_queue):
+        reader = tf.TFRecordReader()
+        _, serialized_example = reader.read(filename_queue)
+        features = tf.parse_single_example(serialized_example, features=FEATURES)
+        return features["image"], features["label"]
+
+    def inputs(files):
+        filename_queue = tf.train.string_input_producer(files, shuffle=False)
+        image, label = read_and_decode(filename_queue)
+        return tf.train.batch([image, label], batch_size=32)
+    """
+
+
+def test_a_reader_function_given_the_queue_decodes_the_dataset_s_records():
+    fixed = _fixed(READER_FUNCTION)
+    assert "def read_and_decode(serialized_example):\n    features = tf.parse_single_example(" in fixed
+    assert "    def _parse(serialized_example):\n        image, label = read_and_decode(serialized_example)\n" in fixed
+    assert "        tf.data.TFRecordDataset(files)\n        .repeat()\n        .map(_parse)\n" in fixed
+    assert "TFRecordReader" not in fixed and "reader.read" not in fixed
+
+
+def test_a_reader_method_called_on_self_is_rewritten_too():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        class Loader(object):
+            def _read(self, queue, scale):
+                reader = tf.TextLineReader()
+                _, line = reader.read(queue)
+                return tf.string_to_number(line) * scale
+
+            def batch(self, files):
+                queue = tf.train.string_input_producer(files, shuffle=False)
+                value = self._read(queue, 2.0)
+                self.values = tf.train.batch([value], batch_size=4)
+        """)
+    assert "    def _read(self, line, scale):\n        return tf.string_to_number(line) * scale\n" in fixed
+    assert "            value = self._read(line, 2.0)\n" in fixed and "tf.data.TextLineDataset(files)" in fixed
+
+
+def test_a_reader_function_called_twice_is_refused():
+    code = READER_FUNCTION + "\n    other = read_and_decode\n"
+    assert "`read_and_decode` is used elsewhere too" in _blocker(code)
+
+
+def test_reader_arguments_computed_inside_the_reader_function_are_refused():
+    code = READER_FUNCTION.replace(
+        "        reader = tf.TFRecordReader()\n",
+        "        record_bytes = 1 + 32 * 32 * 3\n        reader = tf.FixedLengthRecordReader(record_bytes=record_bytes)\n")
+    assert _blocker(code) == (
+        "the reader's arguments are computed inside `read_and_decode`; the dataset that replaces it is made by the caller")
+
+
+def test_a_reader_function_using_the_queue_otherwise_is_refused():
+    code = READER_FUNCTION.replace(
+        "        return features", "        tf.summary.scalar('queued', filename_queue.size())\n        return features")
+    assert "`read_and_decode` uses the filename queue (or the record's name) otherwise than by reading it once" in _blocker(code)
+
+
+def test_a_queue_given_to_another_module_s_function_is_refused():
+    code = READER_FUNCTION.replace("image, label = read_and_decode(filename_queue)",
+                                   "image, label = readers.read_and_decode(filename_queue)")
+    assert _blocker(code) == "the filename queue is passed to a function that is not this module's"

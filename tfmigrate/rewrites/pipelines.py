@@ -39,7 +39,7 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
-from tfmigrate.cst.traversal import blank_lines_unindented
+from tfmigrate.cst.traversal import blank_lines_unindented, find, scope_bindings
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
 from tfmigrate.cst.walker import visit_read_only
@@ -90,6 +90,7 @@ class Pipeline:
     # Filled in when the pipeline can be rewritten:
     removed: list[cst.BaseStatement] = field(default_factory=list)
     replaced: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    renamed: dict[int, str] = field(default_factory=dict)  # a reader function's queue parameter (id) -> the record's name
 
 
 @dataclass
@@ -283,6 +284,9 @@ class _Source:
     tainted: set[str]  # the names holding what was read
     consumed: set[str]  # the queue and the reader: nothing else may use them
     rows: bool = False  # it yields the rows of what `enqueue_many=True` batched already
+    # The call of a reader function as the map function runs it, given the record for the queue.
+    rewritten: dict[int, cst.BaseStatement] = field(default_factory=dict)
+    renamed: dict[int, str] = field(default_factory=dict)  # see Pipeline.renamed
 
 
 def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], cst.BaseExpression | None]:
@@ -599,9 +603,10 @@ class _Planner:
         pipeline.producer_call = producer_call
         source = self._source(batch.body, p, batch.index, producer_call, producer_name)
         parse = _parse_statements(batch, source, p)
-        new_statements = self._replacement(batch, source, parse)
+        new_statements = self._replacement(batch, source, [source.rewritten.get(id(s), s) for s in parse])
         pipeline.removed = list(source.removed) + parse
         pipeline.replaced = {id(batch.statement): new_statements}
+        pipeline.renamed = source.renamed
 
     def _batch(self, call: cst.Call, qualified: str) -> _Batch:
         """Check the batching call and its statement, and gather what the rewrite needs of them."""
@@ -798,22 +803,101 @@ class _Planner:
         queue = target.value
         read = self._read(body, p, b, queue)
         if read is None:
-            raise Blocked("no `reader.read(queue)` of the filename queue in the same block (the reader is in another function?)")
+            return self._reader_function_source(body, p, b, producer, removed)
         removed.append(body[read.index])
-        reader_call, reader_name = read.reader_call, read.reader_name
-        if reader_name is not None:
-            for index in range(read.index - 1, -1, -1):
-                assigned = _assign(body[index])
-                if assigned is not None and isinstance(assigned[0], cst.Name) and assigned[0].value == reader_name and isinstance(assigned[1], cst.Call):
-                    reader_call = assigned[1]
-                    removed.append(body[index])
-                    break
-        if reader_call is None:
-            raise Blocked("the reader is not created in the same block")
+        reader_call = self._reader_call(body, read, removed)
         dataset_class, extra = self._reader_dataset(reader_call)
         source_text, chain = self._files_chain(producer, dataset_class, extra)
-        consumed = {queue} | ({reader_name} if reader_name else set())
+        consumed = {queue} | ({read.reader_name} if read.reader_name else set())
         return _Source(source_text, [read.value_name], chain, removed, {read.value_name}, consumed)
+
+    @staticmethod
+    def _reader_call(body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
+        """The reader `read` reads from: built inline, or the closest `reader = tf.XReader(...)`
+        before it in ``body`` (that statement is added to ``removed``)."""
+        if read.reader_name is not None:
+            for index in range(read.index - 1, -1, -1):
+                assigned = _assign(body[index])
+                if assigned is not None and isinstance(assigned[0], cst.Name) and assigned[0].value == read.reader_name and isinstance(assigned[1], cst.Call):
+                    removed.append(body[index])
+                    return assigned[1]
+        if read.reader_call is None:
+            raise Blocked("the reader is not created in the same block")
+        return read.reader_call
+
+    def _reader_function_source(self, body, p: int, b: int, producer: _ProducerArgs, removed: list[cst.BaseStatement]) -> _Source:
+        """The filename queue passed to a reader function of this module, which makes the reader,
+        reads one record and decodes it (the "reading data" guide's `read_and_decode(filename_queue)`,
+        cifar10's `read_cifar10`): the function now decodes the record it is given, and its call
+        runs in the map function, given the dataset's record."""
+        queue = producer.target.value  # type: ignore[attr-defined]
+        users = [index for index in range(p + 1, b) if queue in _names_in(body[index])]
+        if len(users) != 1 or not isinstance(body[users[0]], cst.SimpleStatementLine):
+            raise Blocked("no `reader.read(queue)` of the filename queue in the same block, nor one call of a reader function given the queue")
+        statement = body[users[0]]
+        argument_node, function, parameter = self._reader_function(statement, queue)
+        name = function.name.value
+        fbody = function.body.body
+        read = self._read(fbody, -1, len(fbody), parameter.name.value)
+        if read is None:
+            raise Blocked(f"`{name}` is given the filename queue but does not read it with `reader.read(...)` in its body")
+        inner_removed = [fbody[read.index]]
+        reader_call = self._reader_call(fbody, read, inner_removed)
+        local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
+        if _names_in(reader_call) & local:
+            raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
+        rest = [s for s in fbody if s not in inner_removed]
+        earlier = set().union(*(_names_in(s) for s in fbody[:read.index]))
+        if parameter.name.value in set().union(*(_names_in(s) for s in rest)) or read.value_name in earlier | {
+                q.name.value for q in function.params.params}:
+            raise Blocked(f"`{name}` uses the filename queue (or the record's name) otherwise than by reading it once")
+        dataset_class, extra = self._reader_dataset(reader_call)
+        source_text, chain = self._files_chain(producer, dataset_class, extra)
+        block_names = set().union(*(_names_in(s) for s in body))
+        record = read.value_name if read.value_name not in block_names else self._free("record")
+        rewritten = {id(statement): statement.deep_replace(argument_node.value, cst.Name(record))}
+        return _Source(source_text, [record], chain, removed + inner_removed, {queue}, set(),
+                       rewritten=rewritten, renamed={id(parameter): read.value_name})
+
+    def _reader_function(self, statement: cst.BaseStatement, queue: str) -> tuple[cst.Arg, cst.FunctionDef, cst.Param]:
+        """In ``statement``, the one call given the queue, the module's function (or method,
+        called on `self`) it calls, and the parameter that receives the queue."""
+        calls = [c for c in find(statement, cst.Call) if any(isinstance(a.value, cst.Name) and a.value.value == queue for a in c.args)]
+        if len(calls) != 1 or sum(1 for n in _name_nodes(statement) if n.value == queue) != 1:
+            raise Blocked("the filename queue is used otherwise than by passing it once to a reader function")
+        call = calls[0]
+        (argument_node,) = [a for a in call.args if isinstance(a.value, cst.Name) and a.value.value == queue]
+        method = isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and call.func.value.value == "self"
+        if not (isinstance(call.func, cst.Name) or method):
+            raise Blocked("the filename queue is passed to a function that is not this module's")
+        name = call.func.value if isinstance(call.func, cst.Name) else call.func.attr.value  # type: ignore[union-attr]
+        functions = [f for f in self._definitions() if f[0].name.value == name and f[1] == method]
+        if len(functions) != 1:
+            raise Blocked(f"`{name}`, given the filename queue, is not defined once in this module")
+        if sum(1 for n in self.calls.names if n.value == name) != 2:  # its definition and this call
+            raise Blocked(f"`{name}` is used elsewhere too; what it reads changes for every caller")
+        function = functions[0][0]
+        params = list(function.params.params)[1 if method else 0:]
+        if function.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or function.params.star_kwarg is not None or function.params.kwonly_params:
+            raise Blocked(f"`{name}` takes `*args`, `**kwargs` or keyword-only parameters")
+        if argument_node.keyword is not None:
+            chosen = [q for q in params if q.name.value == argument_node.keyword.value]
+        else:
+            position = [a for a in call.args if a.keyword is None].index(argument_node)
+            chosen = params[position:position + 1] if not any(a.star for a in call.args) else []
+        if not chosen:
+            raise Blocked(f"which parameter of `{name}` receives the filename queue is not plain")
+        return argument_node, function, chosen[0]
+
+    def _definitions(self) -> list[tuple[cst.FunctionDef, bool]]:
+        """The module's functions and its classes' methods: (definition, is a method)."""
+        found = []
+        for statement in self.module.body:
+            if isinstance(statement, cst.FunctionDef):
+                found.append((statement, False))
+            elif isinstance(statement, cst.ClassDef):
+                found += [(s, True) for s in statement.body.body if isinstance(s, cst.FunctionDef)]
+        return found
 
     def _read(self, body, p: int, b: int, queue: str) -> _Read | None:
         """The first `key, value = reader.read(queue)` between the producer and the batching call."""
@@ -1046,6 +1130,12 @@ class _Rewrite(cst.CSTTransformer):
         self.remove |= self.scaffolding.remove
         self._padding: set[int] = set()
         self._created = {id(s) for p in pipelines for new in p.replaced.values() for s in new if isinstance(s, cst.FunctionDef)}
+        self.renamed = {key: name for p in pipelines for key, name in p.renamed.items()}
+
+    def leave_Param(self, original_node, updated_node):
+        if id(original_node) in self.renamed:
+            return updated_node.with_changes(name=cst.Name(self.renamed[id(original_node)]))
+        return updated_node
 
     def leave_SimpleStatementLine(self, original_node, updated_node):
         if id(original_node) in self.replace:
