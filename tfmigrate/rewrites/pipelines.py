@@ -39,7 +39,7 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
-from tfmigrate.cst.traversal import blank_lines_unindented, find, scope_bindings
+from tfmigrate.cst.traversal import blank_lines_unindented, find, names_used, scope_bindings
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
 from tfmigrate.cst.walker import visit_read_only
@@ -113,21 +113,6 @@ def module_plan(rule: "Rule") -> ModulePlan:
 
 
 # --- small syntax helpers ---------------------------------------------------------------
-
-def _names_in(node: cst.CSTNode) -> set[str]:
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.add(name.value)
-
-        def visit_Attribute(self, attribute: cst.Attribute) -> bool:
-            visit_read_only(attribute.value, self)  # `x.name`: the attribute is not a variable
-            return False
-
-    visit_read_only(node, Names())
-    return found
-
 
 def _target_names(target: cst.BaseExpression) -> list[str] | None:
     """Names bound by an assignment target (a name or a flat tuple/list of names)."""
@@ -342,7 +327,7 @@ def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseSt
         current = body[index]
         if current in source.removed:
             continue
-        used = _names_in(current)
+        used = names_used(current)
         if used & source.consumed:
             raise Blocked("the input queue or reader is used by another statement")
         if used & tainted:
@@ -360,7 +345,7 @@ def _queue_line(body: Sequence[cst.BaseStatement], produced: int, dequeued: int,
     the dataset that replaces both will read them."""
     if produced == dequeued:
         return []
-    rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:dequeued])) & _names_in(call)
+    rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:dequeued])) & names_used(call)
     if rebound:
         raise Blocked(f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`")
     return [body[produced]]
@@ -404,8 +389,8 @@ def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str
     call, body, b = batch.call, batch.body, batch.index
     if not batch.returned_names <= parse_names:
         raise Blocked("the batched tensors do not all come from the reader or producer")
-    if _names_in(call) & (parse_names - batch.returned_names) or any(
-        _names_in(arg.value) & parse_names for arg in call.args if arg.value is not batch.tensors
+    if names_used(call) & (parse_names - batch.returned_names) or any(
+        names_used(arg.value) & parse_names for arg in call.args if arg.value is not batch.tensors
     ):
         raise Blocked("the batching arguments depend on the parsed tensors")
     rebound = set(_target_names(batch.outputs) or []) if batch.outputs is not None else set()
@@ -831,7 +816,7 @@ class _Planner:
         cifar10's `read_cifar10`): the function now decodes the record it is given, and its call
         runs in the map function, given the dataset's record."""
         queue = producer.target.value  # type: ignore[attr-defined]
-        users = [index for index in range(p + 1, b) if queue in _names_in(body[index])]
+        users = [index for index in range(p + 1, b) if queue in names_used(body[index])]
         if len(users) != 1 or not isinstance(body[users[0]], cst.SimpleStatementLine):
             raise Blocked("no `reader.read(queue)` of the filename queue in the same block, nor one call of a reader function given the queue")
         statement = body[users[0]]
@@ -844,16 +829,16 @@ class _Planner:
         inner_removed = [fbody[read.index]]
         reader_call = self._reader_call(fbody, read, inner_removed)
         local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
-        if _names_in(reader_call) & local:
+        if names_used(reader_call, keywords=False) & local:
             raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
         rest = [s for s in fbody if s not in inner_removed]
-        earlier = set().union(*(_names_in(s) for s in fbody[:read.index]))
-        if parameter.name.value in set().union(*(_names_in(s) for s in rest)) or read.value_name in earlier | {
+        earlier = set().union(*(names_used(s) for s in fbody[:read.index]))
+        if parameter.name.value in set().union(*(names_used(s) for s in rest)) or read.value_name in earlier | {
                 q.name.value for q in function.params.params}:
             raise Blocked(f"`{name}` uses the filename queue (or the record's name) otherwise than by reading it once")
         dataset_class, extra = self._reader_dataset(reader_call)
         source_text, chain = self._files_chain(producer, dataset_class, extra)
-        block_names = set().union(*(_names_in(s) for s in body))
+        block_names = set().union(*(names_used(s) for s in body))
         record = read.value_name if read.value_name not in block_names else self._free("record")
         rewritten = {id(statement): statement.deep_replace(argument_node.value, cst.Name(record))}
         return _Source(source_text, [record], chain, removed + inner_removed, {queue}, set(),
@@ -863,7 +848,7 @@ class _Planner:
         """In ``statement``, the one call given the queue, the module's function (or method,
         called on `self`) it calls, and the parameter that receives the queue."""
         calls = [c for c in find(statement, cst.Call) if any(isinstance(a.value, cst.Name) and a.value.value == queue for a in c.args)]
-        if len(calls) != 1 or sum(1 for n in _name_nodes(statement) if n.value == queue) != 1:
+        if len(calls) != 1 or sum(1 for n in find(statement, cst.Name) if n.value == queue) != 1:
             raise Blocked("the filename queue is used otherwise than by passing it once to a reader function")
         call = calls[0]
         (argument_node,) = [a for a in call.args if isinstance(a.value, cst.Name) and a.value.value == queue]
@@ -910,7 +895,7 @@ class _Planner:
                 names = _target_names(assigned[0])
                 if names is None or len(names) != 2 or isinstance(assigned[0], cst.Name):
                     raise Blocked("unpack the read into `key, value = reader.read(queue)`")
-                if names[0] != "_" and any(names[0] in _names_in(s) for s in body[index + 1:]):
+                if names[0] != "_" and any(names[0] in names_used(s) for s in body[index + 1:]):
                     raise Blocked("the record key from `reader.read` is used; tf.data datasets yield the values only")
                 reader_call = reader_name = None
                 if isinstance(func.value, cst.Call):
@@ -1042,7 +1027,7 @@ class _Scaffolding:
 
             def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
                 if id(node) in plan.remove:
-                    allowed.update(id(n) for n in _name_nodes(node))
+                    allowed.update(id(n) for n in find(node, cst.Name))
                     return
                 small = _only(node)
                 if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
@@ -1051,7 +1036,7 @@ class _Scaffolding:
                 if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in coords):
                     return
                 args = small.value.args
-                if func.attr.value == "join" and all(_names_in(a.value) <= threads | coords for a in args):
+                if func.attr.value == "join" and all(names_used(a.value) <= threads | coords for a in args):
                     plan.remove.add(id(node))
                 elif func.attr.value == "request_stop" and not args:
                     plan.remove.add(id(node))
@@ -1060,7 +1045,7 @@ class _Scaffolding:
                     plan.reraise.add(id(node))  # coord.join(threads) would have re-raised it
                 else:
                     return
-                allowed.update(id(n) for n in _name_nodes(node))
+                allowed.update(id(n) for n in find(node, cst.Name))
 
             def visit_If(self, node: cst.If) -> None:
                 # `if coord.should_stop(): break`
@@ -1068,13 +1053,13 @@ class _Scaffolding:
                     only = _only(node.body.body[0])
                     if isinstance(only, cst.Break):
                         plan.remove.add(id(node))
-                        allowed.update(id(n) for n in _name_nodes(node.test))
+                        allowed.update(id(n) for n in find(node.test, cst.Name))
 
             def visit_While(self, node: cst.While) -> None:
                 test = planner._without_should_stop(node.test, coords)
                 if test is not node.test:
                     plan.while_tests[id(node)] = test
-                    allowed.update(id(n) for n in _name_nodes(node.test))
+                    allowed.update(id(n) for n in find(node.test, cst.Name))
 
         visit_read_only(module, Uses())
         for name in self.planner.calls.names:
@@ -1104,17 +1089,6 @@ class _Scaffolding:
             if self._not_should_stop(test.right, coords):
                 return test.left
         return test
-
-
-def _name_nodes(node: cst.CSTNode) -> list[cst.Name]:
-    found: list[cst.Name] = []
-
-    class Names(cst.CSTVisitor):
-        def visit_Name(self, name: cst.Name) -> None:
-            found.append(name)
-
-    visit_read_only(node, Names())
-    return found
 
 
 # --- applying it ------------------------------------------------------------------------
