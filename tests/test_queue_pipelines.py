@@ -260,11 +260,98 @@ def test_a_reader_function_called_twice_is_refused():
 
 
 def test_reader_arguments_computed_inside_the_reader_function_are_refused():
-    code = READER_FUNCTION.replace(
+    code = READER_FUNCTION.replace("def read_and_decode(filename_queue):", "def read_and_decode(filename_queue, size):").replace(
         "        reader = tf.TFRecordReader()\n",
-        "        record_bytes = 1 + 32 * 32 * 3\n        reader = tf.FixedLengthRecordReader(record_bytes=record_bytes)\n")
+        "        record_bytes = 1 + size\n        reader = tf.FixedLengthRecordReader(record_bytes=record_bytes)\n").replace(
+        "read_and_decode(filename_queue)\n", "read_and_decode(filename_queue, 3072)\n")
     assert _blocker(code) == (
         "the reader's arguments are computed inside `read_and_decode`; the dataset that replaces it is made by the caller")
+
+
+CIFAR10_READER = """
+    import tensorflow as tf
+
+    def read_cifar10(filename_queue):
+        class CIFAR10Record(object):
+            pass
+        result = CIFAR10Record()
+        label_bytes = 1
+        result.height = 32
+        result.width = 32
+        result.depth = 3
+        image_bytes = result.height * result.width * result.depth
+        record_bytes = label_bytes + image_bytes
+        reader = tf.FixedLengthRecordReader(record_bytes=record_bytes)
+        result.key, value = reader.read(filename_queue)
+        record_bytes = tf.decode_raw(value, tf.uint8)
+        result.label = tf.cast(tf.strided_slice(record_bytes, [0], [label_bytes]), tf.int32)
+        result.uint8image = tf.reshape(tf.strided_slice(record_bytes, [1], [3073]), [32, 32, 3])
+        return result
+
+    def inputs(filenames, batch_size):
+        filename_queue = tf.train.string_input_producer(filenames, shuffle=False)
+        read_input = read_cifar10(filename_queue)
+        image = tf.cast(read_input.uint8image, tf.float32)
+        return tf.train.batch([image, read_input.label], batch_size=batch_size)
+    """
+
+
+def test_cifar10_s_record_size_set_inside_its_reader_is_written_out_for_the_dataset():
+    fixed = _fixed(CIFAR10_READER)
+    assert "tf.data.FixedLengthRecordDataset(filenames, 1 + (32 * 32 * 3))" in fixed
+    assert "def read_cifar10(value):" in fixed and "result.key" not in fixed
+    assert "        return image, read_input.label\n" in fixed
+
+
+def test_a_record_size_set_again_is_written_out_as_last_set():
+    code = CIFAR10_READER.replace("        result.depth = 3\n", "        result.depth = 3\n        result.depth = 1\n")
+    assert "tf.data.FixedLengthRecordDataset(filenames, 1 + (32 * 32 * 1))" in _fixed(code)
+
+
+def test_a_record_size_set_to_something_else_than_integers_is_refused():
+    code = CIFAR10_READER.replace("        result.depth = 3\n", "        result.depth = 3\n        result.depth = depth()\n")
+    assert "computed inside `read_cifar10`" in _blocker(code)
+    code = CIFAR10_READER.replace("        label_bytes = 1\n", "        label_bytes = 1\n        if big:\n            label_bytes = 2\n")
+    assert "computed inside `read_cifar10`" in _blocker(code)
+
+
+def test_a_record_key_kept_on_the_record_and_read_is_refused():
+    code = CIFAR10_READER + "\n    def describe(record):\n        return record.key\n"
+    assert "the record key `result.key` from `reader.read` may be read (`.key`)" in _blocker(code)
+
+
+BATCH_HELPER = """
+    import tensorflow as tf
+
+    def make_batch(image, label, batch_size):
+        images, labels = tf.train.batch([image, label], batch_size=batch_size, num_threads=4)
+        tf.summary.image("images", images)
+        return images, labels
+
+    def build_inputs(files):
+        filename_queue = tf.train.string_input_producer(files, shuffle=False)
+        reader = tf.TFRecordReader()
+        _, record = reader.read(filename_queue)
+        features = tf.parse_single_example(record, FEATURES)
+        return make_batch(features["image"], features["label"], 32)
+    """
+
+
+def test_a_batching_helper_is_given_the_dataset_of_examples():
+    fixed = _fixed(BATCH_HELPER)
+    assert "def make_batch(examples, batch_size):\n    batches = (\n        examples\n        .batch(batch_size, drop_remainder=True)\n" in fixed
+    assert '        return features["image"], features["label"]\n' in fixed
+    assert "        .map(_parse, num_parallel_calls=4)\n    )\n    return make_batch(dataset, 32)\n" in fixed
+
+
+def test_a_batching_helper_called_twice_is_refused():
+    code = BATCH_HELPER + "\n    other = make_batch\n"
+    assert "`make_batch` is not called once in this module" in _blocker(code)
+
+
+def test_a_batching_helper_using_an_example_otherwise_is_refused():
+    code = BATCH_HELPER.replace('        tf.summary.image("images", images)', '        tf.summary.image("image", image[None])')
+    assert _blocker(code) == "`make_batch` uses the examples it batches for something else too"
 
 
 def test_a_reader_function_using_the_queue_otherwise_is_refused():

@@ -33,13 +33,13 @@ Recognised, within one block of statements (a function body or the module):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import libcst as cst
 
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
-from tfmigrate.cst.traversal import blank_lines_unindented, find, names_used, scope_bindings
+from tfmigrate.cst.traversal import blank_lines_unindented, find, name_reads, names_used, scope_bindings
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
 from tfmigrate.cst.walker import visit_read_only
@@ -91,6 +91,7 @@ class Pipeline:
     removed: list[cst.BaseStatement] = field(default_factory=list)
     replaced: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     renamed: dict[int, str] = field(default_factory=dict)  # a reader function's queue parameter (id) -> the record's name
+    dropped: set[int] = field(default_factory=set)  # a batching helper's example parameters (ids) but the first
 
 
 @dataclass
@@ -224,15 +225,15 @@ class _Batch:
     index: int  # the position of its statement in ``body``
     statement: cst.BaseStatement
     outputs: cst.BaseExpression | None  # the assignment target; None for `return`
-    tensors: cst.BaseExpression | None  # the batched tensors, as passed
-    returned: list[str]  # their code: names, or a producer's element by position (`queue[1]`)
+    tensors: list[cst.BaseExpression]  # the batched tensors, as passed
+    returned: list[str]  # their code: names, a producer's element by position (`queue[1]`), a record's field
     as_tuple: bool  # batched as a list (`[image, label]`) rather than one name
     enqueue_many: bool  # each tensor is a batch of examples, not one
-
+    threads: cst.BaseExpression | None  # `num_threads`
 
     @property
     def returned_names(self) -> set[str]:
-        return {text.split("[", 1)[0] for text in self.returned}
+        return set().union(*(names_used(tensor) for tensor in self.tensors))
 
 
 @dataclass
@@ -296,26 +297,28 @@ def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], c
     return params, smaller
 
 
-def _element_code(node: cst.BaseExpression) -> str | None:
-    """A batched tensor the rewrite can return from the map function: a name, or an element of a
-    producer's list picked by position (`input_queue[1]`)."""
+def _plain_tensor(node: cst.BaseExpression) -> bool:
+    """A batched tensor the rewrite can return from the map function: a name, an element of a
+    producer's list or a parsed dict (`input_queue[1]`, `features["label"]`), or a record's
+    field (`record.label`)."""
     if isinstance(node, cst.Name):
-        return node.value
+        return True
+    if isinstance(node, cst.Attribute):
+        return _plain_tensor(node.value)
     if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 1:
-        index = node.slice[0].slice
-        if isinstance(index, cst.Index) and isinstance(index.value, cst.Integer):
-            return f"{node.value.value}[{index.value.value}]"
-    return None
+        index = node.slice[0].slice  # `queue[1]`, `features["label"]`
+        return isinstance(index, cst.Index) and isinstance(index.value, (cst.Integer, cst.SimpleString))
+    return False
 
 
-def _batched_names(tensors: cst.BaseExpression | None) -> tuple[list[str], bool]:
-    """The batched tensors' code, and whether they are batched as a list (`[image, label]`)."""
+def _batched_tensors(tensors: cst.BaseExpression | None) -> tuple[list[cst.BaseExpression], bool]:
+    """The batched tensors, and whether they are batched as a list (`[image, label]`)."""
     if isinstance(tensors, (cst.List, cst.Tuple)) and tensors.elements:
-        codes = [_element_code(e.value) for e in tensors.elements]
-        if all(codes):
-            return codes, True  # type: ignore[return-value]
+        nodes = [e.value for e in tensors.elements]
+        if all(_plain_tensor(node) for node in nodes):
+            return nodes, True
     if isinstance(tensors, cst.Name):
-        return [tensors.value], False
+        return [tensors], False
     raise Blocked("the batched tensors are not a list of names (`[image, label]`)")
 
 
@@ -337,6 +340,83 @@ def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseSt
             tainted |= _assigned_names(current)
     _check_pipeline_uses(batch, source.consumed, tainted)
     return parse
+
+
+def _integer_settings(body: Sequence[cst.BaseStatement], end: int, code: Callable[[cst.CSTNode], str]) -> dict[str, cst.BaseExpression]:
+    """The names and record fields a function's block sets, before its statement ``end``, to
+    integer arithmetic on literals (cifar10's `label_bytes = 1`, `result.height = 32`,
+    `record_bytes = label_bytes + image_bytes`): their code -> the expression, its settings
+    written out. A name bound otherwise, or in a compound statement, is left out."""
+    settings: dict[str, cst.BaseExpression] = {}
+
+    def forget(target: str) -> None:  # `result = ...` also resets `result.height`
+        for known in [k for k in settings if k == target or k.startswith(f"{target}.")]:
+            del settings[known]
+
+    for statement in body[:end]:  # in the order they run: the last setting before `end` holds
+        assigned = _assign(statement)
+        if assigned is None:
+            for bound in scope_bindings(statement):
+                forget(bound)
+            continue
+        target = code(assigned[0])
+        value = _written_out(assigned[1], settings)
+        forget(target)
+        if _integer_arithmetic(value):
+            settings[target] = value
+    return settings
+
+
+def _integer_arithmetic(node: cst.BaseExpression) -> bool:
+    if isinstance(node, cst.Integer):
+        return True
+    if isinstance(node, cst.BinaryOperation):
+        return isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide)) and \
+            _integer_arithmetic(node.left) and _integer_arithmetic(node.right)
+    return False
+
+
+def _written_out(node, settings: dict[str, cst.BaseExpression]):
+    """``node`` with the names and fields in ``settings`` replaced by their expressions (in
+    parentheses where they are operations); keyword names stay."""
+    if not settings:
+        return node
+
+    class WriteOut(cst.CSTTransformer):
+        def leave_Name(self, original, updated):
+            return _setting(original, updated)
+
+        def leave_Attribute(self, original, updated):
+            return _setting(original, updated.with_changes(attr=original.attr))  # `x.height`: no name read
+
+        def leave_Arg(self, original, updated):
+            value = updated.value
+            if value is not original.value and isinstance(original.value, (cst.Name, cst.Attribute)):
+                value = value.with_changes(lpar=[], rpar=[])  # the whole argument: no parentheses
+            return updated.with_changes(keyword=original.keyword, value=value)  # a keyword is a parameter's name
+
+    def _setting(original, updated):
+        value = settings.get(cst.Module([]).code_for_node(original))
+        if value is None:
+            return updated
+        if isinstance(value, cst.BinaryOperation):
+            return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return value
+
+    return node.visit(WriteOut())
+
+
+def _handed_call(call: cst.Call, arguments: list[cst.Arg], dataset: str) -> cst.Call:
+    """A batching helper's call given the dataset for its first example and without the others."""
+    args = []
+    for arg in call.args:
+        if arg is arguments[0]:
+            args.append(arg.with_changes(value=cst.Name(dataset)))
+        elif not any(arg is other for other in arguments[1:]):
+            args.append(arg)
+    if args and call.args and args[-1] is not call.args[-1]:
+        args[-1] = args[-1].with_changes(comma=call.args[-1].comma)
+    return call.with_changes(args=args)
 
 
 def _queue_line(body: Sequence[cst.BaseStatement], produced: int, dequeued: int, call: cst.Call) -> list[cst.BaseStatement]:
@@ -389,8 +469,9 @@ def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str
     call, body, b = batch.call, batch.body, batch.index
     if not batch.returned_names <= parse_names:
         raise Blocked("the batched tensors do not all come from the reader or producer")
+    tensors = [*batch.tensors, argument(call, batch.params, "tensors")]
     if names_used(call) & (parse_names - batch.returned_names) or any(
-        names_used(arg.value) & parse_names for arg in call.args if arg.value is not batch.tensors
+        names_used(arg.value) & parse_names for arg in call.args if not any(arg.value is t for t in tensors)
     ):
         raise Blocked("the batching arguments depend on the parsed tensors")
     rebound = set(_target_names(batch.outputs) or []) if batch.outputs is not None else set()
@@ -579,6 +660,8 @@ class _Planner:
             source = self._constant_source(batch)
             pipeline.replaced = {id(batch.statement): self._replacement(batch, source, [])}
             return
+        if producer is None and self._batching_helper(pipeline, batch):
+            return
         if producer is None:
             raise Blocked(
                 "the batched tensors are not produced in this function (no `string_input_producer` + reader or "
@@ -592,6 +675,89 @@ class _Planner:
         pipeline.removed = list(source.removed) + parse
         pipeline.replaced = {id(batch.statement): new_statements}
         pipeline.renamed = source.renamed
+
+    def _batching_helper(self, pipeline: Pipeline, batch: _Batch) -> bool:
+        """The batch of a helper function's parameters (cifar10's `_generate_image_and_label_batch(image,
+        label, ...)`), the examples made by its one caller from a queue: the caller makes the
+        dataset of examples and passes it instead of them (as the parameter that took the first
+        example tensor; the others go), and the helper batches the dataset. False where the batched
+        tensors are not such parameters; Blocked where they are but the rewrite cannot keep the meaning."""
+        helper = self._function_of(batch.body)
+        if helper is None or not batch.as_tuple:
+            return False
+        method = helper in self._methods()
+        params = list(helper.params.params)[1 if method else 0:]
+        by_name = {q.name.value: q for q in params}
+        if not all(isinstance(t, cst.Name) and t.value in by_name for t in batch.tensors):
+            return False
+        name = helper.name.value
+        uses = [n.value for n in name_reads(helper.body, keywords=False)]
+        if len(set(batch.returned)) != len(batch.returned) or any(uses.count(t) != 1 for t in batch.returned):
+            raise Blocked(f"`{name}` uses the examples it batches for something else too")
+        call = self._only_call(name, method)
+        caller_body, index = self.blocks.of_call[id(call)]
+        arguments = [self._bound_argument(call, params, by_name[t], name) for t in batch.returned]
+        producer = self._producer(caller_body, index)
+        if producer is None:
+            raise Blocked(f"the examples `{name}` batches are not produced by its caller from a queue either")
+        p, producer_call, producer_name = producer
+        pipeline.producer_call = producer_call
+        statement = caller_body[index]
+        threads = batch.threads if isinstance(batch.threads, cst.Integer) else None  # a helper's own setting stays there
+        handed = _Batch(call, batch.qualified, tuple(q.name.value for q in params), None, caller_body, index, statement,
+                        _assign(statement)[0] if _assign(statement) else None, [a.value for a in arguments],
+                        [self.code(a.value) for a in arguments], True, False, threads)
+        source = self._source(caller_body, p, index, producer_call, producer_name)
+        parse = _parse_statements(handed, source, p)
+        examples = self._free("examples")
+
+        def hand_on(dataset: str) -> cst.BaseStatement:
+            return statement.deep_replace(call, _handed_call(call, arguments, dataset))
+
+        caller_new = self._replacement(handed, source, [source.rewritten.get(id(s), s) for s in parse], hand_on)
+        helper_source = _Source(examples, list(batch.returned), [], [], set(batch.returned), set())
+        pipeline.removed = list(source.removed) + parse
+        pipeline.replaced = {id(statement): caller_new, id(batch.statement): self._replacement(batch, helper_source, [], name="batches")}
+        pipeline.renamed = {**source.renamed, id(by_name[batch.returned[0]]): examples}
+        pipeline.dropped = {id(by_name[t]) for t in batch.returned[1:]}
+        return True
+
+    def _function_of(self, body: Sequence[cst.BaseStatement]) -> cst.FunctionDef | None:
+        """The module function or method whose own block ``body`` is."""
+        for function, _ in self._definitions():
+            if function.body.body and body and function.body.body[0] is body[0]:
+                return function
+        return None
+
+    def _methods(self) -> list[cst.FunctionDef]:
+        return [function for function, method in self._definitions() if method]
+
+    def _only_call(self, name: str, method: bool) -> cst.Call:
+        """The one call of the module's function (or method, on `self`) ``name``."""
+        if sum(1 for n in self.calls.names if n.value == name) != 2:  # its definition and one call
+            raise Blocked(f"`{name}` is not called once in this module; what it is given changes for every caller")
+        for call in find(self.module, cst.Call):
+            func = call.func
+            if (not method and isinstance(func, cst.Name) and func.value == name) or (
+                    method and isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+                    and func.value.value == "self" and func.attr.value == name):
+                if id(call) in self.blocks.of_call:
+                    return call
+        raise Blocked(f"`{name}` is not called once in this module; what it is given changes for every caller")
+
+    @staticmethod
+    def _bound_argument(call: cst.Call, params: list[cst.Param], param: cst.Param, name: str) -> cst.Arg:
+        """The argument of ``call`` that ``param`` receives."""
+        if any(a.star for a in call.args):
+            raise Blocked(f"`{name}` is called with `*args` or `**kwargs`")
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value == param.name.value:
+                return arg
+        positional = [a for a in call.args if a.keyword is None]
+        position = params.index(param)
+        if position < len(positional) and _plain_tensor(positional[position].value):
+            return positional[position]
+        raise Blocked(f"the example `{param.name.value}` that `{name}` batches is not passed as a name")
 
     def _batch(self, call: cst.Call, qualified: str) -> _Batch:
         """Check the batching call and its statement, and gather what the rewrite needs of them."""
@@ -608,27 +774,31 @@ class _Planner:
             outputs = None
         else:
             raise Blocked("assign or return the batching call on a line of its own")
-        tensors = argument(call, params, "tensors")
-        returned, as_tuple = _batched_names(tensors)
+        tensors, as_tuple = _batched_tensors(argument(call, params, "tensors"))
         enqueue_many = is_true(argument(call, params, "enqueue_many"))
-        return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors, returned, as_tuple, enqueue_many)
+        return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors,
+                      [self.code(t) for t in tensors], as_tuple, enqueue_many, argument(call, params, "num_threads"))
 
-    def _replacement(self, batch: _Batch, source: _Source, parse: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        """What replaces the batching statement: [the parse function,] the dataset and its next element."""
+    def _replacement(self, batch: _Batch, source: _Source, parse: list[cst.BaseStatement],
+                     hand_on: Callable[[str], cst.BaseStatement] | None = None, name: str = "dataset") -> list[cst.BaseStatement]:
+        """What replaces the batching statement: [the parse function,] the dataset and its next
+        element. With ``hand_on`` (the call of a batching helper, given the dataset's name), the
+        dataset is not batched here but handed on."""
         removed = [statement for statement in source.removed if statement is not batch.statement]
-        threads = argument(batch.call, batch.params, "num_threads")
+        threads = batch.threads
         parse_fn = self._free("_parse")
-        dataset = self._free("dataset")
-        returned = self._shaped(batch)
+        dataset = self._free(name)
+        returned = self._shaped(batch) if hand_on is None else batch.returned
         needs_map = bool(parse) or returned != source.params or not batch.as_tuple
         if needs_map:
             parallel = ""
             if threads is not None and not (isinstance(threads, cst.Integer) and threads.value == "1"):
                 parallel = f", num_parallel_calls={self.code(threads)}"
             source.chain.append(f".map({parse_fn}{parallel})")
-        if batch.enqueue_many and not source.rows:  # what was enqueued were batches of examples
-            source.chain.append(".unbatch()")
-        self._batching_chain(batch, source.chain)
+        if hand_on is None:
+            if batch.enqueue_many and not source.rows:  # what was enqueued were batches of examples
+                source.chain.append(".unbatch()")
+            self._batching_chain(batch, source.chain)
         lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
@@ -638,14 +808,17 @@ class _Planner:
             dataset_statement = dataset_statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
         next_element = f"{iterator}({dataset}).get_next()"
-        if batch.outputs is not None:
+        if hand_on is not None:
+            consume = hand_on(dataset)
+        elif batch.outputs is not None:
             consume = cst.parse_statement(f"{self.code(batch.outputs)} = {next_element}\n")
         else:
             consume = cst.parse_statement(f"return {next_element}\n")
-        consume = consume.with_changes(trailing_whitespace=batch.statement.trailing_whitespace)
+        consume = consume.with_changes(trailing_whitespace=batch.statement.trailing_whitespace, leading_lines=())
         new_statements += [dataset_statement, consume]
         # The comments above the producer and reader that go describe the input: they stay, above its dataset.
-        kept = [line for statement in removed for line in statement.leading_lines if line.comment is not None]
+        kept = [line for statement in removed if any(statement is s for s in batch.body)
+                for line in statement.leading_lines if line.comment is not None]
         new_statements[0] = new_statements[0].with_changes(leading_lines=[*kept, *batch.statement.leading_lines])
         return new_statements
 
@@ -829,6 +1002,7 @@ class _Planner:
         inner_removed = [fbody[read.index]]
         reader_call = self._reader_call(fbody, read, inner_removed)
         local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
+        reader_call = _written_out(reader_call, _integer_settings(fbody, fbody.index(inner_removed[-1]), self.code))
         if names_used(reader_call, keywords=False) & local:
             raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
         rest = [s for s in fbody if s not in inner_removed]
@@ -892,18 +1066,32 @@ class _Planner:
                 continue
             func = assigned[1].func
             if isinstance(func, cst.Attribute) and func.attr.value == "read" and [self.code(a.value) for a in assigned[1].args] == [queue]:
-                names = _target_names(assigned[0])
-                if names is None or len(names) != 2 or isinstance(assigned[0], cst.Name):
+                target = assigned[0]
+                if not (isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2
+                        and isinstance(target.elements[1].value, cst.Name)):
                     raise Blocked("unpack the read into `key, value = reader.read(queue)`")
-                if names[0] != "_" and any(names[0] in names_used(s) for s in body[index + 1:]):
-                    raise Blocked("the record key from `reader.read` is used; tf.data datasets yield the values only")
+                self._check_key_unused(target.elements[0].value, body[index + 1:])
                 reader_call = reader_name = None
                 if isinstance(func.value, cst.Call):
                     reader_call = func.value
                 elif isinstance(func.value, cst.Name):
                     reader_name = func.value.value
-                return _Read(index, names[1], reader_call, reader_name)
+                return _Read(index, target.elements[1].value.value, reader_call, reader_name)
         return None
+
+    def _check_key_unused(self, key: cst.BaseExpression, later: Sequence[cst.BaseStatement]) -> None:
+        """tf.data datasets yield the records, not their keys: the key `reader.read` gave must be
+        unused, under its name after the read, or as a field of a record object (cifar10's
+        `result.key`) anywhere in the module."""
+        if isinstance(key, cst.Name):
+            if key.value != "_" and reads_first(later, {key.value}):
+                raise Blocked("the record key from `reader.read` is used; tf.data datasets yield the values only")
+        elif isinstance(key, cst.Attribute):
+            if any(a is not key and a.attr.value == key.attr.value for a in find(self.module, cst.Attribute)):
+                raise Blocked(f"the record key `{self.code(key)}` from `reader.read` may be read (`.{key.attr.value}`); "
+                              "tf.data datasets yield the values only")
+        else:
+            raise Blocked("unpack the read into `key, value = reader.read(queue)`")
 
     def _reader_dataset(self, reader_call: cst.Call) -> tuple[str, str]:
         """The tf.data dataset class that reads what the reader reads, and its extra arguments."""
@@ -1105,8 +1293,11 @@ class _Rewrite(cst.CSTTransformer):
         self._padding: set[int] = set()
         self._created = {id(s) for p in pipelines for new in p.replaced.values() for s in new if isinstance(s, cst.FunctionDef)}
         self.renamed = {key: name for p in pipelines for key, name in p.renamed.items()}
+        self.dropped = {key for p in pipelines for key in p.dropped}
 
     def leave_Param(self, original_node, updated_node):
+        if id(original_node) in self.dropped:
+            return cst.RemovalSentinel.REMOVE
         if id(original_node) in self.renamed:
             return updated_node.with_changes(name=cst.Name(self.renamed[id(original_node)]))
         return updated_node
