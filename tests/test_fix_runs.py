@@ -149,3 +149,21 @@ def test_a_named_index_queue_dequeued_once_is_rewritten_and_a_rebound_limit_is_r
     rebound = named.replace("        i = positions_queue.dequeue()\n", "        epoch_size = 3\n        i = positions_queue.dequeue()\n")
     (finding,) = [f for f in run_check(rebound) if f.code == "TFM302"]
     assert not finding.fixable and "`epoch_size` is set again between the producer and its `dequeue()`" in finding.message
+
+
+def test_cifar10_s_input_layout_is_rewritten_across_its_functions_and_trains_the_same(tmp_path):
+    """cifar10_input.py's layout: the reader function works out its record size itself, two
+    input functions read it under name scopes, and a helper batches with `shuffle_batch` or
+    `batch`. The reader now decodes a record, each input function makes the dataset of examples
+    and hands it to the helper, which batches it."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_queue_cifar10_input.py", tmp_path)
+    text = fixed.read_text()
+    assert "def read_cifar10(value):" in text and "tf.FixedLengthRecordReader(" not in text
+    assert "def _generate_image_and_label_batch(examples, min_queue_examples, batch_size, shuffle):" in text
+    assert text.count("tf.data.FixedLengthRecordDataset(") == 2 and "1 + (4 * 4 * 3)" in text
+    assert text.count("return _generate_image_and_label_batch(dataset, min_queue_examples, batch_size,") == 2
+    assert "with tf.name_scope('input'):\n        min_queue_examples" in text
+    status, report = run_verify(legacy, fixed, tmp_path)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")

@@ -254,9 +254,32 @@ def test_a_reader_method_called_on_self_is_rewritten_too():
     assert "            value = self._read(line, 2.0)\n" in fixed and "tf.data.TextLineDataset(files)" in fixed
 
 
-def test_a_reader_function_called_twice_is_refused():
+def test_a_reader_function_also_used_elsewhere_is_refused():
     code = READER_FUNCTION + "\n    other = read_and_decode\n"
-    assert "`read_and_decode` is used elsewhere too" in _blocker(code)
+    assert _blocker(code) == "`read_and_decode` is also used where no queue pipeline is rewritten"
+
+
+def test_a_reader_function_shared_by_two_pipelines_is_rewritten_for_both():
+    code = READER_FUNCTION + """
+    def eval_inputs(files):
+        queue = tf.train.string_input_producer(files, num_epochs=1, shuffle=False)
+        image, label = read_and_decode(queue)
+        return tf.train.batch([image, label], batch_size=100)
+    """
+    fixed = _fixed(code)
+    assert fixed.count("image, label = read_and_decode(serialized_example)") == 2 and "input_producer" not in fixed
+
+
+def test_a_reader_function_shared_with_a_refused_pipeline_is_refused_for_both():
+    code = READER_FUNCTION + """
+    def eval_inputs(files):
+        queue = tf.train.string_input_producer(files, num_epochs=1, shuffle=False)
+        image, label = read_and_decode(queue)
+        return tf.train.batch([image, label], batch_size=100, dynamic_pad=True)
+    """
+    blockers = [f.message.split("no automatic fix: ", 1)[1] for f in run_check(code) if f.code == "TFM303"]
+    assert blockers[0] == "`read_and_decode` is also used where no queue pipeline is rewritten"
+    assert blockers[1] == "`dynamic_pad=True` (use `.padded_batch`) is not rewritten automatically"
 
 
 def test_reader_arguments_computed_inside_the_reader_function_are_refused():
@@ -344,9 +367,14 @@ def test_a_batching_helper_is_given_the_dataset_of_examples():
     assert "        .map(_parse, num_parallel_calls=4)\n    )\n    return make_batch(dataset, 32)\n" in fixed
 
 
-def test_a_batching_helper_called_twice_is_refused():
+def test_a_batching_helper_also_used_elsewhere_is_refused():
     code = BATCH_HELPER + "\n    other = make_batch\n"
-    assert "`make_batch` is not called once in this module" in _blocker(code)
+    assert _blocker(code) == "`make_batch` is also used where no queue pipeline is rewritten"
+
+
+def test_a_batching_helper_given_examples_not_made_from_a_queue_is_refused():
+    code = BATCH_HELPER + "\n    def constant_batch():\n        return make_batch(tf.zeros([4]), tf.zeros([]), 8)\n"
+    assert _blocker(code).startswith("`make_batch` is shared with a queue pipeline that is not rewritten")
 
 
 def test_a_batching_helper_using_an_example_otherwise_is_refused():

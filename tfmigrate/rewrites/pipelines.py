@@ -39,7 +39,9 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
-from tfmigrate.cst.traversal import blank_lines_unindented, find, name_reads, names_used, scope_bindings
+from tfmigrate.cst.traversal import (
+    blank_lines_unindented, enclosing, find, module_parents, name_reads, names_used, scope_bindings,
+)
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
 from tfmigrate.cst.walker import visit_read_only
@@ -76,6 +78,8 @@ READERS = {
         "FixedLengthRecordDataset", ("record_bytes", "header_bytes", "footer_bytes", "hop_bytes", "name", "encoding"),
     ),
 }
+#: `with` blocks a pipeline's statements may run into and out of (see ``_Survey._flat``).
+SCOPES = ("name_scope", "variable_scope", "device")
 COORDINATOR = "tensorflow.train.Coordinator"
 START_QUEUE_RUNNERS = "tensorflow.train.start_queue_runners"
 
@@ -92,6 +96,8 @@ class Pipeline:
     replaced: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     renamed: dict[int, str] = field(default_factory=dict)  # a reader function's queue parameter (id) -> the record's name
     dropped: set[int] = field(default_factory=set)  # a batching helper's example parameters (ids) but the first
+    groups: set[str] = field(default_factory=set)  # the reader functions and batching helpers it rewrites
+    covers: set[int] = field(default_factory=set)  # the uses of them (Name nodes) that it rewrites
 
 
 @dataclass
@@ -179,9 +185,30 @@ class _Survey(cst.CSTVisitor):
         self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
 
     def _record(self, body: Sequence[cst.BaseStatement]) -> None:
-        block = tuple(body)
-        for index, statement in enumerate(body):
+        block = tuple(self._flat(body))
+        if block and id(block[0]) in self._where:  # a scope's block, seen as part of the block around it
+            return
+        for index, statement in enumerate(block):
             self._where[id(statement)] = (block, index)
+
+    def _flat(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """``body`` with the statements of its `with tf.name_scope(...)` (variable scope, device)
+        blocks in their place: such a scope names and places ops, it does not order them, and an
+        input pipeline often runs into and out of one (cifar10's `data_augmentation`)."""
+        flat: list[cst.BaseStatement] = []
+        for statement in body:
+            if isinstance(statement, cst.With) and self.scope_only(statement):
+                flat.extend(self._flat(statement.body.body))
+            else:
+                flat.append(statement)
+        return flat
+
+    def scope_only(self, statement: cst.With) -> bool:
+        for item in statement.items:
+            qualified = self.rule.call_name(item.item) or ""
+            if not (qualified.startswith("tensorflow.") and qualified.rsplit(".", 1)[1] in SCOPES):
+                return False
+        return isinstance(statement.body, cst.IndentedBlock)
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         kind = type(node)
@@ -273,6 +300,8 @@ class _Source:
     # The call of a reader function as the map function runs it, given the record for the queue.
     rewritten: dict[int, cst.BaseStatement] = field(default_factory=dict)
     renamed: dict[int, str] = field(default_factory=dict)  # see Pipeline.renamed
+    groups: set[str] = field(default_factory=set)  # see Pipeline.groups
+    covers: set[int] = field(default_factory=set)  # see Pipeline.covers
 
 
 def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], cst.BaseExpression | None]:
@@ -406,6 +435,15 @@ def _written_out(node, settings: dict[str, cst.BaseExpression]):
     return node.visit(WriteOut())
 
 
+def _callee_name(call: cst.Call) -> cst.Name:
+    """The name a call of a module function (`f(...)`) or method (`self.f(...)`) uses."""
+    return call.func.attr if isinstance(call.func, cst.Attribute) else call.func  # type: ignore[return-value]
+
+
+def _short_name(func: cst.BaseExpression) -> str:
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+
+
 def _handed_call(call: cst.Call, arguments: list[cst.Arg], dataset: str) -> cst.Call:
     """A batching helper's call given the dataset for its first example and without the others."""
     args = []
@@ -485,7 +523,9 @@ class _Planner:
         self.module = rule.context.module
         self.blocks = self.calls = _Survey(rule)
         visit_read_only(self.module, self.blocks)
-        self.all_names = {n.value for n in self.calls.names}
+        self._taken: dict[int, set[str]] = {}  # a function (or the module) -> the names in it, and those given there
+        self._handed: dict[int, Pipeline] = {}  # a batching helper's call -> its caller's pipeline
+        self._helper_names: dict[int, str] = {}  # a batching helper -> the name its dataset parameter takes
         self.imports: list = []
 
     def code(self, node: cst.CSTNode) -> str:
@@ -511,6 +551,8 @@ class _Planner:
                 except Blocked as blocked:
                     pipeline.blocker = str(blocked)
                 pipelines.append(pipeline)
+        pipelines += self._handed.values()
+        self._settle(pipelines)
         batched = {id(p.producer_call) for p in pipelines if p.blocker is None}
         for call, qualified in self.calls.calls:
             if qualified in DEQUEUED_PARAMS and id(call) not in batched:
@@ -591,7 +633,7 @@ class _Planner:
         name, chain = self._dequeued_chain(producer, qualified)
         iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
         target = self.code(_assign(body[index])[0])
-        dataset_name = self._free(name)
+        dataset_name = self._free(name, body[index])
         lines = "\n".join(f"    {piece}" for piece in chain)
         dataset = cst.parse_statement(f"{dataset_name} = (\n{lines}\n)\n").with_changes(leading_lines=body[index].leading_lines)
         consume = cst.parse_statement(f"{target} = {iterator}({dataset_name}).get_next()\n").with_changes(
@@ -675,75 +717,127 @@ class _Planner:
         pipeline.removed = list(source.removed) + parse
         pipeline.replaced = {id(batch.statement): new_statements}
         pipeline.renamed = source.renamed
+        pipeline.groups, pipeline.covers = source.groups, source.covers
 
     def _batching_helper(self, pipeline: Pipeline, batch: _Batch) -> bool:
-        """The batch of a helper function's parameters (cifar10's `_generate_image_and_label_batch(image,
-        label, ...)`), the examples made by its one caller from a queue: the caller makes the
-        dataset of examples and passes it instead of them (as the parameter that took the first
-        example tensor; the others go), and the helper batches the dataset. False where the batched
-        tensors are not such parameters; Blocked where they are but the rewrite cannot keep the meaning."""
-        helper = self._function_of(batch.body)
+        """A batch of a helper function's parameters (cifar10's `_generate_image_and_label_batch(image,
+        label, ...)`, which batches with `shuffle_batch` or `batch`): the helper is given the
+        dataset of examples instead (as the parameter that took the first example; the others
+        go) and batches it; each of its callers makes that dataset from its queue and passes it
+        (the pipelines of ``_handed_over``, planned once per call). The helper and all its callers
+        are rewritten together or not at all (``_settle``). False where the batched tensors are
+        not the helper's parameters."""
+        helper = self._function_of(batch.statement)
         if helper is None or not batch.as_tuple:
             return False
-        method = helper in self._methods()
-        params = list(helper.params.params)[1 if method else 0:]
+        params = self._parameters(helper)
         by_name = {q.name.value: q for q in params}
         if not all(isinstance(t, cst.Name) and t.value in by_name for t in batch.tensors):
             return False
         name = helper.name.value
-        uses = [n.value for n in name_reads(helper.body, keywords=False)]
-        if len(set(batch.returned)) != len(batch.returned) or any(uses.count(t) != 1 for t in batch.returned):
+        pipeline.groups = {name}
+        batched = []  # the tensors of every batching call in the helper (`if shuffle: ... else: ...`)
+        for other, qualified in self.calls.calls:
+            if qualified in BATCH_PARAMS and self._function_of(other) is helper:
+                tensors, _ = _batched_tensors(argument(other, BATCH_PARAMS[qualified], "tensors"))
+                if [self.code(t) for t in tensors] != batch.returned:
+                    raise Blocked(f"`{name}` batches different examples in its batching calls")
+                batched += tensors
+        if len(set(batch.returned)) != len(batch.returned) or any(
+                n.value in batch.returned and not any(n is t for t in batched) for n in name_reads(helper.body, keywords=False)):
             raise Blocked(f"`{name}` uses the examples it batches for something else too")
-        call = self._only_call(name, method)
-        caller_body, index = self.blocks.of_call[id(call)]
-        arguments = [self._bound_argument(call, params, by_name[t], name) for t in batch.returned]
-        producer = self._producer(caller_body, index)
-        if producer is None:
-            raise Blocked(f"the examples `{name}` batches are not produced by its caller from a queue either")
-        p, producer_call, producer_name = producer
-        pipeline.producer_call = producer_call
-        statement = caller_body[index]
-        threads = batch.threads if isinstance(batch.threads, cst.Integer) else None  # a helper's own setting stays there
-        handed = _Batch(call, batch.qualified, tuple(q.name.value for q in params), None, caller_body, index, statement,
-                        _assign(statement)[0] if _assign(statement) else None, [a.value for a in arguments],
-                        [self.code(a.value) for a in arguments], True, False, threads)
-        source = self._source(caller_body, p, index, producer_call, producer_name)
-        parse = _parse_statements(handed, source, p)
-        examples = self._free("examples")
-
-        def hand_on(dataset: str) -> cst.BaseStatement:
-            return statement.deep_replace(call, _handed_call(call, arguments, dataset))
-
-        caller_new = self._replacement(handed, source, [source.rewritten.get(id(s), s) for s in parse], hand_on)
+        if id(helper) not in self._helper_names:
+            self._helper_names[id(helper)] = self._free("examples", helper.body)
+        examples = self._helper_names[id(helper)]
         helper_source = _Source(examples, list(batch.returned), [], [], set(batch.returned), set())
-        pipeline.removed = list(source.removed) + parse
-        pipeline.replaced = {id(statement): caller_new, id(batch.statement): self._replacement(batch, helper_source, [], name="batches")}
-        pipeline.renamed = {**source.renamed, id(by_name[batch.returned[0]]): examples}
+        pipeline.replaced = {id(batch.statement): self._replacement(batch, helper_source, [], name="batches")}
+        pipeline.renamed = {id(by_name[batch.returned[0]]): examples}
         pipeline.dropped = {id(by_name[t]) for t in batch.returned[1:]}
+        for call in self._calls_of(helper):
+            if id(call) not in self._handed:
+                self._handed[id(call)] = self._handed_over(call, helper, batch, [by_name[t] for t in batch.returned])
         return True
 
-    def _function_of(self, body: Sequence[cst.BaseStatement]) -> cst.FunctionDef | None:
-        """The module function or method whose own block ``body`` is."""
-        for function, _ in self._definitions():
-            if function.body.body and body and function.body.body[0] is body[0]:
-                return function
-        return None
+    def _handed_over(self, call: cst.Call, helper: cst.FunctionDef, batch: _Batch, taken: list[cst.Param]) -> Pipeline:
+        """The pipeline of one call of a batching helper: the examples it passes (``taken``, the
+        parameters the helper batches), made from a queue in the caller's block, become a
+        dataset passed in their place."""
+        name = helper.name.value
+        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(_callee_name(call))})
+        try:
+            caller_body, index = self.blocks.of_call[id(call)]
+            arguments = [self._bound_argument(call, self._parameters(helper), param, name) for param in taken]
+            producer = self._producer(caller_body, index)
+            if producer is None:
+                raise Blocked(f"the examples `{name}` batches are not produced by its caller from a queue")
+            p, producer_call, producer_name = producer
+            pipeline.producer_call = producer_call
+            statement = caller_body[index]
+            threads = batch.threads if isinstance(batch.threads, cst.Integer) else None  # a helper's own setting stays there
+            handed = _Batch(call, batch.qualified, tuple(q.name.value for q in self._parameters(helper)), None, caller_body,
+                            index, statement, _assign(statement)[0] if _assign(statement) else None,
+                            [a.value for a in arguments], [self.code(a.value) for a in arguments], True, False, threads)
+            source = self._source(caller_body, p, index, producer_call, producer_name)
+            parse = _parse_statements(handed, source, p)
 
-    def _methods(self) -> list[cst.FunctionDef]:
-        return [function for function, method in self._definitions() if method]
+            def hand_on(dataset: str) -> cst.BaseStatement:
+                return statement.deep_replace(call, _handed_call(call, arguments, dataset))
 
-    def _only_call(self, name: str, method: bool) -> cst.Call:
-        """The one call of the module's function (or method, on `self`) ``name``."""
-        if sum(1 for n in self.calls.names if n.value == name) != 2:  # its definition and one call
-            raise Blocked(f"`{name}` is not called once in this module; what it is given changes for every caller")
+            pipeline.replaced = {id(statement): self._replacement(handed, source, [source.rewritten.get(id(s), s) for s in parse], hand_on)}
+            pipeline.removed = list(source.removed) + parse
+            pipeline.renamed = source.renamed
+            pipeline.groups |= source.groups
+            pipeline.covers |= source.covers
+        except Blocked as blocked:
+            pipeline.blocker = str(blocked)
+        return pipeline
+
+    def _parameters(self, function: cst.FunctionDef) -> list[cst.Param]:
+        """A function's plain parameters, less a method's `self`."""
+        method = any(function is f for f, is_method in self._definitions() if is_method)
+        return list(function.params.params)[1 if method else 0:]
+
+    def _calls_of(self, function: cst.FunctionDef) -> list[cst.Call]:
+        """The calls of a module function (`f(...)`) or method (`self.f(...)`) in the module."""
+        method = any(function is f for f, is_method in self._definitions() if is_method)
+        name = function.name.value
+        found = []
         for call in find(self.module, cst.Call):
             func = call.func
             if (not method and isinstance(func, cst.Name) and func.value == name) or (
                     method and isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
                     and func.value.value == "self" and func.attr.value == name):
                 if id(call) in self.blocks.of_call:
-                    return call
-        raise Blocked(f"`{name}` is not called once in this module; what it is given changes for every caller")
+                    found.append(call)
+        return found
+
+    def _settle(self, pipelines: list[Pipeline]) -> None:
+        """A reader function or batching helper several pipelines share is rewritten for all of
+        them or for none: every use of it must be a call one of them rewrites."""
+        groups = sorted({group for p in pipelines for group in p.groups})
+        changed = True
+        while changed:
+            changed = False
+            for group in groups:
+                members = [p for p in pipelines if group in p.groups]
+                reason = next((p.blocker for p in members if p.blocker), None)
+                if reason is not None:
+                    reason = f"`{group}` is shared with a queue pipeline that is not rewritten ({reason})"
+                elif self._references(group) - set().union(*(p.covers for p in members)):
+                    reason = f"`{group}` is also used where no queue pipeline is rewritten"
+                for member in members:
+                    if reason is not None and member.blocker is None:
+                        member.blocker, changed = reason, True
+
+    def _references(self, name: str) -> set[int]:
+        """The Name nodes that use a module function or method ``name`` (not its definition)."""
+        definitions = {id(f.name) for f, _ in self._definitions()}
+        return {id(n) for n in self.calls.names if n.value == name and id(n) not in definitions}
+
+    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
+        """The module function or method ``node`` is in (directly: not in a nested function)."""
+        function = enclosing(node, module_parents(self.rule.context), cst.FunctionDef)
+        return function if any(function is f for f, _ in self._definitions()) else None
 
     @staticmethod
     def _bound_argument(call: cst.Call, params: list[cst.Param], param: cst.Param, name: str) -> cst.Arg:
@@ -784,10 +878,9 @@ class _Planner:
         """What replaces the batching statement: [the parse function,] the dataset and its next
         element. With ``hand_on`` (the call of a batching helper, given the dataset's name), the
         dataset is not batched here but handed on."""
-        removed = [statement for statement in source.removed if statement is not batch.statement]
         threads = batch.threads
-        parse_fn = self._free("_parse")
-        dataset = self._free(name)
+        parse_fn = self._free("_parse", batch.statement)
+        dataset = self._free(name, batch.statement)
         returned = self._shaped(batch) if hand_on is None else batch.returned
         needs_map = bool(parse) or returned != source.params or not batch.as_tuple
         if needs_map:
@@ -816,10 +909,7 @@ class _Planner:
             consume = cst.parse_statement(f"return {next_element}\n")
         consume = consume.with_changes(trailing_whitespace=batch.statement.trailing_whitespace, leading_lines=())
         new_statements += [dataset_statement, consume]
-        # The comments above the producer and reader that go describe the input: they stay, above its dataset.
-        kept = [line for statement in removed if any(statement is s for s in batch.body)
-                for line in statement.leading_lines if line.comment is not None]
-        new_statements[0] = new_statements[0].with_changes(leading_lines=[*kept, *batch.statement.leading_lines])
+        new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
         return new_statements
 
     def _shaped(self, batch: _Batch) -> list[str]:
@@ -851,11 +941,17 @@ class _Planner:
         chain.append(f".batch({self.code(batch_size)}{drop})")
         chain.append(f".prefetch({self.ref('tensorflow.data.AUTOTUNE')})")
 
-    def _free(self, name: str) -> str:
+    def _free(self, name: str, near: cst.CSTNode) -> str:
+        """``name``, or ``name_2``, ... : one no code of the function around ``near`` uses (of the
+        module, at its top level), nor another name this plan gave there."""
+        scope = enclosing(near, module_parents(self.rule.context), cst.FunctionDef) or self.module
+        taken = self._taken.get(id(scope))
+        if taken is None:
+            taken = self._taken[id(scope)] = {n.value for n in find(scope, cst.Name)}
         candidate, number = name, 2
-        while candidate in self.all_names:
+        while candidate in taken:
             candidate, number = f"{name}_{number}", number + 1
-        self.all_names.add(candidate)
+        taken.add(candidate)
         return candidate
 
     def _producer(self, body, b: int):
@@ -993,7 +1089,7 @@ class _Planner:
         if len(users) != 1 or not isinstance(body[users[0]], cst.SimpleStatementLine):
             raise Blocked("no `reader.read(queue)` of the filename queue in the same block, nor one call of a reader function given the queue")
         statement = body[users[0]]
-        argument_node, function, parameter = self._reader_function(statement, queue)
+        call, argument_node, function, parameter = self._reader_function(statement, queue)
         name = function.name.value
         fbody = function.body.body
         read = self._read(fbody, -1, len(fbody), parameter.name.value)
@@ -1013,14 +1109,14 @@ class _Planner:
         dataset_class, extra = self._reader_dataset(reader_call)
         source_text, chain = self._files_chain(producer, dataset_class, extra)
         block_names = set().union(*(names_used(s) for s in body))
-        record = read.value_name if read.value_name not in block_names else self._free("record")
+        record = read.value_name if read.value_name not in block_names else self._free("record", statement)
         rewritten = {id(statement): statement.deep_replace(argument_node.value, cst.Name(record))}
-        return _Source(source_text, [record], chain, removed + inner_removed, {queue}, set(),
-                       rewritten=rewritten, renamed={id(parameter): read.value_name})
+        return _Source(source_text, [record], chain, removed + inner_removed, {queue}, set(), rewritten=rewritten,
+                       renamed={id(parameter): read.value_name}, groups={name}, covers={id(_callee_name(call))})
 
-    def _reader_function(self, statement: cst.BaseStatement, queue: str) -> tuple[cst.Arg, cst.FunctionDef, cst.Param]:
-        """In ``statement``, the one call given the queue, the module's function (or method,
-        called on `self`) it calls, and the parameter that receives the queue."""
+    def _reader_function(self, statement: cst.BaseStatement, queue: str) -> tuple[cst.Call, cst.Arg, cst.FunctionDef, cst.Param]:
+        """In ``statement``, the one call given the queue, the argument that passes it, the
+        module's function (or method, called on `self`) it calls, and the parameter that receives it."""
         calls = [c for c in find(statement, cst.Call) if any(isinstance(a.value, cst.Name) and a.value.value == queue for a in c.args)]
         if len(calls) != 1 or sum(1 for n in find(statement, cst.Name) if n.value == queue) != 1:
             raise Blocked("the filename queue is used otherwise than by passing it once to a reader function")
@@ -1033,8 +1129,6 @@ class _Planner:
         functions = [f for f in self._definitions() if f[0].name.value == name and f[1] == method]
         if len(functions) != 1:
             raise Blocked(f"`{name}`, given the filename queue, is not defined once in this module")
-        if sum(1 for n in self.calls.names if n.value == name) != 2:  # its definition and this call
-            raise Blocked(f"`{name}` is used elsewhere too; what it reads changes for every caller")
         function = functions[0][0]
         params = list(function.params.params)[1 if method else 0:]
         if function.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or function.params.star_kwarg is not None or function.params.kwonly_params:
@@ -1046,7 +1140,7 @@ class _Planner:
             chosen = params[position:position + 1] if not any(a.star for a in call.args) else []
         if not chosen:
             raise Blocked(f"which parameter of `{name}` receives the filename queue is not plain")
-        return argument_node, function, chosen[0]
+        return call, argument_node, function, chosen[0]
 
     def _definitions(self) -> list[tuple[cst.FunctionDef, bool]]:
         """The module's functions and its classes' methods: (definition, is a method)."""
@@ -1319,6 +1413,14 @@ class _Rewrite(cst.CSTTransformer):
     def leave_While(self, original_node, updated_node):
         if id(original_node) in self.scaffolding.while_tests:
             return updated_node.with_changes(test=self.scaffolding.while_tests[id(original_node)])
+        return updated_node
+
+    def leave_With(self, original_node, updated_node):
+        # A name scope (or device) left holding nothing but the `pass` put there goes too.
+        if self._emptied(updated_node.body) and all(
+                item.asname is None and isinstance(item.item, cst.Call) and _short_name(item.item.func) in SCOPES
+                for item in updated_node.items):
+            return cst.RemovalSentinel.REMOVE
         return updated_node
 
     def leave_Try(self, original_node, updated_node):
