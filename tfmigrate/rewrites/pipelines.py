@@ -78,7 +78,7 @@ READERS = {
         "FixedLengthRecordDataset", ("record_bytes", "header_bytes", "footer_bytes", "hop_bytes", "name", "encoding"),
     ),
 }
-#: `with` blocks a pipeline's statements may run into and out of (see ``_Survey._flat``).
+#: `with` blocks a pipeline's statements may run into and out of (see ``_Survey.flat``).
 SCOPES = ("name_scope", "variable_scope", "device")
 COORDINATOR = "tensorflow.train.Coordinator"
 START_QUEUE_RUNNERS = "tensorflow.train.start_queue_runners"
@@ -185,20 +185,20 @@ class _Survey(cst.CSTVisitor):
         self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
 
     def _record(self, body: Sequence[cst.BaseStatement]) -> None:
-        block = tuple(self._flat(body))
+        block = tuple(self.flat(body))
         if block and id(block[0]) in self._where:  # a scope's block, seen as part of the block around it
             return
         for index, statement in enumerate(block):
             self._where[id(statement)] = (block, index)
 
-    def _flat(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def flat(self, body: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """``body`` with the statements of its `with tf.name_scope(...)` (variable scope, device)
         blocks in their place: such a scope names and places ops, it does not order them, and an
         input pipeline often runs into and out of one (cifar10's `data_augmentation`)."""
         flat: list[cst.BaseStatement] = []
         for statement in body:
             if isinstance(statement, cst.With) and self.scope_only(statement):
-                flat.extend(self._flat(statement.body.body))
+                flat.extend(self.flat(statement.body.body))
             else:
                 flat.append(statement)
         return flat
@@ -209,6 +209,10 @@ class _Survey(cst.CSTVisitor):
             if not (qualified.startswith("tensorflow.") and qualified.rsplit(".", 1)[1] in SCOPES):
                 return False
         return isinstance(statement.body, cst.IndentedBlock)
+
+    def place(self, statement: cst.CSTNode | None) -> tuple[tuple[cst.BaseStatement, ...], int] | None:
+        """The block ``statement`` is in (seen through scopes) and its position there."""
+        return self._where.get(id(statement))
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         kind = type(node)
@@ -261,6 +265,15 @@ class _Batch:
     @property
     def returned_names(self) -> set[str]:
         return set().union(*(names_used(tensor) for tensor in self.tensors))
+
+
+@dataclass
+class _Definition:
+    """A function of the module, or a method of one of its classes."""
+
+    function: cst.FunctionDef
+    owner: str | None  # the class
+    bound: bool  # takes `self` (or `cls`) first
 
 
 @dataclass
@@ -371,11 +384,13 @@ def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseSt
     return parse
 
 
-def _integer_settings(body: Sequence[cst.BaseStatement], end: int, code: Callable[[cst.CSTNode], str]) -> dict[str, cst.BaseExpression]:
+def _portable_settings(body: Sequence[cst.BaseStatement], end: int, code: Callable[[cst.CSTNode], str],
+                       local: set[str]) -> dict[str, cst.BaseExpression]:
     """The names and record fields a function's block sets, before its statement ``end``, to
-    integer arithmetic on literals (cifar10's `label_bytes = 1`, `result.height = 32`,
-    `record_bytes = label_bytes + image_bytes`): their code -> the expression, its settings
-    written out. A name bound otherwise, or in a compound statement, is left out."""
+    arithmetic on literals and names that are not the function's own (``local``): cifar10's
+    `label_bytes = 1`, `result.height = 32` (or `= IMAGE_SIZE`), `record_bytes = label_bytes +
+    image_bytes`. Their code -> the expression, its settings written out: what the caller can
+    compute too. A name bound otherwise, or in a compound statement, is left out."""
     settings: dict[str, cst.BaseExpression] = {}
 
     def forget(target: str) -> None:  # `result = ...` also resets `result.height`
@@ -391,17 +406,24 @@ def _integer_settings(body: Sequence[cst.BaseStatement], end: int, code: Callabl
         target = code(assigned[0])
         value = _written_out(assigned[1], settings)
         forget(target)
-        if _integer_arithmetic(value):
+        if _arithmetic(value, local):
             settings[target] = value
     return settings
 
 
-def _integer_arithmetic(node: cst.BaseExpression) -> bool:
-    if isinstance(node, cst.Integer):
+def _arithmetic(node: cst.BaseExpression, local: set[str]) -> bool:
+    """Arithmetic on numbers and on names (or their fields) that are not in ``local``."""
+    if isinstance(node, (cst.Integer, cst.Float)):
         return True
+    if isinstance(node, cst.Name):
+        return node.value not in local
+    if isinstance(node, cst.Attribute):
+        return isinstance(node.value, (cst.Name, cst.Attribute)) and _arithmetic(node.value, local)
+    if isinstance(node, cst.UnaryOperation):
+        return isinstance(node.operator, cst.Minus) and _arithmetic(node.expression, local)
     if isinstance(node, cst.BinaryOperation):
         return isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide)) and \
-            _integer_arithmetic(node.left) and _integer_arithmetic(node.right)
+            _arithmetic(node.left, local) and _arithmetic(node.right, local)
     return False
 
 
@@ -526,6 +548,8 @@ class _Planner:
         self._taken: dict[int, set[str]] = {}  # a function (or the module) -> the names in it, and those given there
         self._handed: dict[int, Pipeline] = {}  # a batching helper's call -> its caller's pipeline
         self._helper_names: dict[int, str] = {}  # a batching helper -> the name its dataset parameter takes
+        self._defined: list[_Definition] | None = None
+        self._examples_plans: dict[int, tuple[Pipeline, list[str], bool] | Blocked] = {}  # a function returning examples -> its rewrite
         self.imports: list = []
 
     def code(self, node: cst.CSTNode) -> str:
@@ -702,7 +726,7 @@ class _Planner:
             source = self._constant_source(batch)
             pipeline.replaced = {id(batch.statement): self._replacement(batch, source, [])}
             return
-        if producer is None and self._batching_helper(pipeline, batch):
+        if producer is None and (self._batching_helper(pipeline, batch) or self._examples_function(pipeline, batch)):
             return
         if producer is None:
             raise Blocked(
@@ -758,6 +782,91 @@ class _Planner:
                 self._handed[id(call)] = self._handed_over(call, helper, batch, [by_name[t] for t in batch.returned])
         return True
 
+    def _examples_function(self, pipeline: Pipeline, batch: _Batch) -> bool:
+        """A batch of the examples a function of the module returns (the TFRecord tutorials'
+        `img, label = read_and_decode("train.tfrecords")`, which makes its own filename queue, reads
+        and decodes one example): the function returns the dataset of its examples instead, and
+        the caller batches that dataset. False where the batched tensors do not come from such a
+        call in the block."""
+        found = self._examples_call(batch)
+        if found is None:
+            return False
+        index, call, function = found
+        name = function.name.value
+        returned, returned_code, as_tuple = self._examples_plan(function)  # the function's own rewrite, planned once
+        statement = batch.body[index]
+        target = _assign(statement)[0]  # type: ignore[index]
+        names = _target_names(target) or []
+        if len(names) != len(returned_code) or isinstance(target, cst.Name) == as_tuple:
+            raise Blocked(f"`{name}`'s examples are not unpacked as it returns them")
+        examples = self._free("examples", statement)
+        source = _Source(examples, names, [], [], set(names), set())
+        parse = _parse_statements(batch, source, index)
+        given = statement.with_changes(body=[_only(statement).with_changes(targets=[cst.AssignTarget(cst.Name(examples))])])
+        pipeline.producer_call = returned.producer_call
+        pipeline.removed = returned.removed + parse
+        pipeline.replaced = {**returned.replaced, id(statement): [given], id(batch.statement): self._replacement(batch, source, parse)}
+        pipeline.renamed = returned.renamed
+        pipeline.groups = {name} | returned.groups
+        pipeline.covers = {id(_callee_name(call))} | returned.covers
+        return True
+
+    def _examples_call(self, batch: _Batch) -> tuple[int, cst.Call, cst.FunctionDef] | None:
+        """The statement before the batch that binds the batched tensors to what a module
+        function returns: its index, the call and the function."""
+        needed = set(batch.returned_names)  # followed back through the statements that compute them
+        for index in range(batch.index - 1, -1, -1):
+            statement = batch.body[index]
+            if not _assigned_names(statement) & needed:
+                continue
+            assigned = _assign(statement)
+            call = assigned[1] if assigned is not None else None
+            function = self._callee(call) if isinstance(call, cst.Call) else None
+            if function is not None:
+                return index, call, function  # type: ignore[return-value]
+            needed |= names_used(statement)
+        return None
+
+    def _examples_plan(self, function: cst.FunctionDef) -> tuple[Pipeline, list[str], bool]:
+        """How a function that makes its examples from its own queue and returns them returns the
+        dataset of those examples instead: its edits (as a Pipeline), what it returned and whether
+        as a tuple. Blocked where it cannot."""
+        if id(function) not in self._examples_plans:
+            try:
+                self._examples_plans[id(function)] = self._plan_examples_function(function)
+            except Blocked as blocked:
+                self._examples_plans[id(function)] = blocked
+        plan = self._examples_plans[id(function)]
+        if isinstance(plan, Blocked):
+            raise plan
+        return plan
+
+    def _plan_examples_function(self, function: cst.FunctionDef) -> tuple[Pipeline, list[str], bool]:
+        name = function.name.value
+        returns = [r for r in find(function.body, cst.Return) if self._function_of(r) is function]
+        place = self.blocks.place(module_parents(self.rule.context).get(id(returns[0]))) if len(returns) == 1 else None
+        if place is None:
+            raise Blocked(f"`{name}` does not end with one `return` of its examples")
+        body, index = place
+        value = returns[0].value
+        tensors, as_tuple = _batched_tensors(value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.Tuple) else value)
+        producer = self._producer(body, index)
+        if producer is None or index != len(body) - 1:
+            raise Blocked(f"`{name}` returns examples it does not make from a queue of its own")
+        p, producer_call, producer_name = producer
+        handed = _Batch(cst.Call(cst.Name("return")), "", (), None, body, index, body[index], None, tensors,
+                        [self.code(t) for t in tensors], as_tuple, False, None)
+        source = self._source(body, p, index, producer_call, producer_name)
+        parse = _parse_statements(handed, source, p)
+        plan = Pipeline(batch_call=producer_call, producer_call=producer_call)
+        statement = body[index]
+        plan.replaced = {id(statement): self._replacement(
+            handed, source, [source.rewritten.get(id(s), s) for s in parse],
+            lambda dataset: cst.parse_statement(f"return {dataset}\n").with_changes(leading_lines=statement.leading_lines))}
+        plan.removed = list(source.removed) + parse
+        plan.renamed, plan.groups, plan.covers = source.renamed, source.groups, source.covers
+        return plan, handed.returned, as_tuple
+
     def _handed_over(self, call: cst.Call, helper: cst.FunctionDef, batch: _Batch, taken: list[cst.Param]) -> Pipeline:
         """The pipeline of one call of a batching helper: the examples it passes (``taken``, the
         parameters the helper batches), made from a queue in the caller's block, become a
@@ -793,23 +902,27 @@ class _Planner:
         return pipeline
 
     def _parameters(self, function: cst.FunctionDef) -> list[cst.Param]:
-        """A function's plain parameters, less a method's `self`."""
-        method = any(function is f for f, is_method in self._definitions() if is_method)
-        return list(function.params.params)[1 if method else 0:]
+        """A function's plain parameters, less a method's `self` (or a class method's `cls`)."""
+        bound = any(function is d.function and d.bound for d in self._definitions())
+        return list(function.params.params)[1 if bound else 0:]
 
     def _calls_of(self, function: cst.FunctionDef) -> list[cst.Call]:
-        """The calls of a module function (`f(...)`) or method (`self.f(...)`) in the module."""
-        method = any(function is f for f, is_method in self._definitions() if is_method)
-        name = function.name.value
-        found = []
-        for call in find(self.module, cst.Call):
-            func = call.func
-            if (not method and isinstance(func, cst.Name) and func.value == name) or (
-                    method and isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
-                    and func.value.value == "self" and func.attr.value == name):
-                if id(call) in self.blocks.of_call:
-                    found.append(call)
-        return found
+        """The calls of a module function or method in the module (see ``_callee``)."""
+        return [c for c in find(self.module, cst.Call) if id(c) in self.blocks.of_call and self._callee(c) is function]
+
+    def _callee(self, call: cst.Call) -> cst.FunctionDef | None:
+        """The module function (`f(...)`) or method (`self.f(...)`, `cls.f(...)`, `Class.f(...)`)
+        ``call`` calls, where one definition answers."""
+        func = call.func
+        if isinstance(func, cst.Name):
+            found = [d for d in self._definitions() if d.owner is None and d.function.name.value == func.value]
+        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            owner = func.value.value
+            found = [d for d in self._definitions() if d.owner is not None and d.function.name.value == func.attr.value
+                     and owner in ("self", "cls", d.owner)]
+        else:
+            return None
+        return found[0].function if len(found) == 1 else None
 
     def _settle(self, pipelines: list[Pipeline]) -> None:
         """A reader function or batching helper several pipelines share is rewritten for all of
@@ -831,13 +944,13 @@ class _Planner:
 
     def _references(self, name: str) -> set[int]:
         """The Name nodes that use a module function or method ``name`` (not its definition)."""
-        definitions = {id(f.name) for f, _ in self._definitions()}
+        definitions = {id(d.function.name) for d in self._definitions()}
         return {id(n) for n in self.calls.names if n.value == name and id(n) not in definitions}
 
     def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         """The module function or method ``node`` is in (directly: not in a nested function)."""
         function = enclosing(node, module_parents(self.rule.context), cst.FunctionDef)
-        return function if any(function is f for f, _ in self._definitions()) else None
+        return function if any(function is d.function for d in self._definitions()) else None
 
     @staticmethod
     def _bound_argument(call: cst.Call, params: list[cst.Param], param: cst.Param, name: str) -> cst.Arg:
@@ -1060,8 +1173,8 @@ class _Planner:
             return self._reader_function_source(body, p, b, producer, removed)
         removed.append(body[read.index])
         reader_call = self._reader_call(body, read, removed)
-        dataset_class, extra = self._reader_dataset(reader_call)
-        source_text, chain = self._files_chain(producer, dataset_class, extra)
+        dataset_class, extra, skip = self._reader_dataset(reader_call)
+        source_text, chain = self._files_chain(producer, dataset_class, extra, skip)
         consumed = {queue} | ({read.reader_name} if read.reader_name else set())
         return _Source(source_text, [read.value_name], chain, removed, {read.value_name}, consumed)
 
@@ -1091,23 +1204,26 @@ class _Planner:
         statement = body[users[0]]
         call, argument_node, function, parameter = self._reader_function(statement, queue)
         name = function.name.value
-        fbody = function.body.body
+        fbody = self.blocks.flat(function.body.body)
         read = self._read(fbody, -1, len(fbody), parameter.name.value)
         if read is None:
             raise Blocked(f"`{name}` is given the filename queue but does not read it with `reader.read(...)` in its body")
         inner_removed = [fbody[read.index]]
         reader_call = self._reader_call(fbody, read, inner_removed)
         local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
-        reader_call = _written_out(reader_call, _integer_settings(fbody, fbody.index(inner_removed[-1]), self.code))
+        reader_call = _written_out(reader_call, _portable_settings(fbody, fbody.index(inner_removed[-1]), self.code, local))
         if names_used(reader_call, keywords=False) & local:
             raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
+        caller = self._function_of(statement)
+        if caller is not None and names_used(reader_call, keywords=False) & scope_bindings(caller):
+            raise Blocked(f"the reader's arguments name what `{caller.name.value}` binds to something else")
         rest = [s for s in fbody if s not in inner_removed]
         earlier = set().union(*(names_used(s) for s in fbody[:read.index]))
         if parameter.name.value in set().union(*(names_used(s) for s in rest)) or read.value_name in earlier | {
                 q.name.value for q in function.params.params}:
             raise Blocked(f"`{name}` uses the filename queue (or the record's name) otherwise than by reading it once")
-        dataset_class, extra = self._reader_dataset(reader_call)
-        source_text, chain = self._files_chain(producer, dataset_class, extra)
+        dataset_class, extra, skip = self._reader_dataset(reader_call)
+        source_text, chain = self._files_chain(producer, dataset_class, extra, skip)
         block_names = set().union(*(names_used(s) for s in body))
         record = read.value_name if read.value_name not in block_names else self._free("record", statement)
         rewritten = {id(statement): statement.deep_replace(argument_node.value, cst.Name(record))}
@@ -1122,15 +1238,11 @@ class _Planner:
             raise Blocked("the filename queue is used otherwise than by passing it once to a reader function")
         call = calls[0]
         (argument_node,) = [a for a in call.args if isinstance(a.value, cst.Name) and a.value.value == queue]
-        method = isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Name) and call.func.value.value == "self"
-        if not (isinstance(call.func, cst.Name) or method):
+        function = self._callee(call)
+        if function is None:
             raise Blocked("the filename queue is passed to a function that is not this module's")
-        name = call.func.value if isinstance(call.func, cst.Name) else call.func.attr.value  # type: ignore[union-attr]
-        functions = [f for f in self._definitions() if f[0].name.value == name and f[1] == method]
-        if len(functions) != 1:
-            raise Blocked(f"`{name}`, given the filename queue, is not defined once in this module")
-        function = functions[0][0]
-        params = list(function.params.params)[1 if method else 0:]
+        name = function.name.value
+        params = self._parameters(function)
         if function.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or function.params.star_kwarg is not None or function.params.kwonly_params:
             raise Blocked(f"`{name}` takes `*args`, `**kwargs` or keyword-only parameters")
         if argument_node.keyword is not None:
@@ -1142,15 +1254,20 @@ class _Planner:
             raise Blocked(f"which parameter of `{name}` receives the filename queue is not plain")
         return call, argument_node, function, chosen[0]
 
-    def _definitions(self) -> list[tuple[cst.FunctionDef, bool]]:
-        """The module's functions and its classes' methods: (definition, is a method)."""
-        found = []
-        for statement in self.module.body:
-            if isinstance(statement, cst.FunctionDef):
-                found.append((statement, False))
-            elif isinstance(statement, cst.ClassDef):
-                found += [(s, True) for s in statement.body.body if isinstance(s, cst.FunctionDef)]
-        return found
+    def _definitions(self) -> list[_Definition]:
+        """The module's functions and its classes' methods."""
+        if self._defined is None:
+            self._defined = []
+            for statement in self.module.body:
+                if isinstance(statement, cst.FunctionDef):
+                    self._defined.append(_Definition(statement, None, False))
+                elif isinstance(statement, cst.ClassDef):
+                    for member in statement.body.body:
+                        if isinstance(member, cst.FunctionDef):
+                            decorators = {_short_name(d.decorator) for d in member.decorators}
+                            bound = "staticmethod" not in decorators
+                            self._defined.append(_Definition(member, statement.name.value, bound))
+        return self._defined
 
     def _read(self, body, p: int, b: int, queue: str) -> _Read | None:
         """The first `key, value = reader.read(queue)` between the producer and the batching call."""
@@ -1187,8 +1304,9 @@ class _Planner:
         else:
             raise Blocked("unpack the read into `key, value = reader.read(queue)`")
 
-    def _reader_dataset(self, reader_call: cst.Call) -> tuple[str, str]:
-        """The tf.data dataset class that reads what the reader reads, and its extra arguments."""
+    def _reader_dataset(self, reader_call: cst.Call) -> tuple[str, str, str]:
+        """The tf.data dataset class that reads what the reader reads, its extra arguments, and
+        what it skips at the start of each file (`.skip(1)` for `skip_header_lines=1`)."""
         reader = self.rule.call_name(reader_call)
         if reader not in READERS:
             short = (reader or "the reader").rsplit(".", 1)[-1]
@@ -1206,22 +1324,28 @@ class _Planner:
                 value = argument(reader_call, reader_params, keyword)
                 if value is not None:
                     extra += f", {keyword}={self.code(value)}"
-        elif any(argument(reader_call, reader_params, k) is not None for k in reader_params if k != "name"):
-            raise Blocked("the reader's options (`options=`, `skip_header_lines=`) are not rewritten automatically")
-        return dataset_class, extra
+        skip = ""
+        if dataset_class == "TextLineDataset" and argument(reader_call, reader_params, "skip_header_lines") is not None:
+            skip = f".skip({self.code(argument(reader_call, reader_params, 'skip_header_lines'))})"
+        elif any(argument(reader_call, reader_params, k) is not None for k in reader_params
+                 if k not in ("name", "record_bytes", "header_bytes", "footer_bytes")):
+            raise Blocked("the reader's options (`options=`) are not rewritten automatically")
+        return dataset_class, extra, skip
 
-    def _files_chain(self, producer: _ProducerArgs, dataset_class: str, extra: str) -> tuple[str, list[str]]:
+    def _files_chain(self, producer: _ProducerArgs, dataset_class: str, extra: str, skip: str) -> tuple[str, list[str]]:
         """The dataset over the producer's files, and its shuffle/repeat chain."""
         chain: list[str] = []
         dataset = self.ref(f"tensorflow.data.{dataset_class}")
         files = self.code(producer.source)
-        if producer.shuffle:
-            # The producer reshuffles the file names every epoch and one reader reads them in turn.
+        if producer.shuffle or skip:
+            # The producer reshuffles the file names every epoch and one reader reads them in turn
+            # (a header skipped in each).
             source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({files})"
-            chain.append(f".shuffle({self.ref('tensorflow.size')}({files}, out_type={producer.int64}){producer.seed_text})")
+            if producer.shuffle:
+                chain.append(f".shuffle({self.ref('tensorflow.size')}({files}, out_type={producer.int64}){producer.seed_text})")
             chain.append(producer.repeat)
-            if extra:
-                chain.append(f".flat_map(lambda filename: {dataset}(filename{extra}))")
+            if extra or skip:
+                chain.append(f".flat_map(lambda filename: {dataset}(filename{extra}){skip})")
             else:
                 chain.append(f".flat_map({dataset})")
         else:
