@@ -392,3 +392,73 @@ def test_a_queue_given_to_another_module_s_function_is_refused():
     code = READER_FUNCTION.replace("image, label = read_and_decode(filename_queue)",
                                    "image, label = readers.read_and_decode(filename_queue)")
     assert _blocker(code) == "the filename queue is passed to a function that is not this module's"
+
+
+EXAMPLES_FUNCTION = """
+    import tensorflow as tf
+
+    def read_and_decode(filename):
+        filename_queue = tf.train.string_input_producer([filename], shuffle=False)
+        reader = tf.TFRecordReader()
+        _, serialized_example = reader.read(filename_queue)
+        features = tf.parse_single_example(serialized_example, features=FEATURES)
+        img = tf.reshape(tf.decode_raw(features['img_raw'], tf.uint8), [8, 8, 3])
+        return img, features['label']
+
+    img, label = read_and_decode("train.tfrecords")
+    img_batch, label_batch = tf.train.batch([img, label], batch_size=30, num_threads=1)
+    """
+
+
+def test_a_function_returning_the_examples_of_its_own_queue_returns_their_dataset():
+    fixed = _fixed(EXAMPLES_FUNCTION)
+    assert "        return img, features['label']\n\n    dataset = (\n        tf.data.TFRecordDataset([filename])\n" in fixed
+    assert "    return dataset\n" in fixed
+    assert "examples = read_and_decode(\"train.tfrecords\")\ndataset = (\n    examples\n    .batch(30, drop_remainder=True)\n" in fixed
+
+
+def test_a_function_returning_examples_twice_is_refused():
+    code = EXAMPLES_FUNCTION.replace("        return img, features['label']",
+                                     "        if filename.endswith('.gz'):\n            return None, None\n"
+                                     "        return img, features['label']")
+    assert _blocker(code) == "`read_and_decode` does not end with one `return` of its examples"
+
+
+def test_examples_not_unpacked_as_returned_are_refused():
+    code = EXAMPLES_FUNCTION.replace('img, label = read_and_decode("train.tfrecords")',
+                                     'example = read_and_decode("train.tfrecords")\n    img, label = example')
+    assert _blocker(code) == "`read_and_decode`'s examples are not unpacked as it returns them"
+
+
+READER_BATCHES = """
+    import tensorflow as tf
+
+    def read_batch(filename_queue, batch_size):
+        reader = tf.TextLineReader()
+        _, line = reader.read(filename_queue)
+        x, y = tf.decode_csv(line, record_defaults=[[0.0], [0]])
+        return tf.train.batch([x, y], batch_size=batch_size)
+
+    def inputs(files):
+        filename_queue = tf.train.string_input_producer(files, shuffle=False)
+        return read_batch(filename_queue, 16)
+    """
+
+
+def test_a_reader_function_that_batches_is_given_the_dataset_of_records():
+    fixed = _fixed(READER_BATCHES)
+    assert "def read_batch(records, batch_size):\n    def _parse(line):\n" in fixed
+    assert "    records = (\n        tf.data.TextLineDataset(files)\n        .repeat()\n    )\n    return read_batch(records, 16)\n" in fixed
+
+
+def test_a_reader_function_that_batches_a_queue_made_elsewhere_is_refused():
+    code = READER_BATCHES.replace("        filename_queue = tf.train.string_input_producer(files, shuffle=False)\n", "")
+    code = code.replace("def inputs(files):", "def inputs(filename_queue):")
+    assert _blocker(code) == "`read_batch` is shared with a queue pipeline that is not rewritten " \
+                             "(the filename queue `read_batch` reads is not made by its caller)"
+
+
+def test_a_reader_function_that_batches_and_uses_its_queue_otherwise_is_refused():
+    code = READER_BATCHES.replace("        return tf.train.batch(", "        tf.summary.scalar('size', filename_queue.size())\n"
+                                  "        return tf.train.batch(")
+    assert _blocker(code) == "`read_batch` uses the filename queue otherwise than by reading it once"

@@ -726,7 +726,8 @@ class _Planner:
             source = self._constant_source(batch)
             pipeline.replaced = {id(batch.statement): self._replacement(batch, source, [])}
             return
-        if producer is None and (self._batching_helper(pipeline, batch) or self._examples_function(pipeline, batch)):
+        if producer is None and (self._batching_helper(pipeline, batch) or self._examples_function(pipeline, batch)
+                                 or self._queue_parameter(pipeline, batch)):
             return
         if producer is None:
             raise Blocked(
@@ -866,6 +867,78 @@ class _Planner:
         plan.removed = list(source.removed) + parse
         plan.renamed, plan.groups, plan.covers = source.renamed, source.groups, source.covers
         return plan, handed.returned, as_tuple
+
+    def _queue_parameter(self, pipeline: Pipeline, batch: _Batch) -> bool:
+        """A reader function that batches too (`read_and_decode(filename_queue, batch_size)`
+        makes the reader, reads the queue it is given, decodes and batches): its callers make the
+        dataset of the queue's records and pass it instead (``_records_handed``), and the function
+        maps and batches it. False where the function reads no queue parameter."""
+        function = self._function_of(batch.statement)
+        found = None
+        for param in self._parameters(function) if function is not None else []:
+            read = self._read(batch.body, -1, batch.index, param.name.value)
+            if read is not None:
+                found = param, read
+                break
+        if found is None:
+            return False
+        param, read = found
+        name = function.name.value  # type: ignore[union-attr]
+        pipeline.groups = {name}
+        removed = [batch.body[read.index]]
+        reader_call = self._portable_reader(function, batch.body, read, removed)  # type: ignore[arg-type]
+        reader = self._reader_dataset(reader_call)
+        if param.name.value in set().union(*(names_used(s) for s in batch.body if s not in removed)):
+            raise Blocked(f"`{name}` uses the filename queue otherwise than by reading it once")
+        records = self._free("records", function.body)  # type: ignore[union-attr]
+        consumed = {read.reader_name} if read.reader_name else set()
+        source = _Source(records, [read.value_name], [], removed, {read.value_name}, consumed)
+        parse = _parse_statements(batch, source, read.index)
+        pipeline.replaced = {id(batch.statement): self._replacement(batch, source, parse)}
+        pipeline.removed = removed + parse
+        pipeline.renamed = {id(param): records}
+        for call in self._calls_of(function):  # type: ignore[arg-type]
+            if id(call) not in self._handed:
+                self._handed[id(call)] = self._records_handed(call, function, param, reader)  # type: ignore[arg-type]
+        return True
+
+    def _records_handed(self, call: cst.Call, function: cst.FunctionDef, param: cst.Param, reader: tuple[str, str, str]) -> Pipeline:
+        """The pipeline of one call of a reader function that batches: the filename queue the
+        caller makes and passes becomes the dataset of its files' records (``reader``: the
+        dataset class, its arguments and skip)."""
+        name = function.name.value
+        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(_callee_name(call))})
+        try:
+            argument_node = self._bound_argument(call, self._parameters(function), param, name)
+            body, index = self.blocks.of_call[id(call)]
+            queue = argument_node.value
+            producer = self._producer(body, index)
+            if producer is None or producer[2] != STRING_PRODUCER or not isinstance(queue, cst.Name):
+                raise Blocked(f"the filename queue `{name}` reads is not made by its caller")
+            p, producer_call, qualified = producer
+            pipeline.producer_call = producer_call
+            args = self._producer_args(body[p], producer_call, qualified)
+            if self.code(args.target) != queue.value or sum(queue.value in names_used(s) for s in body) != 2:
+                raise Blocked(f"the filename queue `{name}` reads is used otherwise too")
+            source_text, chain = self._files_chain(args, *reader)
+            records = self._free("records", body[index])
+            lines = "\n".join(f"    {piece}" for piece in [source_text, *chain])
+            made = cst.parse_statement(f"{records} = (\n{lines}\n)\n").with_changes(leading_lines=body[p].leading_lines)
+            pipeline.replaced = {id(body[p]): [made], id(body[index]): [body[index].deep_replace(queue, cst.Name(records))]}
+        except Blocked as blocked:
+            pipeline.blocker = str(blocked)
+        return pipeline
+
+    def _portable_reader(self, function: cst.FunctionDef, body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
+        """The reader a function makes, its arguments written out so that a caller can make the
+        same dataset (``_portable_settings``); its statement is added to ``removed``."""
+        name = function.name.value
+        reader_call = self._reader_call(body, read, removed)
+        local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
+        reader_call = _written_out(reader_call, _portable_settings(body, list(body).index(removed[-1]), self.code, local))
+        if names_used(reader_call, keywords=False) & local:
+            raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
+        return reader_call
 
     def _handed_over(self, call: cst.Call, helper: cst.FunctionDef, batch: _Batch, taken: list[cst.Param]) -> Pipeline:
         """The pipeline of one call of a batching helper: the examples it passes (``taken``, the
@@ -1209,11 +1282,7 @@ class _Planner:
         if read is None:
             raise Blocked(f"`{name}` is given the filename queue but does not read it with `reader.read(...)` in its body")
         inner_removed = [fbody[read.index]]
-        reader_call = self._reader_call(fbody, read, inner_removed)
-        local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
-        reader_call = _written_out(reader_call, _portable_settings(fbody, fbody.index(inner_removed[-1]), self.code, local))
-        if names_used(reader_call, keywords=False) & local:
-            raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
+        reader_call = self._portable_reader(function, fbody, read, inner_removed)
         caller = self._function_of(statement)
         if caller is not None and names_used(reader_call, keywords=False) & scope_bindings(caller):
             raise Blocked(f"the reader's arguments name what `{caller.name.value}` binds to something else")
