@@ -95,13 +95,24 @@ class QueueBatching(Rule):
         `Dataset.from_tensor_slices(files).shuffle(tf.size(files, out_type=tf.int64))
         .repeat(E).flat_map(tf.data.TFRecordDataset)`. `capacity` has no equivalent and goes.
 
+        Name, variable and device scopes (`with tf.name_scope('input'):`) are transparent:
+        the producer may be outside one and the read inside. Pipelines split across
+        functions of the module as public code splits them are rewritten as a whole, each
+        function once for all its callers (or not at all, with the reason): a reader function
+        given the queue (`read_and_decode(filename_queue)`, cifar10's `read_cifar10`, whose
+        record size is written out for the dataset) decodes the record it is given; a batching
+        helper given the examples (cifar10's `_generate_image_and_label_batch`, batching with
+        `shuffle_batch` or `batch`) is given their dataset; a function that makes its own queue
+        and returns its examples returns their dataset; a reader function that batches too is
+        given the dataset of the queue's records.
+
         No fix, and the message says why, for `batch_join`, `shuffle_batch_join` and the
         `maybe_` variants, `enqueue_many=True` over tensors that are not constants (each
-        enqueue may see other values) or with `shapes=`, `dynamic_pad=True`, `shared_name=`, readers
-        other than the three above or with options, a reader or producer in another
-        function than the batching call (`read_and_decode(filename_queue)` helpers), or a
-        tensor of the pipeline used after the batching call. Check the result with
-        `tfmigrate verify`.
+        enqueue may see other values) or with `shapes=`, `dynamic_pad=True`, `shared_name=`,
+        readers other than the three above or with `options=`, a reader whose arguments the
+        function computes from its own inputs, a function of the pipeline also used where no
+        pipeline is rewritten, or a tensor of the pipeline used after the batching call.
+        Check the result with `tfmigrate verify`.
     """
 
     valid = [

@@ -18,16 +18,33 @@ the Coordinator / ``start_queue_runners`` scaffolding. The three rules attach th
 their findings (whichever is applied first makes the others disappear), and say what blocks the
 rewrite where there is no edit.
 
-Recognised, within one block of statements (a function body or the module):
+Recognised, within one block of statements (a function body or the module; the blocks of
+`with tf.name_scope(...)`, variable scopes and device scopes count as part of the block around
+them, see ``_Survey.flat``):
 
 - a producer: ``q = string_input_producer(files, num_epochs, shuffle, seed)`` read by a
   ``TFRecordReader()``, ``TextLineReader()`` or ``FixedLengthRecordReader(record_bytes, ...)``
   (``k, v = reader.read(q)``, the reader on its own line or inline), or
-  ``a, b = slice_input_producer([x, y], num_epochs, shuffle, seed)``;
+  ``a, b = slice_input_producer([x, y], num_epochs, shuffle, seed)`` (or the list kept under one
+  name and read by position), or an index or row queue the program dequeues
+  (``i = range_input_producer(n).dequeue()``, ``row = input_producer(rows).dequeue()``);
 - the statements between the read and the batching call that depend on what was read: they
   become the body of a nested ``def _parse(...)`` used by ``.map`` (the others stay where they
   are);
-- ``tf.train.batch`` / ``tf.train.shuffle_batch`` over those tensors, assigned or returned.
+- ``tf.train.batch`` / ``tf.train.shuffle_batch`` over those tensors, assigned or returned
+  (``enqueue_many=True`` over ``tf.constant``s made in the block needs no producer).
+
+Across functions, as public TF1 code splits a pipeline (each function rewritten once for all
+its callers, or not at all: ``_Planner._settle``):
+
+- a reader function given the queue (``read_and_decode(filename_queue)``, cifar10's
+  ``read_cifar10``) decodes the record it is given instead, its call running in the map;
+- a batching helper given the examples (cifar10's ``_generate_image_and_label_batch``) is given
+  their dataset instead;
+- a function that makes its own queue and returns its examples (``read_and_decode(filename)``)
+  returns their dataset, which the caller batches;
+- a reader function that batches too (``read_and_decode(filename_queue, batch_size)``) is given
+  the dataset of the queue's records.
 """
 
 from __future__ import annotations
