@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.rewrites.pipelines import COORDINATOR, START_QUEUE_RUNNERS, module_plan
+from tfmigrate.rewrites.pipelines import module_plan
+from tfmigrate.rewrites.queue_syntax import COORDINATOR, START_QUEUE_RUNNERS
 from tfmigrate.rule import FixSafety, Invalid, Rule
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT, QUEUE_RUNNERS
 

@@ -57,48 +57,21 @@ import libcst as cst
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, enclosing, find, module_parents, name_reads, names_used, scope_bindings,
+    blank_lines_unindented, enclosing, find, module_parents, name_reads, names_used, scope_bindings, single_small,
+)
+from tfmigrate.cst.walker import visit_read_only
+from tfmigrate.rewrites.queue_scaffolding import ScaffoldPlan, Scaffolding
+from tfmigrate.rewrites.queue_syntax import (
+    BATCH_PARAMS, DEQUEUED_PARAMS, PRODUCER_PARAMS, RANGE_PRODUCER, READERS, SCOPES, SHUFFLE_BATCH, SLICE_PRODUCER,
+    START_QUEUE_RUNNERS, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
+    check_read_by_position, dequeue_of, flat_target_names, handed_call, plain_target, portable_settings, queue_line,
+    plain_tensor, short_name, written_out,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
-from tfmigrate.cst.walker import visit_read_only
-from tfmigrate.rewrites.refusal import Refused
 
 if TYPE_CHECKING:
     from tfmigrate.rule import Rule
-
-STRING_PRODUCER = "tensorflow.train.string_input_producer"
-SLICE_PRODUCER = "tensorflow.train.slice_input_producer"
-RANGE_PRODUCER = "tensorflow.train.range_input_producer"
-INPUT_PRODUCER = "tensorflow.train.input_producer"
-#: The producers whose queue a program may dequeue itself, element by element.
-DEQUEUED_PARAMS = {
-    RANGE_PRODUCER: ("limit", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name"),
-    INPUT_PRODUCER: ("input_tensor", "element_shape", "num_epochs", "shuffle", "seed", "capacity", "shared_name",
-                     "summary_name", "name", "cancel_op"),
-}
-PRODUCER_PARAMS = {
-    STRING_PRODUCER: ("string_tensor", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name", "cancel_op"),
-    SLICE_PRODUCER: ("tensor_list", "num_epochs", "shuffle", "seed", "capacity", "shared_name", "name"),
-}
-BATCH = "tensorflow.train.batch"
-SHUFFLE_BATCH = "tensorflow.train.shuffle_batch"
-BATCH_PARAMS = {
-    BATCH: ("tensors", "batch_size", "num_threads", "capacity", "enqueue_many", "shapes", "dynamic_pad", "allow_smaller_final_batch", "shared_name", "name"),
-    SHUFFLE_BATCH: ("tensors", "batch_size", "capacity", "min_after_dequeue", "num_threads", "seed", "enqueue_many", "shapes", "allow_smaller_final_batch", "shared_name", "name"),
-}
-#: Reader -> (the tf.data dataset that reads the same files, its parameters).
-READERS = {
-    "tensorflow.TFRecordReader": ("TFRecordDataset", ("name", "options")),
-    "tensorflow.TextLineReader": ("TextLineDataset", ("skip_header_lines", "name")),
-    "tensorflow.FixedLengthRecordReader": (
-        "FixedLengthRecordDataset", ("record_bytes", "header_bytes", "footer_bytes", "hop_bytes", "name", "encoding"),
-    ),
-}
-#: `with` blocks a pipeline's statements may run into and out of (see ``_Survey.flat``).
-SCOPES = ("name_scope", "variable_scope", "device")
-COORDINATOR = "tensorflow.train.Coordinator"
-START_QUEUE_RUNNERS = "tensorflow.train.start_queue_runners"
 
 FIX_TITLE = "rewrite the queue input pipeline with tf.data"
 
@@ -138,56 +111,6 @@ def module_plan(rule: "Rule") -> ModulePlan:
 
 # --- small syntax helpers ---------------------------------------------------------------
 
-def _target_names(target: cst.BaseExpression) -> list[str] | None:
-    """Names bound by an assignment target (a name or a flat tuple/list of names)."""
-    if isinstance(target, cst.Name):
-        return [target.value]
-    if isinstance(target, (cst.Tuple, cst.List)) and all(isinstance(e.value, cst.Name) for e in target.elements):
-        return [e.value.value for e in target.elements]  # type: ignore[attr-defined]
-    return None
-
-
-def _plain_target(target: cst.BaseExpression) -> bool:
-    """A target the batch's results can be assigned to as they were: names or attributes
-    (`images, labels = ...`, `self.images, self.labels = ...`)."""
-    if isinstance(target, (cst.Tuple, cst.List)):
-        return bool(target.elements) and all(isinstance(e.value, (cst.Name, cst.Attribute)) for e in target.elements)
-    return isinstance(target, (cst.Name, cst.Attribute))
-
-
-def _only(statement: cst.BaseStatement) -> cst.BaseSmallStatement | None:
-    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
-        return statement.body[0]
-    return None
-
-
-def _assign(statement: cst.BaseStatement) -> tuple[cst.BaseExpression, cst.BaseExpression] | None:
-    small = _only(statement)
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
-        return small.targets[0].target, small.value
-    return None
-
-
-def _dequeue_of(value: cst.BaseExpression, is_queue) -> bool:
-    """`<queue>.dequeue()`, the queue passing ``is_queue``."""
-    return (isinstance(value, cst.Call) and not value.args and isinstance(value.func, cst.Attribute)
-            and value.func.attr.value == "dequeue" and is_queue(value.func.value))
-
-
-def _assigned_names(statement: cst.BaseStatement) -> set[str]:
-    names: set[str] = set()
-    if isinstance(statement, cst.SimpleStatementLine):
-        for small in statement.body:
-            targets = []
-            if isinstance(small, cst.Assign):
-                targets = [t.target for t in small.targets]
-            elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
-                targets = [small.target]
-            for target in targets:
-                names |= set(_target_names(target) or [])
-    return names
-
-
 class _Survey(cst.CSTVisitor):
     """One walk of the module: every statement block, and for each call the block statement it
     is in; every call with its resolved name; every Name node; whether tf.data is used."""
@@ -214,13 +137,13 @@ class _Survey(cst.CSTVisitor):
         input pipeline often runs into and out of one (cifar10's `data_augmentation`)."""
         flat: list[cst.BaseStatement] = []
         for statement in body:
-            if isinstance(statement, cst.With) and self.scope_only(statement):
+            if isinstance(statement, cst.With) and self.scopesingle_small(statement):
                 flat.extend(self.flat(statement.body.body))
             else:
                 flat.append(statement)
         return flat
 
-    def scope_only(self, statement: cst.With) -> bool:
+    def scopesingle_small(self, statement: cst.With) -> bool:
         for item in statement.items:
             qualified = self.rule.call_name(item.item) or ""
             if not (qualified.startswith("tensorflow.") and qualified.rsplit(".", 1)[1] in SCOPES):
@@ -256,10 +179,6 @@ class _Survey(cst.CSTVisitor):
 
 
 # --- the analysis -----------------------------------------------------------------------
-
-class Blocked(Refused):
-    """The pipeline does not have a shape the rewrite handles; the text says why."""
-
 
 @dataclass
 class _Batch:
@@ -356,31 +275,6 @@ def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], c
     return params, smaller
 
 
-def _plain_tensor(node: cst.BaseExpression) -> bool:
-    """A batched tensor the rewrite can return from the map function: a name, an element of a
-    producer's list or a parsed dict (`input_queue[1]`, `features["label"]`), or a record's
-    field (`record.label`)."""
-    if isinstance(node, cst.Name):
-        return True
-    if isinstance(node, cst.Attribute):
-        return _plain_tensor(node.value)
-    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Name) and len(node.slice) == 1:
-        index = node.slice[0].slice  # `queue[1]`, `features["label"]`
-        return isinstance(index, cst.Index) and isinstance(index.value, (cst.Integer, cst.SimpleString))
-    return False
-
-
-def _batched_tensors(tensors: cst.BaseExpression | None) -> tuple[list[cst.BaseExpression], bool]:
-    """The batched tensors, and whether they are batched as a list (`[image, label]`)."""
-    if isinstance(tensors, (cst.List, cst.Tuple)) and tensors.elements:
-        nodes = [e.value for e in tensors.elements]
-        if all(_plain_tensor(node) for node in nodes):
-            return nodes, True
-    if isinstance(tensors, cst.Name):
-        return [tensors], False
-    raise Blocked("the batched tensors are not a list of names (`[image, label]`)")
-
-
 def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseStatement]:
     """The statements between the producer and the batching call that work on what was read."""
     body, tainted = batch.body, source.tainted
@@ -396,149 +290,9 @@ def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseSt
             if not isinstance(current, cst.SimpleStatementLine):
                 raise Blocked("a compound statement (if/for/with) between the read and the batching call")
             parse.append(current)
-            tainted |= _assigned_names(current)
+            tainted |= assigned_names(current)
     _check_pipeline_uses(batch, source.consumed, tainted)
     return parse
-
-
-def _portable_settings(body: Sequence[cst.BaseStatement], end: int, code: Callable[[cst.CSTNode], str],
-                       local: set[str]) -> dict[str, cst.BaseExpression]:
-    """The names and record fields a function's block sets, before its statement ``end``, to
-    arithmetic on literals and names that are not the function's own (``local``): cifar10's
-    `label_bytes = 1`, `result.height = 32` (or `= IMAGE_SIZE`), `record_bytes = label_bytes +
-    image_bytes`. Their code -> the expression, its settings written out: what the caller can
-    compute too. A name bound otherwise, or in a compound statement, is left out."""
-    settings: dict[str, cst.BaseExpression] = {}
-
-    def forget(target: str) -> None:  # `result = ...` also resets `result.height`
-        for known in [k for k in settings if k == target or k.startswith(f"{target}.")]:
-            del settings[known]
-
-    for statement in body[:end]:  # in the order they run: the last setting before `end` holds
-        assigned = _assign(statement)
-        if assigned is None:
-            for bound in scope_bindings(statement):
-                forget(bound)
-            continue
-        target = code(assigned[0])
-        value = _written_out(assigned[1], settings)
-        forget(target)
-        if _arithmetic(value, local):
-            settings[target] = value
-    return settings
-
-
-def _arithmetic(node: cst.BaseExpression, local: set[str]) -> bool:
-    """Arithmetic on numbers and on names (or their fields) that are not in ``local``."""
-    if isinstance(node, (cst.Integer, cst.Float)):
-        return True
-    if isinstance(node, cst.Name):
-        return node.value not in local
-    if isinstance(node, cst.Attribute):
-        return isinstance(node.value, (cst.Name, cst.Attribute)) and _arithmetic(node.value, local)
-    if isinstance(node, cst.UnaryOperation):
-        return isinstance(node.operator, cst.Minus) and _arithmetic(node.expression, local)
-    if isinstance(node, cst.BinaryOperation):
-        return isinstance(node.operator, (cst.Add, cst.Subtract, cst.Multiply, cst.FloorDivide)) and \
-            _arithmetic(node.left, local) and _arithmetic(node.right, local)
-    return False
-
-
-def _written_out(node, settings: dict[str, cst.BaseExpression]):
-    """``node`` with the names and fields in ``settings`` replaced by their expressions (in
-    parentheses where they are operations); keyword names stay."""
-    if not settings:
-        return node
-
-    class WriteOut(cst.CSTTransformer):
-        def leave_Name(self, original, updated):
-            return _setting(original, updated)
-
-        def leave_Attribute(self, original, updated):
-            return _setting(original, updated.with_changes(attr=original.attr))  # `x.height`: no name read
-
-        def leave_Arg(self, original, updated):
-            value = updated.value
-            if value is not original.value and isinstance(original.value, (cst.Name, cst.Attribute)):
-                value = value.with_changes(lpar=[], rpar=[])  # the whole argument: no parentheses
-            return updated.with_changes(keyword=original.keyword, value=value)  # a keyword is a parameter's name
-
-    def _setting(original, updated):
-        value = settings.get(cst.Module([]).code_for_node(original))
-        if value is None:
-            return updated
-        if isinstance(value, cst.BinaryOperation):
-            return value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        return value
-
-    return node.visit(WriteOut())
-
-
-def _callee_name(call: cst.Call) -> cst.Name:
-    """The name a call of a module function (`f(...)`) or method (`self.f(...)`) uses."""
-    return call.func.attr if isinstance(call.func, cst.Attribute) else call.func  # type: ignore[return-value]
-
-
-def _short_name(func: cst.BaseExpression) -> str:
-    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-
-
-def _handed_call(call: cst.Call, arguments: list[cst.Arg], dataset: str) -> cst.Call:
-    """A batching helper's call given the dataset for its first example and without the others."""
-    args = []
-    for arg in call.args:
-        if arg is arguments[0]:
-            args.append(arg.with_changes(value=cst.Name(dataset)))
-        elif not any(arg is other for other in arguments[1:]):
-            args.append(arg)
-    if args and call.args and args[-1] is not call.args[-1]:
-        args[-1] = args[-1].with_changes(comma=call.args[-1].comma)
-    return call.with_changes(args=args)
-
-
-def _queue_line(body: Sequence[cst.BaseStatement], produced: int, dequeued: int, call: cst.Call) -> list[cst.BaseStatement]:
-    """`q = producer(n)` on a line of its own, dequeued later (`i = q.dequeue()`): that line,
-    which goes. Refused when the producer's arguments are set again before the dequeue, where
-    the dataset that replaces both will read them."""
-    if produced == dequeued:
-        return []
-    rebound = set().union(*(_assigned_names(s) for s in body[produced + 1:dequeued])) & names_used(call)
-    if rebound:
-        raise Blocked(f"`{sorted(rebound)[0]}` is set again between the producer and its `dequeue()`")
-    return [body[produced]]
-
-
-def _check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement]) -> None:
-    """The producer's list of slices, kept under one name, is only read by position
-    (`queue[0]`, `queue[-1]`, `queue[1:]`) or unpacked: what a tuple of them does the same."""
-    unsupported: list[str] = []
-
-    class Uses(cst.CSTVisitor):
-        def visit_Subscript(self, node: cst.Subscript) -> bool:
-            if isinstance(node.value, cst.Name) and node.value.value == queue:
-                for element in node.slice:
-                    visit_read_only(element, self)
-                return False
-            return True
-
-        def visit_Assign(self, node: cst.Assign) -> bool:
-            if isinstance(node.value, cst.Name) and node.value.value == queue and all(
-                    isinstance(t.target, (cst.Tuple, cst.List)) for t in node.targets):
-                return False  # `image, label = queue`
-            return True
-
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            visit_read_only(node.value, self)
-            return False
-
-        def visit_Name(self, node: cst.Name) -> None:
-            if node.value == queue:
-                unsupported.append(node.value)
-
-    for statement in statements:
-        visit_read_only(statement, Uses())
-    if unsupported:
-        raise Blocked(f"`{queue}`, the producer's list of slices, is used otherwise than by position (`{queue}[0]`)")
 
 
 def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str]) -> None:
@@ -551,7 +305,7 @@ def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str
         names_used(arg.value) & parse_names for arg in call.args if not any(arg.value is t for t in tensors)
     ):
         raise Blocked("the batching arguments depend on the parsed tensors")
-    rebound = set(_target_names(batch.outputs) or []) if batch.outputs is not None else set()
+    rebound = set(flat_target_names(batch.outputs) or []) if batch.outputs is not None else set()
     # Read again before being bound afresh (`_, loss = sess.run(...)` binds a parse's `_` anew).
     if reads_first(body[b + 1:], (parse_names | consumed) - rebound):
         raise Blocked("a tensor of the queue pipeline is used after the batching call")
@@ -621,7 +375,7 @@ class _Planner:
             )
         else:
             try:
-                scaffolding = _Scaffolding(self).plan()
+                scaffolding = Scaffolding(self.calls, self.module).plan()
             except Blocked as blocked:
                 scaffolding_blocker = str(blocked)
         edit = None
@@ -643,8 +397,8 @@ class _Planner:
         if id(call) not in self.blocks.of_call:
             return None
         body, index = self.blocks.of_call[id(call)]
-        assigned = _assign(body[index])
-        if assigned is not None and _dequeue_of(assigned[1], lambda queue: queue is call):
+        assigned = assignment(body[index])
+        if assigned is not None and dequeue_of(assigned[1], lambda queue: queue is call):
             return assigned[1], index
         if assigned is None or assigned[1] is not call or not isinstance(assigned[0], cst.Name):
             return None
@@ -652,8 +406,8 @@ class _Planner:
         if sum(1 for n in self.calls.names if n.value == queue) != 2:  # bound here, read once
             return None
         for later in range(index + 1, len(body)):
-            read = _assign(body[later])
-            if read is not None and _dequeue_of(read[1], lambda q: isinstance(q, cst.Name) and q.value == queue):
+            read = assignment(body[later])
+            if read is not None and dequeue_of(read[1], lambda q: isinstance(q, cst.Name) and q.value == queue):
                 return read[1], later
         return None
 
@@ -666,14 +420,14 @@ class _Planner:
         pipeline = Pipeline(batch_call=dequeue, producer_call=call)
         body, produced = self.blocks.of_call[id(call)]
         try:
-            pipeline.removed = _queue_line(body, produced, index, call)
+            pipeline.removed = queue_line(body, produced, index, call)
             producer = self._producer_args(body[index], call, qualified)
         except Blocked as blocked:
             pipeline.blocker = str(blocked)
             return pipeline
         name, chain = self._dequeued_chain(producer, qualified)
         iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
-        target = self.code(_assign(body[index])[0])
+        target = self.code(assignment(body[index])[0])
         dataset_name = self._free(name, body[index])
         lines = "\n".join(f"    {piece}" for piece in chain)
         dataset = cst.parse_statement(f"{dataset_name} = (\n{lines}\n)\n").with_changes(leading_lines=body[index].leading_lines)
@@ -690,7 +444,7 @@ class _Planner:
         if found is None or found[1] >= b:
             raise Blocked("the producer's queue is not dequeued once, with `.dequeue()`, before the batching call")
         index = found[1]
-        removed = _queue_line(body, p, index, call) + [body[index]]
+        removed = queue_line(body, p, index, call) + [body[index]]
         producer = self._producer_args(body[index], call, qualified)
         if not isinstance(producer.target, cst.Name):
             raise Blocked("assign the `dequeue()` to a name")
@@ -781,7 +535,7 @@ class _Planner:
         batched = []  # the tensors of every batching call in the helper (`if shuffle: ... else: ...`)
         for other, qualified in self.calls.calls:
             if qualified in BATCH_PARAMS and self._function_of(other) is helper:
-                tensors, _ = _batched_tensors(argument(other, BATCH_PARAMS[qualified], "tensors"))
+                tensors, _ = batched_tensors(argument(other, BATCH_PARAMS[qualified], "tensors"))
                 if [self.code(t) for t in tensors] != batch.returned:
                     raise Blocked(f"`{name}` batches different examples in its batching calls")
                 batched += tensors
@@ -813,20 +567,20 @@ class _Planner:
         name = function.name.value
         returned, returned_code, as_tuple = self._examples_plan(function)  # the function's own rewrite, planned once
         statement = batch.body[index]
-        target = _assign(statement)[0]  # type: ignore[index]
-        names = _target_names(target) or []
+        target = assignment(statement)[0]  # type: ignore[index]
+        names = flat_target_names(target) or []
         if len(names) != len(returned_code) or isinstance(target, cst.Name) == as_tuple:
             raise Blocked(f"`{name}`'s examples are not unpacked as it returns them")
         examples = self._free("examples", statement)
         source = _Source(examples, names, [], [], set(names), set())
         parse = _parse_statements(batch, source, index)
-        given = statement.with_changes(body=[_only(statement).with_changes(targets=[cst.AssignTarget(cst.Name(examples))])])
+        given = statement.with_changes(body=[single_small(statement).with_changes(targets=[cst.AssignTarget(cst.Name(examples))])])
         pipeline.producer_call = returned.producer_call
         pipeline.removed = returned.removed + parse
         pipeline.replaced = {**returned.replaced, id(statement): [given], id(batch.statement): self._replacement(batch, source, parse)}
         pipeline.renamed = returned.renamed
         pipeline.groups = {name} | returned.groups
-        pipeline.covers = {id(_callee_name(call))} | returned.covers
+        pipeline.covers = {id(called_name(call))} | returned.covers
         return True
 
     def _examples_call(self, batch: _Batch) -> tuple[int, cst.Call, cst.FunctionDef] | None:
@@ -835,9 +589,9 @@ class _Planner:
         needed = set(batch.returned_names)  # followed back through the statements that compute them
         for index in range(batch.index - 1, -1, -1):
             statement = batch.body[index]
-            if not _assigned_names(statement) & needed:
+            if not assigned_names(statement) & needed:
                 continue
-            assigned = _assign(statement)
+            assigned = assignment(statement)
             call = assigned[1] if assigned is not None else None
             function = self._callee(call) if isinstance(call, cst.Call) else None
             if function is not None:
@@ -867,7 +621,7 @@ class _Planner:
             raise Blocked(f"`{name}` does not end with one `return` of its examples")
         body, index = place
         value = returns[0].value
-        tensors, as_tuple = _batched_tensors(value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.Tuple) else value)
+        tensors, as_tuple = batched_tensors(value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.Tuple) else value)
         producer = self._producer(body, index)
         if producer is None or index != len(body) - 1:
             raise Blocked(f"`{name}` returns examples it does not make from a queue of its own")
@@ -924,7 +678,7 @@ class _Planner:
         caller makes and passes becomes the dataset of its files' records (``reader``: the
         dataset class, its arguments and skip)."""
         name = function.name.value
-        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(_callee_name(call))})
+        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(called_name(call))})
         try:
             argument_node = self._bound_argument(call, self._parameters(function), param, name)
             body, index = self.blocks.of_call[id(call)]
@@ -948,11 +702,11 @@ class _Planner:
 
     def _portable_reader(self, function: cst.FunctionDef, body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
         """The reader a function makes, its arguments written out so that a caller can make the
-        same dataset (``_portable_settings``); its statement is added to ``removed``."""
+        same dataset (``portable_settings``); its statement is added to ``removed``."""
         name = function.name.value
         reader_call = self._reader_call(body, read, removed)
         local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
-        reader_call = _written_out(reader_call, _portable_settings(body, list(body).index(removed[-1]), self.code, local))
+        reader_call = written_out(reader_call, portable_settings(body, list(body).index(removed[-1]), self.code, local))
         if names_used(reader_call, keywords=False) & local:
             raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
         return reader_call
@@ -962,7 +716,7 @@ class _Planner:
         parameters the helper batches), made from a queue in the caller's block, become a
         dataset passed in their place."""
         name = helper.name.value
-        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(_callee_name(call))})
+        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(called_name(call))})
         try:
             caller_body, index = self.blocks.of_call[id(call)]
             arguments = [self._bound_argument(call, self._parameters(helper), param, name) for param in taken]
@@ -974,13 +728,13 @@ class _Planner:
             statement = caller_body[index]
             threads = batch.threads if isinstance(batch.threads, cst.Integer) else None  # a helper's own setting stays there
             handed = _Batch(call, batch.qualified, tuple(q.name.value for q in self._parameters(helper)), None, caller_body,
-                            index, statement, _assign(statement)[0] if _assign(statement) else None,
+                            index, statement, assignment(statement)[0] if assignment(statement) else None,
                             [a.value for a in arguments], [self.code(a.value) for a in arguments], True, False, threads)
             source = self._source(caller_body, p, index, producer_call, producer_name)
             parse = _parse_statements(handed, source, p)
 
             def hand_on(dataset: str) -> cst.BaseStatement:
-                return statement.deep_replace(call, _handed_call(call, arguments, dataset))
+                return statement.deep_replace(call, handed_call(call, arguments, dataset))
 
             pipeline.replaced = {id(statement): self._replacement(handed, source, [source.rewritten.get(id(s), s) for s in parse], hand_on)}
             pipeline.removed = list(source.removed) + parse
@@ -1052,7 +806,7 @@ class _Planner:
                 return arg
         positional = [a for a in call.args if a.keyword is None]
         position = params.index(param)
-        if position < len(positional) and _plain_tensor(positional[position].value):
+        if position < len(positional) and plain_tensor(positional[position].value):
             return positional[position]
         raise Blocked(f"the example `{param.name.value}` that `{name}` batches is not passed as a name")
 
@@ -1063,15 +817,15 @@ class _Planner:
             raise Blocked("the batching call is not in a statement block")
         body, b = self.blocks.of_call[id(call)]
         statement = body[b]
-        small = _only(statement)
-        assigned = _assign(statement)
-        if assigned is not None and assigned[1] is call and _plain_target(assigned[0]):
+        small = single_small(statement)
+        assigned = assignment(statement)
+        if assigned is not None and assigned[1] is call and plain_target(assigned[0]):
             outputs = assigned[0]
         elif isinstance(small, cst.Return) and small.value is call:
             outputs = None
         else:
             raise Blocked("assign or return the batching call on a line of its own")
-        tensors, as_tuple = _batched_tensors(argument(call, params, "tensors"))
+        tensors, as_tuple = batched_tensors(argument(call, params, "tensors"))
         enqueue_many = is_true(argument(call, params, "enqueue_many"))
         return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors,
                       [self.code(t) for t in tensors], as_tuple, enqueue_many, argument(call, params, "num_threads"))
@@ -1160,11 +914,11 @@ class _Planner:
     def _producer(self, body, b: int):
         """The closest producer statement before ``b``: (index, call, qualified)."""
         for index in range(b - 1, -1, -1):
-            assigned = _assign(body[index])
+            assigned = assignment(body[index])
             if assigned is None or not isinstance(assigned[1], cst.Call):
                 continue
             call = assigned[1]
-            if _dequeue_of(call, lambda queue: isinstance(queue, cst.Call)):  # `producer(n).dequeue()`
+            if dequeue_of(call, lambda queue: isinstance(queue, cst.Call)):  # `producer(n).dequeue()`
                 call = call.func.value  # type: ignore[attr-defined]
             qualified = self.rule.call_name(call)
             if qualified in PRODUCER_PARAMS or qualified in DEQUEUED_PARAMS:
@@ -1191,9 +945,9 @@ class _Planner:
         other rows at each enqueue, which a dataset made once would not see.)"""
         constants = {}
         for statement in batch.body[:batch.index]:
-            for name in _assigned_names(statement):
+            for name in assigned_names(statement):
                 constants.pop(name, None)
-            assigned = _assign(statement)
+            assigned = assignment(statement)
             if assigned is not None and isinstance(assigned[0], cst.Name) and isinstance(assigned[1], cst.Call) \
                     and self.rule.call_name(assigned[1]) == "tensorflow.constant":
                 constants[assigned[0].value] = assigned[1]
@@ -1215,7 +969,7 @@ class _Planner:
         for unsupported in ("shared_name", "cancel_op"):
             if argument(call, params, unsupported) is not None:
                 raise Blocked(f"the producer's `{unsupported}=` has no tf.data equivalent")
-        target, _ = _assign(statement)  # type: ignore[misc]
+        target, _ = assignment(statement)  # type: ignore[misc]
         source = argument(call, params, params[0])
         if source is None:
             raise Blocked("the producer has no input")
@@ -1236,9 +990,9 @@ class _Planner:
         chain: list[str] = []
         if not isinstance(source, (cst.List, cst.Tuple)):
             raise Blocked("pass `slice_input_producer` a list of tensors (`[x, y]`)")
-        names = _target_names(target)
+        names = flat_target_names(target)
         if isinstance(target, cst.Name):
-            _check_read_by_position(target.value, uses)
+            check_read_by_position(target.value, uses)
             params, tainted = [f"*{target.value}"], {target.value}
         elif names is not None and len(names) == len(source.elements):
             params, tainted = names, set(names)
@@ -1274,7 +1028,7 @@ class _Planner:
         before it in ``body`` (that statement is added to ``removed``)."""
         if read.reader_name is not None:
             for index in range(read.index - 1, -1, -1):
-                assigned = _assign(body[index])
+                assigned = assignment(body[index])
                 if assigned is not None and isinstance(assigned[0], cst.Name) and assigned[0].value == read.reader_name and isinstance(assigned[1], cst.Call):
                     removed.append(body[index])
                     return assigned[1]
@@ -1314,7 +1068,7 @@ class _Planner:
         record = read.value_name if read.value_name not in block_names else self._free("record", statement)
         rewritten = {id(statement): statement.deep_replace(argument_node.value, cst.Name(record))}
         return _Source(source_text, [record], chain, removed + inner_removed, {queue}, set(), rewritten=rewritten,
-                       renamed={id(parameter): read.value_name}, groups={name}, covers={id(_callee_name(call))})
+                       renamed={id(parameter): read.value_name}, groups={name}, covers={id(called_name(call))})
 
     def _reader_function(self, statement: cst.BaseStatement, queue: str) -> tuple[cst.Call, cst.Arg, cst.FunctionDef, cst.Param]:
         """In ``statement``, the one call given the queue, the argument that passes it, the
@@ -1350,7 +1104,7 @@ class _Planner:
                 elif isinstance(statement, cst.ClassDef):
                     for member in statement.body.body:
                         if isinstance(member, cst.FunctionDef):
-                            decorators = {_short_name(d.decorator) for d in member.decorators}
+                            decorators = {short_name(d.decorator) for d in member.decorators}
                             bound = "staticmethod" not in decorators
                             self._defined.append(_Definition(member, statement.name.value, bound))
         return self._defined
@@ -1358,7 +1112,7 @@ class _Planner:
     def _read(self, body, p: int, b: int, queue: str) -> _Read | None:
         """The first `key, value = reader.read(queue)` between the producer and the batching call."""
         for index in range(p + 1, b):
-            assigned = _assign(body[index])
+            assigned = assignment(body[index])
             if assigned is None or not isinstance(assigned[1], cst.Call):
                 continue
             func = assigned[1].func
@@ -1453,136 +1207,6 @@ class _Planner:
         return function.with_changes(body=cst.IndentedBlock(body=body), leading_lines=())
 
 
-# --- the Coordinator / start_queue_runners scaffolding ----------------------------------
-
-@dataclass
-class ScaffoldPlan:
-    remove: set[int] = field(default_factory=set)  # statements (ids) that go
-    reraise: set[int] = field(default_factory=set)  # `coord.request_stop(e)` -> `raise`
-    while_tests: dict[int, cst.BaseExpression] = field(default_factory=dict)  # While (id) -> new test
-
-
-class _Scaffolding:
-    def __init__(self, planner: _Planner) -> None:
-        self.planner = planner
-        self.rule = planner.rule
-
-    def plan(self) -> ScaffoldPlan | None:
-        plan = ScaffoldPlan()
-        starters = [c for c, q in self.planner.calls.calls if q == START_QUEUE_RUNNERS]
-        coordinators = [c for c, q in self.planner.calls.calls if q == COORDINATOR]
-        if not starters and not coordinators:
-            return None
-        thread_names: set[str] = set()
-        coord_names: set[str] = set()
-        for call in starters + coordinators:
-            body, index = self.planner.blocks.of_call.get(id(call), ((), -1))
-            if index < 0:
-                raise Blocked("the queue-runner call is not in a statement block")
-            statement = body[index]
-            small = _only(statement)
-            assigned = _assign(statement)
-            is_coordinator = any(call is c for c in coordinators)
-            if isinstance(small, cst.Expr) and small.value is call:
-                pass
-            elif assigned is not None and assigned[1] is call and isinstance(assigned[0], cst.Name):
-                (coord_names if is_coordinator else thread_names).add(assigned[0].value)
-            elif is_coordinator and self._inside_starter(statement, starters):
-                pass
-            else:
-                raise Blocked("put `start_queue_runners(...)` and `Coordinator()` on lines of their own")
-            plan.remove.add(id(statement))
-        self._uses(plan, coord_names, thread_names)
-        return plan
-
-    def _inside_starter(self, statement, starters) -> bool:
-        small = _only(statement)
-        value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-        return any(value is s for s in starters)
-
-    def _uses(self, plan: ScaffoldPlan, coords: set[str], threads: set[str]) -> None:
-        """Every other use of the coordinator and the thread list must be scaffolding too."""
-        module = self.planner.module
-        allowed: set[int] = set()  # Name nodes accounted for
-        planner = self
-
-        class Uses(cst.CSTVisitor):
-            def __init__(self) -> None:
-                self.except_names: list[str | None] = []
-
-            def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-                name = node.name.name.value if node.name is not None and isinstance(node.name.name, cst.Name) else None
-                self.except_names.append(name)
-
-            def leave_ExceptHandler(self, node: cst.ExceptHandler) -> None:
-                self.except_names.pop()
-
-            def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
-                if id(node) in plan.remove:
-                    allowed.update(id(n) for n in find(node, cst.Name))
-                    return
-                small = _only(node)
-                if not isinstance(small, cst.Expr) or not isinstance(small.value, cst.Call):
-                    return
-                func = small.value.func
-                if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name) and func.value.value in coords):
-                    return
-                args = small.value.args
-                if func.attr.value == "join" and all(names_used(a.value) <= threads | coords for a in args):
-                    plan.remove.add(id(node))
-                elif func.attr.value == "request_stop" and not args:
-                    plan.remove.add(id(node))
-                elif func.attr.value == "request_stop" and len(args) == 1 and isinstance(args[0].value, cst.Name) \
-                        and self.except_names and args[0].value.value == self.except_names[-1]:
-                    plan.reraise.add(id(node))  # coord.join(threads) would have re-raised it
-                else:
-                    return
-                allowed.update(id(n) for n in find(node, cst.Name))
-
-            def visit_If(self, node: cst.If) -> None:
-                # `if coord.should_stop(): break`
-                if node.orelse is None and planner._should_stop(node.test, coords) and len(node.body.body) == 1:
-                    only = _only(node.body.body[0])
-                    if isinstance(only, cst.Break):
-                        plan.remove.add(id(node))
-                        allowed.update(id(n) for n in find(node.test, cst.Name))
-
-            def visit_While(self, node: cst.While) -> None:
-                test = planner._without_should_stop(node.test, coords)
-                if test is not node.test:
-                    plan.while_tests[id(node)] = test
-                    allowed.update(id(n) for n in find(node.test, cst.Name))
-
-        visit_read_only(module, Uses())
-        for name in self.planner.calls.names:
-            if name.value in coords | threads and id(name) not in allowed:
-                if name.value in coords:
-                    raise Blocked(f"`{name.value}` (the Coordinator) is also used for something else than the queue runners")
-                raise Blocked(f"the queue-runner threads `{name.value}` are used for something else than `join`")
-
-    @staticmethod
-    def _should_stop(node: cst.BaseExpression, coords: set[str]) -> bool:
-        return (
-            isinstance(node, cst.Call) and not node.args and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value == "should_stop" and isinstance(node.func.value, cst.Name)
-            and node.func.value.value in coords
-        )
-
-    def _not_should_stop(self, node: cst.BaseExpression, coords: set[str]) -> bool:
-        return isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not) and self._should_stop(node.expression, coords)
-
-    def _without_should_stop(self, test: cst.BaseExpression, coords: set[str]) -> cst.BaseExpression:
-        """`not coord.should_stop()` -> True; `not coord.should_stop() and x` -> x."""
-        if self._not_should_stop(test, coords):
-            return cst.Name("True")
-        if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-            if self._not_should_stop(test.left, coords):
-                return test.right
-            if self._not_should_stop(test.right, coords):
-                return test.left
-        return test
-
-
 # --- applying it ------------------------------------------------------------------------
 
 class _Rewrite(cst.CSTTransformer):
@@ -1628,7 +1252,7 @@ class _Rewrite(cst.CSTTransformer):
     def leave_With(self, original_node, updated_node):
         # A name scope (or device) left holding nothing but the `pass` put there goes too.
         if self._emptied(updated_node.body) and all(
-                item.asname is None and isinstance(item.item, cst.Call) and _short_name(item.item.func) in SCOPES
+                item.asname is None and isinstance(item.item, cst.Call) and short_name(item.item.func) in SCOPES
                 for item in updated_node.items):
             return cst.RemovalSentinel.REMOVE
         return updated_node
