@@ -462,3 +462,14 @@ def test_a_reader_function_that_batches_and_uses_its_queue_otherwise_is_refused(
     code = READER_BATCHES.replace("        return tf.train.batch(", "        tf.summary.scalar('size', filename_queue.size())\n"
                                   "        return tf.train.batch(")
     assert _blocker(code) == "`read_batch` uses the filename queue otherwise than by reading it once"
+
+
+def test_a_slice_producer_s_list_batched_whole_is_the_dataset_of_its_tuples():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        data_queues = tf.train.slice_input_producer([trX, trY], shuffle=False)
+        X_all, labels_all = tf.train.batch(data_queues, batch_size=8, num_threads=1)
+        """)
+    assert ("dataset = (\n    tf.data.Dataset.from_tensor_slices((trX, trY))\n    .repeat()\n"
+            "    .batch(8, drop_remainder=True)\n") in fixed and "_parse" not in fixed

@@ -839,7 +839,9 @@ class _Planner:
         parse_fn = self._free("_parse", batch.statement)
         dataset = self._free(name, batch.statement)
         returned = self._shaped(batch) if hand_on is None else batch.returned
-        needs_map = bool(parse) or returned != source.params or not batch.as_tuple
+        # `tf.train.batch(queue, ...)` batches a slice producer's list whole: the dataset's tuples.
+        whole = source.params == [f"*{returned[0]}"] and len(returned) == 1 and not batch.as_tuple
+        needs_map = bool(parse) or not whole and (returned != source.params or not batch.as_tuple)
         if needs_map:
             parallel = ""
             if threads is not None and not (isinstance(threads, cst.Integer) and threads.value == "1"):
@@ -992,7 +994,7 @@ class _Planner:
             raise Blocked("pass `slice_input_producer` a list of tensors (`[x, y]`)")
         names = flat_target_names(target)
         if isinstance(target, cst.Name):
-            check_read_by_position(target.value, uses)
+            check_read_by_position(target.value, uses, uses[-1])
             params, tainted = [f"*{target.value}"], {target.value}
         elif names is not None and len(names) == len(source.elements):
             params, tainted = names, set(names)

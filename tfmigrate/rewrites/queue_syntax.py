@@ -226,12 +226,16 @@ def queue_line(body: Sequence[cst.BaseStatement], produced: int, dequeued: int, 
     return [body[produced]]
 
 
-def check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement]) -> None:
+def check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement], batching: cst.BaseStatement) -> None:
     """The producer's list of slices, kept under one name, is only read by position
-    (`queue[0]`, `queue[-1]`, `queue[1:]`) or unpacked: what a tuple of them does the same."""
+    (`queue[0]`, `queue[-1]`, `queue[1:]`), unpacked, or batched whole (`tf.train.batch(queue,
+    ...)` in ``batching``): what a tuple of them does the same."""
     unsupported: list[str] = []
 
     class Uses(cst.CSTVisitor):
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            return not (self.batching and isinstance(node.value, cst.Name) and node.value.value == queue)
+
         def visit_Subscript(self, node: cst.Subscript) -> bool:
             if isinstance(node.value, cst.Name) and node.value.value == queue:
                 for element in node.slice:
@@ -254,6 +258,8 @@ def check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement]) 
                 unsupported.append(node.value)
 
     for statement in statements:
-        visit_read_only(statement, Uses())
+        uses = Uses()
+        uses.batching = statement is batching
+        visit_read_only(statement, uses)
     if unsupported:
         raise Blocked(f"`{queue}`, the producer's list of slices, is used otherwise than by position (`{queue}[0]`)")
