@@ -473,3 +473,29 @@ def test_a_slice_producer_s_list_batched_whole_is_the_dataset_of_its_tuples():
         """)
     assert ("dataset = (\n    tf.data.Dataset.from_tensor_slices((trX, trY))\n    .repeat()\n"
             "    .batch(8, drop_remainder=True)\n") in fixed and "_parse" not in fixed
+
+
+def test_slices_of_a_variable_are_refused_a_one_shot_iterator_cannot_hold_it():
+    code = """
+        import tensorflow as tf
+
+        def inputs(images):
+            images_initializer = tf.placeholder(tf.float32, images.shape)
+            input_images = tf.Variable(images_initializer, trainable=False, collections=[])
+            image = tf.train.slice_input_producer([input_images], num_epochs=4, shuffle=False)[0]
+            return tf.train.batch([image], batch_size=8)
+        """
+    code = code.replace("[0]\n", "\n").replace("image = tf.train", "image, = tf.train")
+    assert _blocker(code).startswith("the dataset would read `input_images`, a `Variable`, which a one-shot iterator cannot hold")
+
+
+def test_a_map_function_reading_a_placeholder_is_refused():
+    code = """
+        import tensorflow as tf
+
+        scale = tf.placeholder(tf.float32, [])
+        x, y = tf.train.slice_input_producer([xs, ys], shuffle=False)
+        x = x * scale
+        xb, yb = tf.train.batch([x, y], batch_size=8)
+        """
+    assert _blocker(code).startswith("the dataset would read `scale`, a `placeholder`")

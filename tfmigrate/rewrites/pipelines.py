@@ -63,7 +63,7 @@ from tfmigrate.cst.walker import visit_read_only
 from tfmigrate.rewrites.queue_scaffolding import ScaffoldPlan, Scaffolding
 from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, DEQUEUED_PARAMS, PRODUCER_PARAMS, RANGE_PRODUCER, READERS, SCOPES, SHUFFLE_BATCH, SLICE_PRODUCER,
-    START_QUEUE_RUNNERS, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
+    START_QUEUE_RUNNERS, STATEFUL, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
     check_read_by_position, dequeue_of, flat_target_names, handed_call, plain_target, portable_settings, queue_line,
     plain_tensor, short_name, written_out,
 )
@@ -852,6 +852,7 @@ class _Planner:
                 source.chain.append(".unbatch()")
             self._batching_chain(batch, source.chain)
         lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
+        self._check_capturable(cst.parse_expression(f"(\n{lines}\n)"), parse, batch.statement)
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
             new_statements.append(self._parse_function(parse_fn, source.params, parse, returned, batch.as_tuple))
@@ -870,6 +871,26 @@ class _Planner:
         new_statements += [dataset_statement, consume]
         new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
         return new_statements
+
+    def _check_capturable(self, dataset: cst.BaseExpression, parse: list[cst.BaseStatement], near: cst.CSTNode) -> None:
+        """A one-shot iterator's dataset can hold constants and arrays but not a variable or a
+        placeholder (`Cannot capture a stateful node`): refuse where the dataset or its map
+        function reads a name the function (or module) binds to one (fully_connected_preloaded_var's
+        `input_images = tf.Variable(images_initializer, collections=[])`)."""
+        parse_free = set().union(*(names_used(s) for s in parse)) - set().union(*(assigned_names(s) for s in parse))
+        read = names_used(dataset) | parse_free
+        scope = enclosing(near, module_parents(self.rule.context), cst.FunctionDef)
+        for where in (scope, self.module) if scope is not None else (self.module,):
+            for assign in find(where, cst.Assign):
+                call = assign.value
+                qualified = self.rule.call_name(call) if isinstance(call, cst.Call) else None
+                if qualified is None or not qualified.startswith("tensorflow.") or qualified.rsplit(".", 1)[1] not in STATEFUL:
+                    continue
+                bound = {n for t in assign.targets for n in flat_target_names(t.target) or []}
+                for name in sorted(bound & read):
+                    raise Blocked(f"the dataset would read `{name}`, a `{qualified.rsplit('.', 1)[1]}`, which a one-shot "
+                                  "iterator cannot hold; make the dataset from the data that initialises it, or read it with "
+                                  "`make_initializable_iterator` and run the iterator's initializer")
 
     def _shaped(self, batch: _Batch) -> list[str]:
         """What the map function returns: the batched tensors, each checked against its entry in

@@ -43,6 +43,8 @@ READERS = {
 }
 #: `with` blocks a pipeline's statements may run into and out of (see ``_Survey.flat``).
 SCOPES = ("name_scope", "variable_scope", "device")
+#: What a one-shot iterator's dataset cannot hold (see ``_Planner._check_capturable``).
+STATEFUL = ("Variable", "VariableV1", "get_variable", "get_local_variable", "placeholder", "placeholder_with_default")
 COORDINATOR = "tensorflow.train.Coordinator"
 START_QUEUE_RUNNERS = "tensorflow.train.start_queue_runners"
 
