@@ -499,3 +499,84 @@ def test_a_map_function_reading_a_placeholder_is_refused():
         xb, yb = tf.train.batch([x, y], batch_size=8)
         """
     assert _blocker(code).startswith("the dataset would read `scale`, a `placeholder`")
+
+
+def test_a_whole_file_reader_s_files_are_read_by_the_dataset_and_their_names_kept_where_used():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def load_examples(input_paths):
+            path_queue = tf.train.string_input_producer(input_paths, shuffle=False)
+            reader = tf.WholeFileReader()
+            paths, contents = reader.read(path_queue)
+            image = tf.image.decode_png(contents)
+            return tf.train.batch([paths, image], batch_size=1)
+        """)
+    assert ("        tf.data.Dataset.from_tensor_slices(input_paths)\n        .repeat()\n"
+            "        .map(lambda filename: (filename, tf.io.read_file(filename)))\n        .map(_parse)\n") in fixed
+    assert "    def _parse(paths, contents):\n" in fixed
+
+
+def test_a_whole_file_reader_s_unused_name_is_not_kept():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def load_examples(input_paths):
+            path_queue = tf.train.string_input_producer(input_paths, shuffle=False)
+            _, contents = tf.WholeFileReader().read(path_queue)
+            image = tf.image.decode_png(contents)
+            return tf.train.batch([image], batch_size=1)
+        """)
+    assert "        .map(tf.io.read_file)\n        .map(_parse)\n" in fixed and "    def _parse(contents):\n" in fixed
+
+
+def test_if_and_with_statements_on_what_was_read_move_into_the_map_function():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(files, which):
+            queue = tf.train.string_input_producer(files, shuffle=False)
+            _, value = tf.TFRecordReader().read(queue)
+            image = tf.decode_raw(value, tf.uint8)
+            check = tf.assert_equal(tf.size(image), 12)
+            with tf.control_dependencies([check]):
+                image = tf.identity(image)
+            if which == "AtoB":
+                first, second = image[:6], image[6:]
+            else:
+                first, second = image[6:], image[:6]
+            return tf.train.batch([first, second], batch_size=4)
+        """)
+    body = fixed.split("    def _parse(value):\n", 1)[1].split("\n\n    dataset", 1)[0]
+    assert "        with tf.control_dependencies([check]):\n            image = tf.identity(image)\n" in body
+    assert '        if which == "AtoB":\n' in body and body.endswith("        return first, second")
+    assert fixed.count("with tf.control_dependencies") == 1 and fixed.count('if which == "AtoB"') == 1
+
+
+def test_a_loop_over_what_was_read_is_refused():
+    code = """
+        import tensorflow as tf
+
+        def inputs(files):
+            queue = tf.train.string_input_producer(files, shuffle=False)
+            _, value = tf.TFRecordReader().read(queue)
+            parts = []
+            for i in range(3):
+                parts.append(tf.strings.substr(value, i, 1))
+            stacked = tf.stack(parts)
+            return tf.train.batch([stacked], batch_size=4)
+        """
+    assert _blocker(code).startswith("a statement between the read and the batching call that cannot move into the map")
+
+
+def test_a_keyword_argument_named_like_a_pipeline_tensor_is_not_a_use_of_it():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(xs, ys):
+            x, y = tf.train.slice_input_producer([xs, ys], shuffle=False)
+            inputs = x * 2.0
+            xb, yb = tf.train.batch([inputs, y], batch_size=4)
+            return dict(inputs=xb, targets=yb)
+        """)
+    assert "slice_input_producer" not in fixed

@@ -121,7 +121,7 @@ def _bind(target: cst.CSTNode, pending: set[str], read: set[str]) -> None:
 
 
 def _reads(node: cst.CSTNode, pending: set[str], read: set[str]) -> None:
-    read |= free_names(node) & pending
+    read |= free_names(node, keywords=False) & pending  # `f(x=1)` does not read `x`
 
 
 def _branches(branches: list[list[cst.CSTNode]], pending: set[str], read: set[str]) -> None:

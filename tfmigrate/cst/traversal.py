@@ -345,10 +345,10 @@ def name_reads(node: cst.CSTNode, *, keywords: bool = True, targets: bool = True
     return found
 
 
-def free_names(node: cst.CSTNode) -> set[str]:
+def free_names(node: cst.CSTNode, *, keywords: bool = True) -> set[str]:
     """Names ``node`` reads, less those its own comprehensions bind (`[g for g, v in pairs]`
-    reads `pairs`, not `g`)."""
-    return names_used(node) - set().union(*(names_used(comp.target) for comp in find(node, cst.CompFor)))
+    reads `pairs`, not `g`); with ``keywords=False`` not the names of keyword arguments."""
+    return names_used(node, keywords=keywords) - set().union(*(names_used(comp.target) for comp in find(node, cst.CompFor)))
 
 
 def identifiers(node: cst.CSTNode) -> set[str]:

@@ -63,7 +63,7 @@ from tfmigrate.cst.walker import visit_read_only
 from tfmigrate.rewrites.queue_scaffolding import ScaffoldPlan, Scaffolding
 from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, DEQUEUED_PARAMS, PRODUCER_PARAMS, RANGE_PRODUCER, READERS, SCOPES, SHUFFLE_BATCH, SLICE_PRODUCER,
-    START_QUEUE_RUNNERS, STATEFUL, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
+    START_QUEUE_RUNNERS, STATEFUL, STRING_PRODUCER, WHOLE_FILE, Blocked, assigned_names, assignment, batched_tensors, called_name,
     check_read_by_position, dequeue_of, flat_target_names, handed_call, plain_target, portable_settings, queue_line,
     plain_tensor, short_name, written_out,
 )
@@ -233,6 +233,7 @@ class _Read:
     value_name: str
     reader_call: cst.Call | None  # the reader built inline: `tf.TFRecordReader().read(queue)`
     reader_name: str | None  # the reader by name: `reader.read(queue)`
+    key: cst.BaseExpression  # where the record's key goes
 
 
 @dataclass
@@ -287,10 +288,12 @@ def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseSt
         if used & source.consumed:
             raise Blocked("the input queue or reader is used by another statement")
         if used & tainted:
-            if not isinstance(current, cst.SimpleStatementLine):
-                raise Blocked("a compound statement (if/for/with) between the read and the batching call")
+            if not isinstance(current, (cst.SimpleStatementLine, cst.If, cst.With, cst.Try)) or find(
+                    current, cst.Return, cst.Yield, cst.Break, cst.Continue, cst.Global, cst.Nonlocal):
+                raise Blocked("a statement between the read and the batching call that cannot move into the map "
+                              "function (a loop, or one that returns, breaks or continues)")
             parse.append(current)
-            tainted |= assigned_names(current)
+            tainted |= assigned_names(current) if isinstance(current, cst.SimpleStatementLine) else scope_bindings(current)
     _check_pipeline_uses(batch, source.consumed, tainted)
     return parse
 
@@ -654,6 +657,7 @@ class _Planner:
         if found is None:
             return False
         param, read = found
+        self._check_key_unused(read.key, batch.body[read.index + 1:])
         name = function.name.value  # type: ignore[union-attr]
         pipeline.groups = {name}
         removed = [batch.body[read.index]]
@@ -1041,9 +1045,14 @@ class _Planner:
         removed.append(body[read.index])
         reader_call = self._reader_call(body, read, removed)
         dataset_class, extra, skip = self._reader_dataset(reader_call)
-        source_text, chain = self._files_chain(producer, dataset_class, extra, skip)
+        keys = []
+        if dataset_class == WHOLE_FILE and isinstance(read.key, cst.Name) and reads_first(body[read.index + 1:], {read.key.value}):
+            keys = [read.key.value]  # a whole file's key is its name: the dataset keeps it
+        else:
+            self._check_key_unused(read.key, body[read.index + 1:])
+        source_text, chain = self._files_chain(producer, dataset_class, extra, skip, keyed=bool(keys))
         consumed = {queue} | ({read.reader_name} if read.reader_name else set())
-        return _Source(source_text, [read.value_name], chain, removed, {read.value_name}, consumed)
+        return _Source(source_text, [*keys, read.value_name], chain, removed, {*keys, read.value_name}, consumed)
 
     @staticmethod
     def _reader_call(body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
@@ -1075,6 +1084,7 @@ class _Planner:
         read = self._read(fbody, -1, len(fbody), parameter.name.value)
         if read is None:
             raise Blocked(f"`{name}` is given the filename queue but does not read it with `reader.read(...)` in its body")
+        self._check_key_unused(read.key, fbody[read.index + 1:])
         inner_removed = [fbody[read.index]]
         reader_call = self._portable_reader(function, fbody, read, inner_removed)
         caller = self._function_of(statement)
@@ -1144,13 +1154,12 @@ class _Planner:
                 if not (isinstance(target, (cst.Tuple, cst.List)) and len(target.elements) == 2
                         and isinstance(target.elements[1].value, cst.Name)):
                     raise Blocked("unpack the read into `key, value = reader.read(queue)`")
-                self._check_key_unused(target.elements[0].value, body[index + 1:])
                 reader_call = reader_name = None
                 if isinstance(func.value, cst.Call):
                     reader_call = func.value
                 elif isinstance(func.value, cst.Name):
                     reader_name = func.value.value
-                return _Read(index, target.elements[1].value.value, reader_call, reader_name)
+                return _Read(index, target.elements[1].value.value, reader_call, reader_name, target.elements[0].value)
         return None
 
     def _check_key_unused(self, key: cst.BaseExpression, later: Sequence[cst.BaseStatement]) -> None:
@@ -1173,7 +1182,7 @@ class _Planner:
         reader = self.rule.call_name(reader_call)
         if reader not in READERS:
             short = (reader or "the reader").rsplit(".", 1)[-1]
-            raise Blocked(f"`{short}` has no automatic rewrite (TFRecord, TextLine and FixedLengthRecord readers do)")
+            raise Blocked(f"`{short}` has no automatic rewrite (TFRecord, TextLine, FixedLengthRecord and WholeFile readers do)")
         dataset_class, reader_params = READERS[reader]
         if has_star_args(reader_call) or unknown_keywords(reader_call, reader_params):
             raise Blocked("the reader passes arguments the rewrite cannot map")
@@ -1195,9 +1204,18 @@ class _Planner:
             raise Blocked("the reader's options (`options=`) are not rewritten automatically")
         return dataset_class, extra, skip
 
-    def _files_chain(self, producer: _ProducerArgs, dataset_class: str, extra: str, skip: str) -> tuple[str, list[str]]:
-        """The dataset over the producer's files, and its shuffle/repeat chain."""
+    def _files_chain(self, producer: _ProducerArgs, dataset_class: str, extra: str, skip: str,
+                     keyed: bool = False) -> tuple[str, list[str]]:
+        """The dataset over the producer's files, and its shuffle/repeat chain (``keyed``: a
+        whole file's name is kept with its contents)."""
         chain: list[str] = []
+        if dataset_class == WHOLE_FILE:  # one record per file: its contents
+            files = self.code(producer.source)
+            if producer.shuffle:
+                chain.append(f".shuffle({self.ref('tensorflow.size')}({files}, out_type={producer.int64}){producer.seed_text})")
+            read_file = self.ref("tensorflow.io.read_file")
+            chain += [producer.repeat, f".map(lambda filename: (filename, {read_file}(filename)))" if keyed else f".map({read_file})"]
+            return f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({files})", chain
         dataset = self.ref(f"tensorflow.data.{dataset_class}")
         files = self.code(producer.source)
         if producer.shuffle or skip:
@@ -1273,6 +1291,8 @@ class _Rewrite(cst.CSTTransformer):
         return updated_node
 
     def leave_With(self, original_node, updated_node):
+        if id(original_node) in self.remove:  # moved into a map function
+            return cst.RemovalSentinel.REMOVE
         # A name scope (or device) left holding nothing but the `pass` put there goes too.
         if self._emptied(updated_node.body) and all(
                 item.asname is None and isinstance(item.item, cst.Call) and short_name(item.item.func) in SCOPES
@@ -1281,6 +1301,8 @@ class _Rewrite(cst.CSTTransformer):
         return updated_node
 
     def leave_Try(self, original_node, updated_node):
+        if id(original_node) in self.remove:  # moved into a map function
+            return cst.RemovalSentinel.REMOVE
         # An emptied `finally:` goes here, not in leave_Finally: a Try left with neither handlers
         # nor finally cannot even be built (LibCST validates it), so it becomes its body.
         if updated_node.finalbody is None or not self._emptied(updated_node.finalbody.body):

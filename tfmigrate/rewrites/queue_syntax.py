@@ -40,7 +40,9 @@ READERS = {
     "tensorflow.FixedLengthRecordReader": (
         "FixedLengthRecordDataset", ("record_bytes", "header_bytes", "footer_bytes", "hop_bytes", "name", "encoding"),
     ),
+    "tensorflow.WholeFileReader": ("WholeFile", ("name",)),  # no dataset class: the files' names, each read
 }
+WHOLE_FILE = "WholeFile"
 #: `with` blocks a pipeline's statements may run into and out of (see ``_Survey.flat``).
 SCOPES = ("name_scope", "variable_scope", "device")
 #: What a one-shot iterator's dataset cannot hold (see ``_Planner._check_capturable``).
