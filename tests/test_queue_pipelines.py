@@ -580,3 +580,38 @@ def test_a_keyword_argument_named_like_a_pipeline_tensor_is_not_a_use_of_it():
             return dict(inputs=xb, targets=yb)
         """)
     assert "slice_input_producer" not in fixed
+
+
+BRANCHES = """
+    import tensorflow as tf
+
+    def load(files, training):
+        queue = tf.train.string_input_producer(files, shuffle=False)
+        _, value = tf.TFRecordReader().read(queue)
+        image = tf.decode_raw(value, tf.uint8)
+        if training:
+            images = tf.train.shuffle_batch([image], batch_size=8, capacity=100, min_after_dequeue=50)
+        else:
+            images = tf.train.batch([image], batch_size=8)
+        return images
+    """
+
+
+def test_batches_in_the_branches_of_an_if_share_one_dataset_made_before_it():
+    fixed = _fixed(BRANCHES)
+    assert ("    examples = (\n        tf.data.TFRecordDataset(files)\n        .repeat()\n        .map(_parse)\n    )\n"
+            "    if training:\n        batches = (\n            examples\n            .shuffle(50)\n") in fixed
+    assert "    else:\n        batches_2 = (\n            examples\n            .batch(8, drop_remainder=True)\n" in fixed
+    assert fixed.count("def _parse(") == 1
+
+
+def test_a_branch_that_does_not_batch_the_input_is_refused():
+    code = BRANCHES.replace("            images = tf.train.batch([image], batch_size=8)", "            images = tf.expand_dims(image, 0)")
+    assert _blocker(code) == "a branch of the `if` around the batching call neither batches the input nor raises"
+
+
+def test_a_refused_branch_refuses_the_other():
+    code = BRANCHES.replace("images = tf.train.batch([image], batch_size=8)", "images = tf.train.batch([image], batch_size=8, dynamic_pad=True)")
+    blockers = [f.message.split("no automatic fix: ", 1)[1] for f in run_check(code) if f.code == "TFM303"]
+    assert blockers[0] == ("the `if` on line 7 is shared with a queue pipeline that is not rewritten "
+                           "(`dynamic_pad=True` (use `.padded_batch`) is not rewritten automatically)")

@@ -57,7 +57,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, enclosing, find, module_parents, name_reads, names_used, scope_bindings, single_small,
+    blank_lines_unindented, contains, enclosing, find, module_parents, name_reads, names_used, scope_bindings, single_small,
 )
 from tfmigrate.cst.walker import visit_read_only
 from tfmigrate.rewrites.queue_scaffolding import ScaffoldPlan, Scaffolding
@@ -88,6 +88,7 @@ class Pipeline:
     dropped: set[int] = field(default_factory=set)  # a batching helper's example parameters (ids) but the first
     groups: set[str] = field(default_factory=set)  # the reader functions and batching helpers it rewrites
     covers: set[int] = field(default_factory=set)  # the uses of them (Name nodes) that it rewrites
+    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)  # an `if` (id) -> what goes before it
 
 
 @dataclass
@@ -323,6 +324,7 @@ class _Planner:
         self._handed: dict[int, Pipeline] = {}  # a batching helper's call -> its caller's pipeline
         self._helper_names: dict[int, str] = {}  # a batching helper -> the name its dataset parameter takes
         self._defined: list[_Definition] | None = None
+        self._branch_datasets: dict[int, tuple[list[cst.BaseStatement], str, list[str]]] = {}  # an `if` -> its dataset
         self._examples_plans: dict[int, tuple[Pipeline, list[str], bool] | Blocked] = {}  # a function returning examples -> its rewrite
         self.imports: list = []
 
@@ -344,6 +346,10 @@ class _Planner:
                 "batch_join", "shuffle_batch_join", "maybe_batch", "maybe_shuffle_batch", "maybe_batch_join", "maybe_shuffle_batch_join",
             ):
                 pipeline = Pipeline(batch_call=call)
+                statement = self.blocks.of_call.get(id(call), ((), -1))
+                top = self._if_of(statement[0][statement[1]]) if statement[1] >= 0 else None
+                if top is not None:
+                    pipeline.groups.add(f"the `if` on line {self.rule.position(top).start.line}")
                 try:
                     self._pipeline(pipeline, qualified)
                 except Blocked as blocked:
@@ -512,11 +518,33 @@ class _Planner:
         pipeline.producer_call = producer_call
         source = self._source(batch.body, p, batch.index, producer_call, producer_name)
         parse = _parse_statements(batch, source, p)
-        new_statements = self._replacement(batch, source, [source.rewritten.get(id(s), s) for s in parse])
         pipeline.removed = list(source.removed) + parse
-        pipeline.replaced = {id(batch.statement): new_statements}
         pipeline.renamed = source.renamed
-        pipeline.groups, pipeline.covers = source.groups, source.covers
+        pipeline.groups |= source.groups
+        pipeline.covers |= source.covers
+        top = self._if_of(batch.statement)
+        if top is not None and not any(contains(top, s) for s in parse):  # each branch only batches
+            pipeline.before = {id(top): self._shared_dataset(top, batch, source, parse)}
+            batches = _Source(self._branch_datasets[id(top)][1], list(batch.returned), [], [], set(), set())
+            pipeline.replaced = {id(batch.statement): self._replacement(batch, batches, [], name="batches")}
+            return
+        new_statements = self._replacement(batch, source, [source.rewritten.get(id(s), s) for s in parse])
+        pipeline.replaced = {id(batch.statement): new_statements}
+
+    def _shared_dataset(self, top: cst.If, batch: _Batch, source: _Source, parse: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """The examples' dataset, made once before an `if` whose branches batch it (`if shuffle:
+        shuffle_batch(...) else: batch(...)`): its statements; every branch must batch the same tensors."""
+        if id(top) not in self._branch_datasets:
+            made = self._replacement(batch, source, [source.rewritten.get(id(s), s) for s in parse],
+                                     lambda dataset: cst.SimpleStatementLine([cst.Pass()]), name="examples")
+            made = made[:-1]  # the dataset made: no call to hand it to
+            made[0] = made[0].with_changes(leading_lines=top.leading_lines)
+            name = cst.ensure_type(single_small(made[-1]), cst.Assign).targets[0].target.value  # type: ignore[attr-defined]
+            self._branch_datasets[id(top)] = (made, name, batch.returned)
+        made, _, returned = self._branch_datasets[id(top)]
+        if returned != batch.returned:
+            raise Blocked("the branches of the `if` batch different tensors")
+        return made
 
     def _batching_helper(self, pipeline: Pipeline, batch: _Batch) -> bool:
         """A batch of a helper function's parameters (cifar10's `_generate_image_and_label_batch(image,
@@ -534,7 +562,7 @@ class _Planner:
         if not all(isinstance(t, cst.Name) and t.value in by_name for t in batch.tensors):
             return False
         name = helper.name.value
-        pipeline.groups = {name}
+        pipeline.groups.add(name)
         batched = []  # the tensors of every batching call in the helper (`if shuffle: ... else: ...`)
         for other, qualified in self.calls.calls:
             if qualified in BATCH_PARAMS and self._function_of(other) is helper:
@@ -582,7 +610,7 @@ class _Planner:
         pipeline.removed = returned.removed + parse
         pipeline.replaced = {**returned.replaced, id(statement): [given], id(batch.statement): self._replacement(batch, source, parse)}
         pipeline.renamed = returned.renamed
-        pipeline.groups = {name} | returned.groups
+        pipeline.groups |= {name} | returned.groups
         pipeline.covers = {id(called_name(call))} | returned.covers
         return True
 
@@ -659,7 +687,7 @@ class _Planner:
         param, read = found
         self._check_key_unused(read.key, batch.body[read.index + 1:])
         name = function.name.value  # type: ignore[union-attr]
-        pipeline.groups = {name}
+        pipeline.groups.add(name)
         removed = [batch.body[read.index]]
         reader_call = self._portable_reader(function, batch.body, read, removed)  # type: ignore[arg-type]
         reader = self._reader_dataset(reader_call)
@@ -783,7 +811,8 @@ class _Planner:
                 members = [p for p in pipelines if group in p.groups]
                 reason = next((p.blocker for p in members if p.blocker), None)
                 if reason is not None:
-                    reason = f"`{group}` is shared with a queue pipeline that is not rewritten ({reason})"
+                    shared = group if " " in group else f"`{group}`"
+                    reason = f"{shared} is shared with a queue pipeline that is not rewritten ({reason})"
                 elif self._references(group) - set().union(*(p.covers for p in members)):
                     reason = f"`{group}` is also used where no queue pipeline is rewritten"
                 for member in members:
@@ -792,6 +821,8 @@ class _Planner:
 
     def _references(self, name: str) -> set[int]:
         """The Name nodes that use a module function or method ``name`` (not its definition)."""
+        if " " in name:  # a group that is no function (the batching calls of one `if`)
+            return set()
         definitions = {id(d.function.name) for d in self._definitions()}
         return {id(n) for n in self.calls.names if n.value == name and id(n) not in definitions}
 
@@ -821,6 +852,10 @@ class _Planner:
             raise Blocked("the batching call is not in a statement block")
         body, b = self.blocks.of_call[id(call)]
         statement = body[b]
+        branch = self._branch(statement)
+        if branch is not None:  # seen on the path through its branch (`if shuffle: ... else: ...`)
+            outer, i = branch
+            body, b = (*outer[:i], *body, *outer[i + 1:]), i + b
         small = single_small(statement)
         assigned = assignment(statement)
         if assigned is not None and assigned[1] is call and plain_target(assigned[0]):
@@ -833,6 +868,42 @@ class _Planner:
         enqueue_many = is_true(argument(call, params, "enqueue_many"))
         return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors,
                       [self.code(t) for t in tensors], as_tuple, enqueue_many, argument(call, params, "num_threads"))
+
+    def _branch(self, statement: cst.BaseStatement) -> tuple[tuple[cst.BaseStatement, ...], int] | None:
+        """For a statement in a branch of an `if` (cifar10's and SRGAN's `if shuffle:
+        shuffle_batch(...) else: batch(...)`), the block the `if` is in and its position. Each
+        branch must batch too (or only raise): the input made before the `if` goes, for all of
+        them; the pipelines of one `if` are rewritten together or not at all (see ``plan``)."""
+        top = self._if_of(statement)
+        place = self.blocks.place(top) if top is not None else None
+        if place is None:
+            return None
+        branches, current = [], top
+        while isinstance(current, cst.If):
+            branches.append(current.body)
+            current = current.orelse.body if isinstance(current.orelse, cst.Else) else current.orelse
+        if current is not None:
+            branches.append(current)
+        for branch in branches:
+            statements = list(branch.body)
+            if not any(isinstance(c, cst.Call) and self.rule.call_name(c) in BATCH_PARAMS
+                       for s in statements for c in find(s, cst.Call)) and not all(
+                    isinstance(single_small(s), (cst.Raise, cst.Pass)) for s in statements):
+                raise Blocked("a branch of the `if` around the batching call neither batches the input nor raises")
+        return place
+
+    def _if_of(self, statement: cst.CSTNode) -> cst.If | None:
+        """The outermost `if` of the `if`/`elif`/`else` chain whose branch ``statement`` is directly in."""
+        parents = module_parents(self.rule.context)
+        block = parents.get(id(statement))
+        owner = parents.get(id(block)) if isinstance(block, cst.IndentedBlock) else None
+        if isinstance(owner, cst.Else):
+            owner = parents.get(id(owner))
+        if not isinstance(owner, cst.If):
+            return None
+        while isinstance(parents.get(id(owner)), cst.If):  # an `elif`: the `if` it continues
+            owner = parents[id(owner)]
+        return owner
 
     def _replacement(self, batch: _Batch, source: _Source, parse: list[cst.BaseStatement],
                      hand_on: Callable[[str], cst.BaseStatement] | None = None, name: str = "dataset") -> list[cst.BaseStatement]:
@@ -1263,6 +1334,7 @@ class _Rewrite(cst.CSTTransformer):
         self._created = {id(s) for p in pipelines for new in p.replaced.values() for s in new if isinstance(s, cst.FunctionDef)}
         self.renamed = {key: name for p in pipelines for key, name in p.renamed.items()}
         self.dropped = {key for p in pipelines for key in p.dropped}
+        self.before = {key: made for p in pipelines for key, made in p.before.items()}
 
     def leave_Param(self, original_node, updated_node):
         if id(original_node) in self.dropped:
@@ -1283,6 +1355,8 @@ class _Rewrite(cst.CSTTransformer):
     def leave_If(self, original_node, updated_node):
         if id(original_node) in self.remove:
             return cst.RemovalSentinel.REMOVE
+        if id(original_node) in self.before:  # the dataset its branches batch
+            return cst.FlattenSentinel([*self.before[id(original_node)], updated_node.with_changes(leading_lines=())])
         return updated_node
 
     def leave_While(self, original_node, updated_node):
@@ -1327,13 +1401,13 @@ class _Rewrite(cst.CSTTransformer):
         return body
 
     def leave_IndentedBlock(self, original_node, updated_node):
-        body = list(updated_node.body)
-        for index, statement in enumerate(body):
-            if isinstance(statement, cst.FunctionDef) and id(statement) in self._created:
-                # A blank line before the new nested function, unless it opens the block.
-                comments = [line for line in statement.leading_lines if line.comment is not None]
-                blank = [cst.EmptyLine(indent=False)] if index else []
-                body[index] = statement.with_changes(leading_lines=[*blank, *comments])
+        body = self._space_functions(updated_node.body)
+        if body and original_node.body and id(original_node.body[0]) in self.remove:
+            # The block's first statement went: no blank line opens the block now.
+            lines = list(body[0].leading_lines)
+            while lines and lines[0].comment is None:
+                lines.pop(0)
+            body[0] = body[0].with_changes(leading_lines=lines)
         updated_node = updated_node.with_changes(body=body)
         if not updated_node.body:  # everything in it went: `pass` keeps it valid
             padding = cst.SimpleStatementLine([cst.Pass()])
