@@ -168,3 +168,43 @@ def test_cifar10_s_input_layout_is_rewritten_across_its_functions_and_trains_the
     assert "with tf.name_scope('input'):\n        min_queue_examples" in text
     status, report = run_verify(legacy, fixed, tmp_path)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
+def test_a_batch_of_one_tensor_is_a_tensor_after_the_rewrite_too(tmp_path):
+    """`tf.train.batch([image])` gives the batched tensor, not a list of one: so does the dataset
+    (a one-tuple broke the program: `'tuple' object has no attribute 'get_shape'`)."""
+    from tests.conftest import unsafe_fix
+
+    program = (
+        "import json\n"
+        "import numpy as np\n"
+        "import tensorflow.compat.v1 as tf\n"
+        "tf.disable_v2_behavior()\n"
+        "table = np.arange(12, dtype=np.float32).reshape(6, 2)\n"
+        "row, = tf.train.slice_input_producer([table], num_epochs=2, shuffle=False)\n"
+        "doubled = row * 2.0\n"
+        "rows = tf.train.batch([doubled], batch_size=4, num_threads=1)\n"
+        "assert rows.get_shape().as_list() == [4, 2], rows\n"
+        "out = []\n"
+        "with tf.Session() as sess:\n"
+        "    sess.run(tf.local_variables_initializer())\n"
+        "    coord = tf.train.Coordinator()\n"
+        "    threads = tf.train.start_queue_runners(sess=sess, coord=coord)\n"
+        "    try:\n"
+        "        while not coord.should_stop():\n"
+        "            out.append(sess.run(rows).tolist())\n"
+        "    except tf.errors.OutOfRangeError:\n"
+        "        pass\n"
+        "    finally:\n"
+        "        coord.request_stop()\n"
+        "        coord.join(threads)\n"
+        "print(json.dumps(out))\n"
+    )
+    fixed = unsafe_fix(program)
+    assert "slice_input_producer" not in fixed and "tf.data.Dataset.from_tensor_slices(table)" in fixed
+    legacy, migrated = tmp_path / "legacy.py", tmp_path / "migrated.py"
+    legacy.write_text(program)
+    migrated.write_text(fixed)
+    old, new = _run(legacy), _run(migrated)
+    assert old.returncode == 0 and new.returncode == 0, old.stderr[-2000:] + new.stderr[-2000:]
+    assert len(_last_json(old.stdout)) == 3 and _last_json(new.stdout) == _last_json(old.stdout)

@@ -153,7 +153,7 @@ def test_a_dequeued_index_queue_feeding_a_batch_is_one_dataset():
             row = tf.gather(features, idx)
             return tf.train.batch([row], batch_size=4)
         """)
-    assert "    def _parse(idx):\n        row = tf.gather(features, idx)\n        return (row,)\n" in fixed
+    assert "    def _parse(idx):\n        row = tf.gather(features, idx)\n        return row\n" in fixed
     assert ("        tf.data.Dataset.range(100)\n        .repeat()\n        .map(lambda i: tf.cast(i, tf.int32))\n"
             "        .map(_parse)\n        .batch(4, drop_remainder=True)\n") in fixed
     assert fixed.count("make_one_shot_iterator") == 1

@@ -314,6 +314,11 @@ def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str
     if reads_first(body[b + 1:], (parse_names | consumed) - rebound):
         raise Blocked("a tensor of the queue pipeline is used after the batching call")
 
+def _own_attribute(node: cst.BaseExpression) -> bool:
+    """`self.x`."""
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+
+
 class _Planner:
     def __init__(self, rule: "Rule") -> None:
         self.rule = rule
@@ -930,7 +935,7 @@ class _Planner:
         self._check_capturable(cst.parse_expression(f"(\n{lines}\n)"), parse, batch.statement)
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
-            new_statements.append(self._parse_function(parse_fn, source.params, parse, returned, batch.as_tuple))
+            new_statements.append(self._parse_function(parse_fn, source.params, parse, returned))
         dataset_statement = cst.parse_statement(f"{dataset} = (\n{lines}\n)\n")
         if needs_map:
             dataset_statement = dataset_statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
@@ -1055,8 +1060,8 @@ class _Planner:
                 "`slice_input_producer` before it in the same block) nor `tf.constant`s made there; build the "
                 "tf.data pipeline by hand"
             )
-        names = ", ".join(batch.returned) + ("," if len(batch.returned) == 1 else "")
-        source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({names}))"
+        names = batch.returned[0] if len(batch.returned) == 1 else f"({', '.join(batch.returned)})"
+        source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({names})"
         return _Source(source_text, list(batch.returned), [".repeat()"], [], set(batch.returned), set(), rows=True)
 
     def _producer_args(self, statement: cst.BaseStatement, call: cst.Call, qualified: str) -> _ProducerArgs:
@@ -1097,7 +1102,8 @@ class _Planner:
         else:
             raise Blocked("unpack `slice_input_producer([x, y])` into one name per tensor")
         parts = [self.code(e.value) for e in source.elements]
-        source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)},))" if len(parts) == 1 else \
+        # One tensor's slices are the elements themselves: `tf.train.batch([x])` gives a tensor, not a list.
+        source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({', '.join(parts)})" if len(parts) == 1 else \
             f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}(({', '.join(parts)}))"
         if producer.shuffle:
             chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{producer.seed_text})")
@@ -1125,10 +1131,21 @@ class _Planner:
         consumed = {queue} | ({read.reader_name} if read.reader_name else set())
         return _Source(source_text, [*keys, read.value_name], chain, removed, {*keys, read.value_name}, consumed)
 
-    @staticmethod
-    def _reader_call(body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
+    def _reader_call(self, body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
         """The reader `read` reads from: built inline, or the closest `reader = tf.XReader(...)`
-        before it in ``body`` (that statement is added to ``removed``)."""
+        before it in ``body`` (that statement is added to ``removed``), or the one a method
+        keeps on the object (CycleGAN's `self.reader = tf.TFRecordReader()` in `__init__`; that
+        statement goes too where nothing else reads `self.reader`)."""
+        if read.reader_name is not None and read.reader_name.startswith("self."):
+            attribute = read.reader_name.split(".", 1)[1]
+            made = [a for a in find(self.module, cst.Assign) if len(a.targets) == 1
+                    and _own_attribute(a.targets[0].target) and a.targets[0].target.attr.value == attribute]
+            if len(made) != 1 or not isinstance(made[0].value, cst.Call):
+                raise Blocked(f"`{read.reader_name}` is not made once, by a reader call, in this module")
+            uses = [a for a in find(self.module, cst.Attribute) if _own_attribute(a) and a.attr.value == attribute]
+            if len(uses) == 2:  # made and read here only
+                removed.append(module_parents(self.rule.context)[id(made[0])])
+            return made[0].value
         if read.reader_name is not None:
             for index in range(read.index - 1, -1, -1):
                 assigned = assignment(body[index])
@@ -1230,6 +1247,8 @@ class _Planner:
                     reader_call = func.value
                 elif isinstance(func.value, cst.Name):
                     reader_name = func.value.value
+                elif _own_attribute(func.value):
+                    reader_name = self.code(func.value)
                 return _Read(index, target.elements[1].value.value, reader_call, reader_name, target.elements[0].value)
         return None
 
@@ -1305,11 +1324,9 @@ class _Planner:
             chain.append(producer.repeat)
         return source_text, chain
 
-    def _parse_function(self, name, params, parse, returned, as_tuple) -> cst.FunctionDef:
-        if len(returned) == 1 and as_tuple:
-            result = f"({returned[0]},)"
-        else:
-            result = ", ".join(returned)
+    def _parse_function(self, name, params, parse, returned) -> cst.FunctionDef:
+        # `tf.train.batch([image])` gives the batched tensor itself, as a dataset of tensors does.
+        result = ", ".join(returned)
         body = [blank_lines_unindented(s) for s in parse]
         if body:
             body[0] = body[0].with_changes(leading_lines=[ln for ln in body[0].leading_lines if ln.comment is not None])
