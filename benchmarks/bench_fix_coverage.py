@@ -1,12 +1,13 @@
-"""How many tower loops `fix` rewrites, on any folder of code.
+"""How many tower loops (or queue pipelines, ...) `fix` rewrites, on any folder of code.
 
-For every Python file under the folders given: the TFM101 tower loops `check` finds, how many
-of them the unsafe fix rewrites, how many it refuses and why (a histogram of the reasons, with
-line numbers and names taken out so that like counts with like), and whether every fixed file
-still parses and compiles. Fixture and example folders are walked too (the project's own
-`exclude` setting is not applied).
+For every Python file under the folders given: the findings of one rule `check` finds (TFM101
+tower loops unless `--code` says another: TFM303 for queue batching calls), how many of them
+the unsafe fix rewrites, how many it refuses and why (a histogram of the reasons, with line
+numbers and names taken out so that like counts with like), and whether every fixed file still
+parses and compiles. Fixture and example folders are walked too (the project's own `exclude`
+setting is not applied).
 
-    .venv/bin/python benchmarks/bench_fix_coverage.py fixtures/ examples/ [--target tf2]
+    .venv/bin/python benchmarks/bench_fix_coverage.py fixtures/ examples/ [--target tf2] [--code TFM303]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tfmigrate.engine.config import Config  # noqa: E402
 from tfmigrate.engine.fixer import fix_text  # noqa: E402
 from tfmigrate.engine.runner import check_text  # noqa: E402
 
-CODE = "TFM101"
+WHAT = {"TFM101": "tower loops", "TFM201": "multi_gpu_model calls", "TFM303": "queue batching calls"}
 
 
 def reason_key(reason: str) -> str:
@@ -35,19 +36,23 @@ def reason_key(reason: str) -> str:
     return re.sub(r"\[[^\]]*\]", "[…]", reason)
 
 
-def survey(paths: list[Path], config: Config) -> dict:
+def refusal(finding) -> str:
+    return finding.refusal or finding.message.partition("no automatic fix: ")[2] or "no reason given"
+
+
+def survey(paths: list[Path], config: Config, code: str) -> dict:
     totals = {"files": 0, "unreadable": 0, "loops": 0, "rewritten": 0, "broken": [], "reasons": Counter()}
     for path in paths:
         try:
             text = path.read_text(encoding="utf-8")
-            findings = [f for f in check_text(text, config, path=str(path)) if f.code == CODE]
+            findings = [f for f in check_text(text, config, path=str(path)) if f.code == code]
         except Exception:  # Python 2, syntax errors, bad bytes: not this benchmark's subject
             totals["unreadable"] += 1
             continue
         totals["files"] += 1
         totals["loops"] += len(findings)
         totals["rewritten"] += sum(f.fixable for f in findings)
-        totals["reasons"].update(reason_key(f.refusal or "no reason given") for f in findings if not f.fixable)
+        totals["reasons"].update(reason_key(refusal(f)) for f in findings if not f.fixable)
         if any(f.fixable for f in findings):
             fixed = fix_text(text, config, unsafe=True, path=str(path))
             try:
@@ -61,14 +66,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--target", default="compat", choices=["compat", "tf2"])
+    parser.add_argument("--code", default="TFM101", help="the rule whose findings are counted")
     args = parser.parse_args()
     config = Config(root=ROOT, target=args.target)
     paths = sorted(p for folder in args.folders for p in ([folder] if folder.is_file() else folder.rglob("*.py")))
-    totals = survey(paths, config)
+    totals = survey(paths, config, args.code)
     loops, rewritten = totals["loops"], totals["rewritten"]
     share = f"{rewritten / loops:.0%}" if loops else "n/a"
     print(f"files: {totals['files']} read ({totals['unreadable']} unreadable)")
-    print(f"tower loops (TFM101): {loops}; rewritten: {rewritten} ({share}); refused: {loops - rewritten}")
+    print(f"{WHAT.get(args.code, 'findings')} ({args.code}): {loops}; rewritten: {rewritten} ({share}); refused: {loops - rewritten}")
     print(f"fixed files that do not compile: {len(totals['broken'])}")
     for path in totals["broken"]:
         print(f"  {path}")
