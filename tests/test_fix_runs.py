@@ -208,3 +208,43 @@ def test_a_batch_of_one_tensor_is_a_tensor_after_the_rewrite_too(tmp_path):
     old, new = _run(legacy), _run(migrated)
     assert old.returncode == 0 and new.returncode == 0, old.stderr[-2000:] + new.stderr[-2000:]
     assert len(_last_json(old.stdout)) == 3 and _last_json(new.stdout) == _last_json(old.stdout)
+
+
+def test_dynamically_padded_batches_are_padded_batches_with_the_same_values(tmp_path):
+    """`tf.train.batch(dynamic_pad=True)` pads each batch's sequences to the longest with zeros;
+    `padded_batch` does the same."""
+    from tests.conftest import unsafe_fix
+
+    program = (
+        "import json\n"
+        "import tensorflow.compat.v1 as tf\n"
+        "tf.disable_v2_behavior()\n"
+        "lines = ['3 1 4', '1 5', '9 2 6 5', '3', '5 8 9 7 9', '3 2']\n"
+        "line, = tf.train.slice_input_producer([lines], num_epochs=1, shuffle=False)\n"
+        "tokens = tf.string_to_number(tf.string_split([line]).values, out_type=tf.int32)\n"
+        "length = tf.size(tokens)\n"
+        "padded, lengths = tf.train.batch([tokens, length], batch_size=2, num_threads=1, dynamic_pad=True)\n"
+        "out = []\n"
+        "with tf.Session() as sess:\n"
+        "    sess.run(tf.local_variables_initializer())\n"
+        "    coord = tf.train.Coordinator()\n"
+        "    threads = tf.train.start_queue_runners(sess=sess, coord=coord)\n"
+        "    try:\n"
+        "        while True:\n"
+        "            p, n = sess.run([padded, lengths])\n"
+        "            out.append([p.tolist(), n.tolist()])\n"
+        "    except tf.errors.OutOfRangeError:\n"
+        "        pass\n"
+        "    coord.request_stop()\n"
+        "    coord.join(threads)\n"
+        "print(json.dumps(out))\n"
+    )
+    fixed = unsafe_fix(program)
+    assert ".padded_batch(2, drop_remainder=True)" in fixed and "tf.train.batch" not in fixed
+    legacy, migrated = tmp_path / "legacy.py", tmp_path / "migrated.py"
+    legacy.write_text(program)
+    migrated.write_text(fixed)
+    old, new = _run(legacy), _run(migrated)
+    assert old.returncode == 0 and new.returncode == 0, old.stderr[-2000:] + new.stderr[-2000:]
+    assert _last_json(old.stdout)[0] == [[[3, 1, 4], [1, 5, 0]], [3, 2]]
+    assert _last_json(new.stdout) == _last_json(old.stdout)

@@ -178,10 +178,10 @@ def test_a_refused_batch_over_a_dequeued_queue_still_gets_the_queue_rewritten():
         def inputs(features):
             idx = tf.train.range_input_producer(100, shuffle=False).dequeue()
             row = tf.gather(features, idx)
-            return tf.train.batch([row], batch_size=4, dynamic_pad=True)
+            return tf.train.batch([row], batch_size=4, shared_name="rows")
         """)
     assert "idx = tf.compat.v1.data.make_one_shot_iterator(positions).get_next()" in fixed
-    assert "tf.train.batch([row], batch_size=4, dynamic_pad=True)" in fixed
+    assert 'tf.train.batch([row], batch_size=4, shared_name="rows")' in fixed
 
 
 def test_a_parse_s_throwaway_bound_again_later_is_not_a_use_of_the_pipeline():
@@ -275,11 +275,11 @@ def test_a_reader_function_shared_with_a_refused_pipeline_is_refused_for_both():
     def eval_inputs(files):
         queue = tf.train.string_input_producer(files, num_epochs=1, shuffle=False)
         image, label = read_and_decode(queue)
-        return tf.train.batch([image, label], batch_size=100, dynamic_pad=True)
+        return tf.train.batch([image, label], batch_size=100, shared_name="eval")
     """
     blockers = [f.message.split("no automatic fix: ", 1)[1] for f in run_check(code) if f.code == "TFM303"]
     assert blockers[0] == "`read_and_decode` is also used where no queue pipeline is rewritten"
-    assert blockers[1] == "`dynamic_pad=True` (use `.padded_batch`) is not rewritten automatically"
+    assert blockers[1] == "a shared batching queue (`shared_name=`) has no tf.data equivalent"
 
 
 def test_reader_arguments_computed_inside_the_reader_function_are_refused():
@@ -611,7 +611,7 @@ def test_a_branch_that_does_not_batch_the_input_is_refused():
 
 
 def test_a_refused_branch_refuses_the_other():
-    code = BRANCHES.replace("images = tf.train.batch([image], batch_size=8)", "images = tf.train.batch([image], batch_size=8, dynamic_pad=True)")
+    code = BRANCHES.replace("images = tf.train.batch([image], batch_size=8)", "images = tf.train.batch([image], batch_size=8, shared_name='q')")
     blockers = [f.message.split("no automatic fix: ", 1)[1] for f in run_check(code) if f.code == "TFM303"]
     assert blockers[0] == ("the `if` on line 7 is shared with a queue pipeline that is not rewritten "
-                           "(`dynamic_pad=True` (use `.padded_batch`) is not rewritten automatically)")
+                           "(a shared batching queue (`shared_name=`) has no tf.data equivalent)")

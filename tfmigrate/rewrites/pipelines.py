@@ -264,8 +264,8 @@ def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], c
     if has_star_args(call) or unknown_keywords(call, params):
         raise Blocked("the batching call passes arguments the rewrite cannot map")
     dynamic_pad = argument(call, params, "dynamic_pad")
-    if dynamic_pad is not None and not is_false(dynamic_pad):
-        raise Blocked("`dynamic_pad=True` (use `.padded_batch`) is not rewritten automatically")
+    if dynamic_pad is not None and not (is_true(dynamic_pad) or is_false(dynamic_pad)):
+        raise Blocked("`dynamic_pad` is not a literal True/False")
     enqueue_many = argument(call, params, "enqueue_many")
     if enqueue_many is not None and not (is_true(enqueue_many) or is_false(enqueue_many)):
         raise Blocked("`enqueue_many` is not a literal True/False")
@@ -998,7 +998,9 @@ class _Planner:
         if batch_size is None:
             raise Blocked("no `batch_size`")
         drop = "" if is_true(batch.smaller) else ", drop_remainder=True"
-        chain.append(f".batch({self.code(batch_size)}{drop})")
+        # `dynamic_pad=True` padded each batch's tensors to their longest, with zeros (empty strings): so does padded_batch.
+        method = "padded_batch" if is_true(argument(call, params, "dynamic_pad")) else "batch"
+        chain.append(f".{method}({self.code(batch_size)}{drop})")
         chain.append(f".prefetch({self.ref('tensorflow.data.AUTOTUNE')})")
 
     def _free(self, name: str, near: cst.CSTNode) -> str:
