@@ -359,6 +359,7 @@ class _Planner:
                     self._pipeline(pipeline, qualified)
                 except Blocked as blocked:
                     pipeline.blocker = str(blocked)
+                    self._link_producer(pipeline)
                 pipelines.append(pipeline)
         pipelines += self._handed.values()
         self._settle(pipelines)
@@ -550,6 +551,18 @@ class _Planner:
         if returned != batch.returned:
             raise Blocked("the branches of the `if` batch different tensors")
         return made
+
+    def _link_producer(self, pipeline: Pipeline) -> None:
+        """A refused pipeline's producer, where it was not reached, so that its finding gives the
+        batching call's reason rather than saying it is not batched."""
+        if pipeline.producer_call is not None or id(pipeline.batch_call) not in self.blocks.of_call:
+            return
+        try:
+            producer = self._producer(*self._path(pipeline.batch_call))
+        except Blocked:
+            return
+        if producer is not None:
+            pipeline.producer_call = producer[1]
 
     def _batching_helper(self, pipeline: Pipeline, batch: _Batch) -> bool:
         """A batch of a helper function's parameters (cifar10's `_generate_image_and_label_batch(image,
@@ -855,12 +868,8 @@ class _Planner:
         params, smaller = _batch_arguments(call, qualified)
         if id(call) not in self.blocks.of_call:
             raise Blocked("the batching call is not in a statement block")
-        body, b = self.blocks.of_call[id(call)]
+        body, b = self._path(call)
         statement = body[b]
-        branch = self._branch(statement)
-        if branch is not None:  # seen on the path through its branch (`if shuffle: ... else: ...`)
-            outer, i = branch
-            body, b = (*outer[:i], *body, *outer[i + 1:]), i + b
         small = single_small(statement)
         assigned = assignment(statement)
         if assigned is not None and assigned[1] is call and plain_target(assigned[0]):
@@ -873,6 +882,17 @@ class _Planner:
         enqueue_many = is_true(argument(call, params, "enqueue_many"))
         return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors,
                       [self.code(t) for t in tensors], as_tuple, enqueue_many, argument(call, params, "num_threads"))
+
+    def _path(self, call: cst.Call) -> tuple[tuple[cst.BaseStatement, ...], int]:
+        """The statements around ``call``'s statement as they run, and its position among them:
+        its block, or where it is in a branch of an `if` (`if shuffle: ... else: ...`), the
+        block the `if` is in with that branch in the `if`'s place."""
+        body, index = self.blocks.of_call[id(call)]
+        branch = self._branch(body[index])
+        if branch is None:
+            return body, index
+        outer, i = branch
+        return (*outer[:i], *body, *outer[i + 1:]), i + index
 
     def _branch(self, statement: cst.BaseStatement) -> tuple[tuple[cst.BaseStatement, ...], int] | None:
         """For a statement in a branch of an `if` (cifar10's and SRGAN's `if shuffle:
