@@ -49,7 +49,7 @@ its callers, or not at all: ``_Planner._settle``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import libcst as cst
@@ -57,16 +57,19 @@ import libcst as cst
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, contains, enclosing, find, module_parents, name_reads, names_used, scope_bindings, single_small,
+    blank_lines_unindented, contains, enclosing, find, module_parents, names_used, single_small,
 )
 from tfmigrate.cst.walker import visit_read_only
-from tfmigrate.rewrites.queue_scaffolding import ScaffoldPlan, Scaffolding
 from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, DEQUEUED_PARAMS, PRODUCER_PARAMS, RANGE_PRODUCER, READERS, SCOPES, SHUFFLE_BATCH, SLICE_PRODUCER,
-    START_QUEUE_RUNNERS, STATEFUL, STRING_PRODUCER, WHOLE_FILE, Blocked, assigned_names, assignment, batched_tensors, called_name,
-    check_read_by_position, dequeue_of, flat_target_names, handed_call, plain_target, portable_settings, queue_line,
-    plain_tensor, short_name, written_out,
+    START_QUEUE_RUNNERS, STATEFUL, WHOLE_FILE, Blocked, assigned_names, assignment, batched_tensors,
+    check_read_by_position, dequeue_of, flat_target_names, plain_target, queue_line, short_name,
 )
+from tfmigrate.rewrites.queue_functions import AcrossFunctions
+from tfmigrate.rewrites.queue_parts import (
+    Batch, Definition, Pipeline, ProducerArgs, Read, Source, batch_arguments, own_attribute, parse_statements,
+)
+from tfmigrate.rewrites.queue_scaffolding import ScaffoldPlan, Scaffolding
 from tfmigrate.rule import Edit, FixSafety, ImportItem
 from tfmigrate.tf_api import COORDINATORS, QUEUE_INPUT
 
@@ -74,21 +77,6 @@ if TYPE_CHECKING:
     from tfmigrate.rule import Rule
 
 FIX_TITLE = "rewrite the queue input pipeline with tf.data"
-
-
-@dataclass
-class Pipeline:
-    batch_call: cst.Call  # the batching call; for an index queue read alone, its `.dequeue()`
-    producer_call: cst.Call | None = None
-    blocker: str | None = None
-    # Filled in when the pipeline can be rewritten:
-    removed: list[cst.BaseStatement] = field(default_factory=list)
-    replaced: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
-    renamed: dict[int, str] = field(default_factory=dict)  # a reader function's queue parameter (id) -> the record's name
-    dropped: set[int] = field(default_factory=set)  # a batching helper's example parameters (ids) but the first
-    groups: set[str] = field(default_factory=set)  # the reader functions and batching helpers it rewrites
-    covers: set[int] = field(default_factory=set)  # the uses of them (Name nodes) that it rewrites
-    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)  # an `if` (id) -> what goes before it
 
 
 @dataclass
@@ -181,145 +169,8 @@ class _Survey(cst.CSTVisitor):
 
 # --- the analysis -----------------------------------------------------------------------
 
-@dataclass
-class _Batch:
-    """One batching call and its statement: what the steps of ``_Planner._pipeline`` share."""
 
-    call: cst.Call
-    qualified: str
-    params: tuple[str, ...]
-    smaller: cst.BaseExpression | None  # `allow_smaller_final_batch`
-    body: tuple[cst.BaseStatement, ...]  # the block the call is in
-    index: int  # the position of its statement in ``body``
-    statement: cst.BaseStatement
-    outputs: cst.BaseExpression | None  # the assignment target; None for `return`
-    tensors: list[cst.BaseExpression]  # the batched tensors, as passed
-    returned: list[str]  # their code: names, a producer's element by position (`queue[1]`), a record's field
-    as_tuple: bool  # batched as a list (`[image, label]`) rather than one name
-    enqueue_many: bool  # each tensor is a batch of examples, not one
-    threads: cst.BaseExpression | None  # `num_threads`
-
-    @property
-    def returned_names(self) -> set[str]:
-        return set().union(*(names_used(tensor) for tensor in self.tensors))
-
-
-@dataclass
-class _Definition:
-    """A function of the module, or a method of one of its classes."""
-
-    function: cst.FunctionDef
-    owner: str | None  # the class
-    bound: bool  # takes `self` (or `cls`) first
-
-
-@dataclass
-class _ProducerArgs:
-    """What the producer call asks for: its target and input, the epochs, the shuffling."""
-
-    target: cst.BaseExpression
-    source: cst.BaseExpression
-    repeat: str  # `.repeat()` or `.repeat(E)`
-    shuffle: bool
-    seed_text: str  # `, seed=S` or ""
-    int64: str  # how `tf.int64` is spelled here
-    element_shape: cst.BaseExpression | None = None  # `input_producer(element_shape=...)`
-
-
-@dataclass
-class _Read:
-    """`key, value = reader.read(queue)`: where it is, the value's name and the reader."""
-
-    index: int
-    value_name: str
-    reader_call: cst.Call | None  # the reader built inline: `tf.TFRecordReader().read(queue)`
-    reader_name: str | None  # the reader by name: `reader.read(queue)`
-    key: cst.BaseExpression  # where the record's key goes
-
-
-@dataclass
-class _Source:
-    """The dataset's source and its chain so far, and what the pipeline takes from the block."""
-
-    text: str  # `tf.data.TFRecordDataset(files)`, ...
-    params: list[str]  # what the `.map` function receives
-    chain: list[str]  # `.shuffle(...)`, `.repeat(...)`, ...
-    removed: list[cst.BaseStatement]  # the producer, the read, the reader
-    tainted: set[str]  # the names holding what was read
-    consumed: set[str]  # the queue and the reader: nothing else may use them
-    rows: bool = False  # it yields the rows of what `enqueue_many=True` batched already
-    # The call of a reader function as the map function runs it, given the record for the queue.
-    rewritten: dict[int, cst.BaseStatement] = field(default_factory=dict)
-    renamed: dict[int, str] = field(default_factory=dict)  # see Pipeline.renamed
-    groups: set[str] = field(default_factory=set)  # see Pipeline.groups
-    covers: set[int] = field(default_factory=set)  # see Pipeline.covers
-
-
-def _batch_arguments(call: cst.Call, qualified: str) -> tuple[tuple[str, ...], cst.BaseExpression | None]:
-    """Check that the batching call's arguments map onto tf.data; its parameters and `allow_smaller_final_batch`."""
-    short = qualified.rsplit(".", 1)[1]
-    if qualified not in BATCH_PARAMS:
-        raise Blocked(f"`{short}` has no one-to-one tf.data rewrite here (only `batch` and `shuffle_batch` are rewritten)")
-    params = BATCH_PARAMS[qualified]
-    if has_star_args(call) or unknown_keywords(call, params):
-        raise Blocked("the batching call passes arguments the rewrite cannot map")
-    dynamic_pad = argument(call, params, "dynamic_pad")
-    if dynamic_pad is not None and not (is_true(dynamic_pad) or is_false(dynamic_pad)):
-        raise Blocked("`dynamic_pad` is not a literal True/False")
-    enqueue_many = argument(call, params, "enqueue_many")
-    if enqueue_many is not None and not (is_true(enqueue_many) or is_false(enqueue_many)):
-        raise Blocked("`enqueue_many` is not a literal True/False")
-    if argument(call, params, "shared_name") is not None:
-        raise Blocked("a shared batching queue (`shared_name=`) has no tf.data equivalent")
-    smaller = argument(call, params, "allow_smaller_final_batch")
-    if smaller is not None and not (is_true(smaller) or is_false(smaller)):
-        raise Blocked("`allow_smaller_final_batch` is not a literal True/False")
-    return params, smaller
-
-
-def _parse_statements(batch: _Batch, source: _Source, p: int) -> list[cst.BaseStatement]:
-    """The statements between the producer and the batching call that work on what was read."""
-    body, tainted = batch.body, source.tainted
-    parse: list[cst.BaseStatement] = []
-    for index in range(p + 1, batch.index):
-        current = body[index]
-        if current in source.removed:
-            continue
-        used = names_used(current)
-        if used & source.consumed:
-            raise Blocked("the input queue or reader is used by another statement")
-        if used & tainted:
-            if not isinstance(current, (cst.SimpleStatementLine, cst.If, cst.With, cst.Try)) or find(
-                    current, cst.Return, cst.Yield, cst.Break, cst.Continue, cst.Global, cst.Nonlocal):
-                raise Blocked("a statement between the read and the batching call that cannot move into the map "
-                              "function (a loop, or one that returns, breaks or continues)")
-            parse.append(current)
-            tainted |= assigned_names(current) if isinstance(current, cst.SimpleStatementLine) else scope_bindings(current)
-    _check_pipeline_uses(batch, source.consumed, tainted)
-    return parse
-
-
-def _check_pipeline_uses(batch: _Batch, consumed: set[str], parse_names: set[str]) -> None:
-    """The parsed tensors only feed the batch, and nothing of the pipeline is used after it."""
-    call, body, b = batch.call, batch.body, batch.index
-    if not batch.returned_names <= parse_names:
-        raise Blocked("the batched tensors do not all come from the reader or producer")
-    tensors = [*batch.tensors, argument(call, batch.params, "tensors")]
-    if names_used(call) & (parse_names - batch.returned_names) or any(
-        names_used(arg.value) & parse_names for arg in call.args if not any(arg.value is t for t in tensors)
-    ):
-        raise Blocked("the batching arguments depend on the parsed tensors")
-    rebound = set(flat_target_names(batch.outputs) or []) if batch.outputs is not None else set()
-    # Read again before being bound afresh (`_, loss = sess.run(...)` binds a parse's `_` anew).
-    if reads_first(body[b + 1:], (parse_names | consumed) - rebound):
-        raise Blocked("a tensor of the queue pipeline is used after the batching call")
-
-def _own_attribute(node: cst.BaseExpression) -> bool:
-    """`self.x`."""
-    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
-
-
-class _Planner:
+class _Planner(AcrossFunctions):
     def __init__(self, rule: "Rule") -> None:
         self.rule = rule
         self.module = rule.context.module
@@ -328,7 +179,7 @@ class _Planner:
         self._taken: dict[int, set[str]] = {}  # a function (or the module) -> the names in it, and those given there
         self._handed: dict[int, Pipeline] = {}  # a batching helper's call -> its caller's pipeline
         self._helper_names: dict[int, str] = {}  # a batching helper -> the name its dataset parameter takes
-        self._defined: list[_Definition] | None = None
+        self._defined: list[Definition] | None = None
         self._branch_datasets: dict[int, tuple[list[cst.BaseStatement], str, list[str]]] = {}  # an `if` -> its dataset
         self._examples_plans: dict[int, tuple[Pipeline, list[str], bool] | Blocked] = {}  # a function returning examples -> its rewrite
         self.imports: list = []
@@ -451,7 +302,7 @@ class _Planner:
         pipeline.replaced = {id(body[index]): [dataset, consume]}
         return pipeline
 
-    def _dequeued_source(self, body, p: int, b: int, call: cst.Call, qualified: str) -> _Source:
+    def _dequeued_source(self, body, p: int, b: int, call: cst.Call, qualified: str) -> Source:
         """An index or row queue the program dequeues itself, then works on what it read and
         batches it (`idx = index_queue.dequeue()`, `row = tf.gather(table, idx)`, then
         `tf.train.batch([row], ...)`): the producer's dataset, mapped and batched."""
@@ -465,9 +316,9 @@ class _Planner:
             raise Blocked("assign the `dequeue()` to a name")
         _, chain = self._dequeued_chain(producer, qualified)
         consumed = {self.code(body[p].body[0].targets[0].target)} if index != p else set()  # type: ignore[attr-defined]
-        return _Source(chain[0], [producer.target.value], chain[1:], removed, {producer.target.value}, consumed)
+        return Source(chain[0], [producer.target.value], chain[1:], removed, {producer.target.value}, consumed)
 
-    def _dequeued_chain(self, producer: _ProducerArgs, qualified: str) -> tuple[str, list[str]]:
+    def _dequeued_chain(self, producer: ProducerArgs, qualified: str) -> tuple[str, list[str]]:
         """The dataset's name and its chain: the source, shuffle, repeat (and the int32 cast of
         a range's positions)."""
         source = self.code(producer.source)
@@ -523,7 +374,7 @@ class _Planner:
         p, producer_call, producer_name = producer
         pipeline.producer_call = producer_call
         source = self._source(batch.body, p, batch.index, producer_call, producer_name)
-        parse = _parse_statements(batch, source, p)
+        parse = parse_statements(batch, source, p)
         pipeline.removed = list(source.removed) + parse
         pipeline.renamed = source.renamed
         pipeline.groups |= source.groups
@@ -531,13 +382,13 @@ class _Planner:
         top = self._if_of(batch.statement)
         if top is not None and not any(contains(top, s) for s in parse):  # each branch only batches
             pipeline.before = {id(top): self._shared_dataset(top, batch, source, parse)}
-            batches = _Source(self._branch_datasets[id(top)][1], list(batch.returned), [], [], set(), set())
+            batches = Source(self._branch_datasets[id(top)][1], list(batch.returned), [], [], set(), set())
             pipeline.replaced = {id(batch.statement): self._replacement(batch, batches, [], name="batches")}
             return
         new_statements = self._replacement(batch, source, [source.rewritten.get(id(s), s) for s in parse])
         pipeline.replaced = {id(batch.statement): new_statements}
 
-    def _shared_dataset(self, top: cst.If, batch: _Batch, source: _Source, parse: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def _shared_dataset(self, top: cst.If, batch: Batch, source: Source, parse: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """The examples' dataset, made once before an `if` whose branches batch it (`if shuffle:
         shuffle_batch(...) else: batch(...)`): its statements; every branch must batch the same tensors."""
         if id(top) not in self._branch_datasets:
@@ -564,308 +415,10 @@ class _Planner:
         if producer is not None:
             pipeline.producer_call = producer[1]
 
-    def _batching_helper(self, pipeline: Pipeline, batch: _Batch) -> bool:
-        """A batch of a helper function's parameters (cifar10's `_generate_image_and_label_batch(image,
-        label, ...)`, which batches with `shuffle_batch` or `batch`): the helper is given the
-        dataset of examples instead (as the parameter that took the first example; the others
-        go) and batches it; each of its callers makes that dataset from its queue and passes it
-        (the pipelines of ``_handed_over``, planned once per call). The helper and all its callers
-        are rewritten together or not at all (``_settle``). False where the batched tensors are
-        not the helper's parameters."""
-        helper = self._function_of(batch.statement)
-        if helper is None or not batch.as_tuple:
-            return False
-        params = self._parameters(helper)
-        by_name = {q.name.value: q for q in params}
-        if not all(isinstance(t, cst.Name) and t.value in by_name for t in batch.tensors):
-            return False
-        name = helper.name.value
-        pipeline.groups.add(name)
-        batched = []  # the tensors of every batching call in the helper (`if shuffle: ... else: ...`)
-        for other, qualified in self.calls.calls:
-            if qualified in BATCH_PARAMS and self._function_of(other) is helper:
-                tensors, _ = batched_tensors(argument(other, BATCH_PARAMS[qualified], "tensors"))
-                if [self.code(t) for t in tensors] != batch.returned:
-                    raise Blocked(f"`{name}` batches different examples in its batching calls")
-                batched += tensors
-        if len(set(batch.returned)) != len(batch.returned) or any(
-                n.value in batch.returned and not any(n is t for t in batched) for n in name_reads(helper.body, keywords=False)):
-            raise Blocked(f"`{name}` uses the examples it batches for something else too")
-        if id(helper) not in self._helper_names:
-            self._helper_names[id(helper)] = self._free("examples", helper.body)
-        examples = self._helper_names[id(helper)]
-        helper_source = _Source(examples, list(batch.returned), [], [], set(batch.returned), set())
-        pipeline.replaced = {id(batch.statement): self._replacement(batch, helper_source, [], name="batches")}
-        pipeline.renamed = {id(by_name[batch.returned[0]]): examples}
-        pipeline.dropped = {id(by_name[t]) for t in batch.returned[1:]}
-        for call in self._calls_of(helper):
-            if id(call) not in self._handed:
-                self._handed[id(call)] = self._handed_over(call, helper, batch, [by_name[t] for t in batch.returned])
-        return True
 
-    def _examples_function(self, pipeline: Pipeline, batch: _Batch) -> bool:
-        """A batch of the examples a function of the module returns (the TFRecord tutorials'
-        `img, label = read_and_decode("train.tfrecords")`, which makes its own filename queue, reads
-        and decodes one example): the function returns the dataset of its examples instead, and
-        the caller batches that dataset. False where the batched tensors do not come from such a
-        call in the block."""
-        found = self._examples_call(batch)
-        if found is None:
-            return False
-        index, call, function = found
-        name = function.name.value
-        returned, returned_code, as_tuple = self._examples_plan(function)  # the function's own rewrite, planned once
-        statement = batch.body[index]
-        target = assignment(statement)[0]  # type: ignore[index]
-        names = flat_target_names(target) or []
-        if len(names) != len(returned_code) or isinstance(target, cst.Name) == as_tuple:
-            raise Blocked(f"`{name}`'s examples are not unpacked as it returns them")
-        examples = self._free("examples", statement)
-        source = _Source(examples, names, [], [], set(names), set())
-        parse = _parse_statements(batch, source, index)
-        given = statement.with_changes(body=[single_small(statement).with_changes(targets=[cst.AssignTarget(cst.Name(examples))])])
-        pipeline.producer_call = returned.producer_call
-        pipeline.removed = returned.removed + parse
-        pipeline.replaced = {**returned.replaced, id(statement): [given], id(batch.statement): self._replacement(batch, source, parse)}
-        pipeline.renamed = returned.renamed
-        pipeline.groups |= {name} | returned.groups
-        pipeline.covers = {id(called_name(call))} | returned.covers
-        return True
-
-    def _examples_call(self, batch: _Batch) -> tuple[int, cst.Call, cst.FunctionDef] | None:
-        """The statement before the batch that binds the batched tensors to what a module
-        function returns: its index, the call and the function."""
-        needed = set(batch.returned_names)  # followed back through the statements that compute them
-        for index in range(batch.index - 1, -1, -1):
-            statement = batch.body[index]
-            if not assigned_names(statement) & needed:
-                continue
-            assigned = assignment(statement)
-            call = assigned[1] if assigned is not None else None
-            function = self._callee(call) if isinstance(call, cst.Call) else None
-            if function is not None:
-                return index, call, function  # type: ignore[return-value]
-            needed |= names_used(statement)
-        return None
-
-    def _examples_plan(self, function: cst.FunctionDef) -> tuple[Pipeline, list[str], bool]:
-        """How a function that makes its examples from its own queue and returns them returns the
-        dataset of those examples instead: its edits (as a Pipeline), what it returned and whether
-        as a tuple. Blocked where it cannot."""
-        if id(function) not in self._examples_plans:
-            try:
-                self._examples_plans[id(function)] = self._plan_examples_function(function)
-            except Blocked as blocked:
-                self._examples_plans[id(function)] = blocked
-        plan = self._examples_plans[id(function)]
-        if isinstance(plan, Blocked):
-            raise plan
-        return plan
-
-    def _plan_examples_function(self, function: cst.FunctionDef) -> tuple[Pipeline, list[str], bool]:
-        name = function.name.value
-        returns = [r for r in find(function.body, cst.Return) if self._function_of(r) is function]
-        place = self.blocks.place(module_parents(self.rule.context).get(id(returns[0]))) if len(returns) == 1 else None
-        if place is None:
-            raise Blocked(f"`{name}` does not end with one `return` of its examples")
-        body, index = place
-        value = returns[0].value
-        tensors, as_tuple = batched_tensors(value.with_changes(lpar=[], rpar=[]) if isinstance(value, cst.Tuple) else value)
-        producer = self._producer(body, index)
-        if producer is None or index != len(body) - 1:
-            raise Blocked(f"`{name}` returns examples it does not make from a queue of its own")
-        p, producer_call, producer_name = producer
-        handed = _Batch(cst.Call(cst.Name("return")), "", (), None, body, index, body[index], None, tensors,
-                        [self.code(t) for t in tensors], as_tuple, False, None)
-        source = self._source(body, p, index, producer_call, producer_name)
-        parse = _parse_statements(handed, source, p)
-        plan = Pipeline(batch_call=producer_call, producer_call=producer_call)
-        statement = body[index]
-        plan.replaced = {id(statement): self._replacement(
-            handed, source, [source.rewritten.get(id(s), s) for s in parse],
-            lambda dataset: cst.parse_statement(f"return {dataset}\n").with_changes(leading_lines=statement.leading_lines))}
-        plan.removed = list(source.removed) + parse
-        plan.renamed, plan.groups, plan.covers = source.renamed, source.groups, source.covers
-        return plan, handed.returned, as_tuple
-
-    def _queue_parameter(self, pipeline: Pipeline, batch: _Batch) -> bool:
-        """A reader function that batches too (`read_and_decode(filename_queue, batch_size)`
-        makes the reader, reads the queue it is given, decodes and batches): its callers make the
-        dataset of the queue's records and pass it instead (``_records_handed``), and the function
-        maps and batches it. False where the function reads no queue parameter."""
-        function = self._function_of(batch.statement)
-        found = None
-        for param in self._parameters(function) if function is not None else []:
-            read = self._read(batch.body, -1, batch.index, param.name.value)
-            if read is not None:
-                found = param, read
-                break
-        if found is None:
-            return False
-        param, read = found
-        self._check_key_unused(read.key, batch.body[read.index + 1:])
-        name = function.name.value  # type: ignore[union-attr]
-        pipeline.groups.add(name)
-        removed = [batch.body[read.index]]
-        reader_call = self._portable_reader(function, batch.body, read, removed)  # type: ignore[arg-type]
-        reader = self._reader_dataset(reader_call)
-        if param.name.value in set().union(*(names_used(s) for s in batch.body if s not in removed)):
-            raise Blocked(f"`{name}` uses the filename queue otherwise than by reading it once")
-        records = self._free("records", function.body)  # type: ignore[union-attr]
-        consumed = {read.reader_name} if read.reader_name else set()
-        source = _Source(records, [read.value_name], [], removed, {read.value_name}, consumed)
-        parse = _parse_statements(batch, source, read.index)
-        pipeline.replaced = {id(batch.statement): self._replacement(batch, source, parse)}
-        pipeline.removed = removed + parse
-        pipeline.renamed = {id(param): records}
-        for call in self._calls_of(function):  # type: ignore[arg-type]
-            if id(call) not in self._handed:
-                self._handed[id(call)] = self._records_handed(call, function, param, reader)  # type: ignore[arg-type]
-        return True
-
-    def _records_handed(self, call: cst.Call, function: cst.FunctionDef, param: cst.Param, reader: tuple[str, str, str]) -> Pipeline:
-        """The pipeline of one call of a reader function that batches: the filename queue the
-        caller makes and passes becomes the dataset of its files' records (``reader``: the
-        dataset class, its arguments and skip)."""
-        name = function.name.value
-        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(called_name(call))})
-        try:
-            argument_node = self._bound_argument(call, self._parameters(function), param, name)
-            body, index = self.blocks.of_call[id(call)]
-            queue = argument_node.value
-            producer = self._producer(body, index)
-            if producer is None or producer[2] != STRING_PRODUCER or not isinstance(queue, cst.Name):
-                raise Blocked(f"the filename queue `{name}` reads is not made by its caller")
-            p, producer_call, qualified = producer
-            pipeline.producer_call = producer_call
-            args = self._producer_args(body[p], producer_call, qualified)
-            if self.code(args.target) != queue.value or sum(queue.value in names_used(s) for s in body) != 2:
-                raise Blocked(f"the filename queue `{name}` reads is used otherwise too")
-            source_text, chain = self._files_chain(args, *reader)
-            records = self._free("records", body[index])
-            lines = "\n".join(f"    {piece}" for piece in [source_text, *chain])
-            made = cst.parse_statement(f"{records} = (\n{lines}\n)\n").with_changes(leading_lines=body[p].leading_lines)
-            pipeline.replaced = {id(body[p]): [made], id(body[index]): [body[index].deep_replace(queue, cst.Name(records))]}
-        except Blocked as blocked:
-            pipeline.blocker = str(blocked)
-        return pipeline
-
-    def _portable_reader(self, function: cst.FunctionDef, body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
-        """The reader a function makes, its arguments written out so that a caller can make the
-        same dataset (``portable_settings``); its statement is added to ``removed``."""
-        name = function.name.value
-        reader_call = self._reader_call(body, read, removed)
-        local = {q.name.value for q in function.params.params} | (scope_bindings(function) - {name})
-        reader_call = written_out(reader_call, portable_settings(body, list(body).index(removed[-1]), self.code, local))
-        if names_used(reader_call, keywords=False) & local:
-            raise Blocked(f"the reader's arguments are computed inside `{name}`; the dataset that replaces it is made by the caller")
-        return reader_call
-
-    def _handed_over(self, call: cst.Call, helper: cst.FunctionDef, batch: _Batch, taken: list[cst.Param]) -> Pipeline:
-        """The pipeline of one call of a batching helper: the examples it passes (``taken``, the
-        parameters the helper batches), made from a queue in the caller's block, become a
-        dataset passed in their place."""
-        name = helper.name.value
-        pipeline = Pipeline(batch_call=call, groups={name}, covers={id(called_name(call))})
-        try:
-            caller_body, index = self.blocks.of_call[id(call)]
-            arguments = [self._bound_argument(call, self._parameters(helper), param, name) for param in taken]
-            producer = self._producer(caller_body, index)
-            if producer is None:
-                raise Blocked(f"the examples `{name}` batches are not produced by its caller from a queue")
-            p, producer_call, producer_name = producer
-            pipeline.producer_call = producer_call
-            statement = caller_body[index]
-            threads = batch.threads if isinstance(batch.threads, cst.Integer) else None  # a helper's own setting stays there
-            handed = _Batch(call, batch.qualified, tuple(q.name.value for q in self._parameters(helper)), None, caller_body,
-                            index, statement, assignment(statement)[0] if assignment(statement) else None,
-                            [a.value for a in arguments], [self.code(a.value) for a in arguments], True, False, threads)
-            source = self._source(caller_body, p, index, producer_call, producer_name)
-            parse = _parse_statements(handed, source, p)
-
-            def hand_on(dataset: str) -> cst.BaseStatement:
-                return statement.deep_replace(call, handed_call(call, arguments, dataset))
-
-            pipeline.replaced = {id(statement): self._replacement(handed, source, [source.rewritten.get(id(s), s) for s in parse], hand_on)}
-            pipeline.removed = list(source.removed) + parse
-            pipeline.renamed = source.renamed
-            pipeline.groups |= source.groups
-            pipeline.covers |= source.covers
-        except Blocked as blocked:
-            pipeline.blocker = str(blocked)
-        return pipeline
-
-    def _parameters(self, function: cst.FunctionDef) -> list[cst.Param]:
-        """A function's plain parameters, less a method's `self` (or a class method's `cls`)."""
-        bound = any(function is d.function and d.bound for d in self._definitions())
-        return list(function.params.params)[1 if bound else 0:]
-
-    def _calls_of(self, function: cst.FunctionDef) -> list[cst.Call]:
-        """The calls of a module function or method in the module (see ``_callee``)."""
-        return [c for c in find(self.module, cst.Call) if id(c) in self.blocks.of_call and self._callee(c) is function]
-
-    def _callee(self, call: cst.Call) -> cst.FunctionDef | None:
-        """The module function (`f(...)`) or method (`self.f(...)`, `cls.f(...)`, `Class.f(...)`)
-        ``call`` calls, where one definition answers."""
-        func = call.func
-        if isinstance(func, cst.Name):
-            found = [d for d in self._definitions() if d.owner is None and d.function.name.value == func.value]
-        elif isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-            owner = func.value.value
-            found = [d for d in self._definitions() if d.owner is not None and d.function.name.value == func.attr.value
-                     and owner in ("self", "cls", d.owner)]
-        else:
-            return None
-        return found[0].function if len(found) == 1 else None
-
-    def _settle(self, pipelines: list[Pipeline]) -> None:
-        """A reader function or batching helper several pipelines share is rewritten for all of
-        them or for none: every use of it must be a call one of them rewrites."""
-        groups = sorted({group for p in pipelines for group in p.groups})
-        changed = True
-        while changed:
-            changed = False
-            for group in groups:
-                members = [p for p in pipelines if group in p.groups]
-                reason = next((p.blocker for p in members if p.blocker), None)
-                if reason is not None:
-                    shared = group if " " in group else f"`{group}`"
-                    reason = f"{shared} is shared with a queue pipeline that is not rewritten ({reason})"
-                elif self._references(group) - set().union(*(p.covers for p in members)):
-                    reason = f"`{group}` is also used where no queue pipeline is rewritten"
-                for member in members:
-                    if reason is not None and member.blocker is None:
-                        member.blocker, changed = reason, True
-
-    def _references(self, name: str) -> set[int]:
-        """The Name nodes that use a module function or method ``name`` (not its definition)."""
-        if " " in name:  # a group that is no function (the batching calls of one `if`)
-            return set()
-        definitions = {id(d.function.name) for d in self._definitions()}
-        return {id(n) for n in self.calls.names if n.value == name and id(n) not in definitions}
-
-    def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
-        """The module function or method ``node`` is in (directly: not in a nested function)."""
-        function = enclosing(node, module_parents(self.rule.context), cst.FunctionDef)
-        return function if any(function is d.function for d in self._definitions()) else None
-
-    @staticmethod
-    def _bound_argument(call: cst.Call, params: list[cst.Param], param: cst.Param, name: str) -> cst.Arg:
-        """The argument of ``call`` that ``param`` receives."""
-        if any(a.star for a in call.args):
-            raise Blocked(f"`{name}` is called with `*args` or `**kwargs`")
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == param.name.value:
-                return arg
-        positional = [a for a in call.args if a.keyword is None]
-        position = params.index(param)
-        if position < len(positional) and plain_tensor(positional[position].value):
-            return positional[position]
-        raise Blocked(f"the example `{param.name.value}` that `{name}` batches is not passed as a name")
-
-    def _batch(self, call: cst.Call, qualified: str) -> _Batch:
+    def _batch(self, call: cst.Call, qualified: str) -> Batch:
         """Check the batching call and its statement, and gather what the rewrite needs of them."""
-        params, smaller = _batch_arguments(call, qualified)
+        params, smaller = batch_arguments(call, qualified)
         if id(call) not in self.blocks.of_call:
             raise Blocked("the batching call is not in a statement block")
         body, b = self._path(call)
@@ -880,7 +433,7 @@ class _Planner:
             raise Blocked("assign or return the batching call on a line of its own")
         tensors, as_tuple = batched_tensors(argument(call, params, "tensors"))
         enqueue_many = is_true(argument(call, params, "enqueue_many"))
-        return _Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors,
+        return Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors,
                       [self.code(t) for t in tensors], as_tuple, enqueue_many, argument(call, params, "num_threads"))
 
     def _path(self, call: cst.Call) -> tuple[tuple[cst.BaseStatement, ...], int]:
@@ -930,7 +483,7 @@ class _Planner:
             owner = parents[id(owner)]
         return owner
 
-    def _replacement(self, batch: _Batch, source: _Source, parse: list[cst.BaseStatement],
+    def _replacement(self, batch: Batch, source: Source, parse: list[cst.BaseStatement],
                      hand_on: Callable[[str], cst.BaseStatement] | None = None, name: str = "dataset") -> list[cst.BaseStatement]:
         """What replaces the batching statement: [the parse function,] the dataset and its next
         element. With ``hand_on`` (the call of a batching helper, given the dataset's name), the
@@ -992,7 +545,7 @@ class _Planner:
                                   "iterator cannot hold; make the dataset from the data that initialises it, or read it with "
                                   "`make_initializable_iterator` and run the iterator's initializer")
 
-    def _shaped(self, batch: _Batch) -> list[str]:
+    def _shaped(self, batch: Batch) -> list[str]:
         """What the map function returns: the batched tensors, each checked against its entry in
         `shapes=` (which the queue enforced and gave the batch as its static shape)."""
         shapes = argument(batch.call, batch.params, "shapes")
@@ -1005,7 +558,7 @@ class _Planner:
         ensure_shape = self.ref("tensorflow.ensure_shape")
         return [f"{ensure_shape}({tensor}, {self.code(shape.value)})" for tensor, shape in zip(batch.returned, shapes.elements)]
 
-    def _batching_chain(self, batch: _Batch, chain: list[str]) -> None:
+    def _batching_chain(self, batch: Batch, chain: list[str]) -> None:
         """Append the shuffle buffer, the batch and the prefetch to the dataset's ``chain``."""
         call, params = batch.call, batch.params
         if batch.qualified == SHUFFLE_BATCH:
@@ -1052,7 +605,7 @@ class _Planner:
                 raise Blocked(f"`{qualified.rsplit('.', 1)[1]}` has no automatic rewrite (only string and slice producers)")
         return None
 
-    def _source(self, body, p: int, b: int, call: cst.Call, qualified: str) -> _Source:
+    def _source(self, body, p: int, b: int, call: cst.Call, qualified: str) -> Source:
         """The dataset source and the producer's shuffle/repeat, and what the map receives."""
         if qualified in DEQUEUED_PARAMS:
             return self._dequeued_source(body, p, b, call, qualified)
@@ -1063,7 +616,7 @@ class _Planner:
         # string_input_producer: find `k, v = reader.read(queue)` and the reader.
         return self._files_source(body, p, b, producer, removed)
 
-    def _constant_source(self, batch: _Batch) -> _Source:
+    def _constant_source(self, batch: Batch) -> Source:
         """`tf.train.batch([x, y], enqueue_many=True)` over `x = tf.constant(...)`, ... made
         earlier in the block: the queue runner enqueued all their rows again and again, in
         order; the dataset of their rows, repeated, does the same. (Other tensors could hold
@@ -1084,9 +637,9 @@ class _Planner:
             )
         names = batch.returned[0] if len(batch.returned) == 1 else f"({', '.join(batch.returned)})"
         source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({names})"
-        return _Source(source_text, list(batch.returned), [".repeat()"], [], set(batch.returned), set(), rows=True)
+        return Source(source_text, list(batch.returned), [".repeat()"], [], set(batch.returned), set(), rows=True)
 
-    def _producer_args(self, statement: cst.BaseStatement, call: cst.Call, qualified: str) -> _ProducerArgs:
+    def _producer_args(self, statement: cst.BaseStatement, call: cst.Call, qualified: str) -> ProducerArgs:
         """Check the producer call's arguments; its target, input, epochs and shuffling."""
         params = PRODUCER_PARAMS.get(qualified) or DEQUEUED_PARAMS[qualified]
         if has_star_args(call) or unknown_keywords(call, params):
@@ -1105,9 +658,9 @@ class _Planner:
         seed_text = f", seed={self.code(seed)}" if seed is not None else ""
         int64 = self.ref("tensorflow.int64")
         element_shape = argument(call, params, "element_shape") if "element_shape" in params else None
-        return _ProducerArgs(target, source, repeat, shuffle, seed_text, int64, element_shape)
+        return ProducerArgs(target, source, repeat, shuffle, seed_text, int64, element_shape)
 
-    def _slice_source(self, producer: _ProducerArgs, removed: list[cst.BaseStatement], uses: Sequence[cst.BaseStatement]) -> _Source:
+    def _slice_source(self, producer: ProducerArgs, removed: list[cst.BaseStatement], uses: Sequence[cst.BaseStatement]) -> Source:
         """`x, y = slice_input_producer([x, y])`: the tensors' slices, one name per tensor; or
         `queue = slice_input_producer([x, y])` read by position (`queue[0]`): the map function
         takes the slices as that one tuple (``uses``: the statements up to the batching call)."""
@@ -1130,9 +683,9 @@ class _Planner:
         if producer.shuffle:
             chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{producer.seed_text})")
         chain.append(producer.repeat)
-        return _Source(source_text, params, chain, removed, tainted, set())
+        return Source(source_text, params, chain, removed, tainted, set())
 
-    def _files_source(self, body, p: int, b: int, producer: _ProducerArgs, removed: list[cst.BaseStatement]) -> _Source:
+    def _files_source(self, body, p: int, b: int, producer: ProducerArgs, removed: list[cst.BaseStatement]) -> Source:
         """`q = string_input_producer(files)` and its reader: the reader's dataset over the files."""
         target = producer.target
         if not isinstance(target, cst.Name):
@@ -1151,9 +704,9 @@ class _Planner:
             self._check_key_unused(read.key, body[read.index + 1:])
         source_text, chain = self._files_chain(producer, dataset_class, extra, skip, keyed=bool(keys))
         consumed = {queue} | ({read.reader_name} if read.reader_name else set())
-        return _Source(source_text, [*keys, read.value_name], chain, removed, {*keys, read.value_name}, consumed)
+        return Source(source_text, [*keys, read.value_name], chain, removed, {*keys, read.value_name}, consumed)
 
-    def _reader_call(self, body, read: _Read, removed: list[cst.BaseStatement]) -> cst.Call:
+    def _reader_call(self, body, read: Read, removed: list[cst.BaseStatement]) -> cst.Call:
         """The reader `read` reads from: built inline, or the closest `reader = tf.XReader(...)`
         before it in ``body`` (that statement is added to ``removed``), or the one a method
         keeps on the object (CycleGAN's `self.reader = tf.TFRecordReader()` in `__init__`; that
@@ -1161,10 +714,10 @@ class _Planner:
         if read.reader_name is not None and read.reader_name.startswith("self."):
             attribute = read.reader_name.split(".", 1)[1]
             made = [a for a in find(self.module, cst.Assign) if len(a.targets) == 1
-                    and _own_attribute(a.targets[0].target) and a.targets[0].target.attr.value == attribute]
+                    and own_attribute(a.targets[0].target) and a.targets[0].target.attr.value == attribute]
             if len(made) != 1 or not isinstance(made[0].value, cst.Call):
                 raise Blocked(f"`{read.reader_name}` is not made once, by a reader call, in this module")
-            uses = [a for a in find(self.module, cst.Attribute) if _own_attribute(a) and a.attr.value == attribute]
+            uses = [a for a in find(self.module, cst.Attribute) if own_attribute(a) and a.attr.value == attribute]
             if len(uses) == 2:  # made and read here only
                 removed.append(module_parents(self.rule.context)[id(made[0])])
             return made[0].value
@@ -1178,81 +731,8 @@ class _Planner:
             raise Blocked("the reader is not created in the same block")
         return read.reader_call
 
-    def _reader_function_source(self, body, p: int, b: int, producer: _ProducerArgs, removed: list[cst.BaseStatement]) -> _Source:
-        """The filename queue passed to a reader function of this module, which makes the reader,
-        reads one record and decodes it (the "reading data" guide's `read_and_decode(filename_queue)`,
-        cifar10's `read_cifar10`): the function now decodes the record it is given, and its call
-        runs in the map function, given the dataset's record."""
-        queue = producer.target.value  # type: ignore[attr-defined]
-        users = [index for index in range(p + 1, b) if queue in names_used(body[index])]
-        if len(users) != 1 or not isinstance(body[users[0]], cst.SimpleStatementLine):
-            raise Blocked("no `reader.read(queue)` of the filename queue in the same block, nor one call of a reader function given the queue")
-        statement = body[users[0]]
-        call, argument_node, function, parameter = self._reader_function(statement, queue)
-        name = function.name.value
-        fbody = self.blocks.flat(function.body.body)
-        read = self._read(fbody, -1, len(fbody), parameter.name.value)
-        if read is None:
-            raise Blocked(f"`{name}` is given the filename queue but does not read it with `reader.read(...)` in its body")
-        self._check_key_unused(read.key, fbody[read.index + 1:])
-        inner_removed = [fbody[read.index]]
-        reader_call = self._portable_reader(function, fbody, read, inner_removed)
-        caller = self._function_of(statement)
-        if caller is not None and names_used(reader_call, keywords=False) & scope_bindings(caller):
-            raise Blocked(f"the reader's arguments name what `{caller.name.value}` binds to something else")
-        rest = [s for s in fbody if s not in inner_removed]
-        earlier = set().union(*(names_used(s) for s in fbody[:read.index]))
-        if parameter.name.value in set().union(*(names_used(s) for s in rest)) or read.value_name in earlier | {
-                q.name.value for q in function.params.params}:
-            raise Blocked(f"`{name}` uses the filename queue (or the record's name) otherwise than by reading it once")
-        dataset_class, extra, skip = self._reader_dataset(reader_call)
-        source_text, chain = self._files_chain(producer, dataset_class, extra, skip)
-        block_names = set().union(*(names_used(s) for s in body))
-        record = read.value_name if read.value_name not in block_names else self._free("record", statement)
-        rewritten = {id(statement): statement.deep_replace(argument_node.value, cst.Name(record))}
-        return _Source(source_text, [record], chain, removed + inner_removed, {queue}, set(), rewritten=rewritten,
-                       renamed={id(parameter): read.value_name}, groups={name}, covers={id(called_name(call))})
 
-    def _reader_function(self, statement: cst.BaseStatement, queue: str) -> tuple[cst.Call, cst.Arg, cst.FunctionDef, cst.Param]:
-        """In ``statement``, the one call given the queue, the argument that passes it, the
-        module's function (or method, called on `self`) it calls, and the parameter that receives it."""
-        calls = [c for c in find(statement, cst.Call) if any(isinstance(a.value, cst.Name) and a.value.value == queue for a in c.args)]
-        if len(calls) != 1 or sum(1 for n in find(statement, cst.Name) if n.value == queue) != 1:
-            raise Blocked("the filename queue is used otherwise than by passing it once to a reader function")
-        call = calls[0]
-        (argument_node,) = [a for a in call.args if isinstance(a.value, cst.Name) and a.value.value == queue]
-        function = self._callee(call)
-        if function is None:
-            raise Blocked("the filename queue is passed to a function that is not this module's")
-        name = function.name.value
-        params = self._parameters(function)
-        if function.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or function.params.star_kwarg is not None or function.params.kwonly_params:
-            raise Blocked(f"`{name}` takes `*args`, `**kwargs` or keyword-only parameters")
-        if argument_node.keyword is not None:
-            chosen = [q for q in params if q.name.value == argument_node.keyword.value]
-        else:
-            position = [a for a in call.args if a.keyword is None].index(argument_node)
-            chosen = params[position:position + 1] if not any(a.star for a in call.args) else []
-        if not chosen:
-            raise Blocked(f"which parameter of `{name}` receives the filename queue is not plain")
-        return call, argument_node, function, chosen[0]
-
-    def _definitions(self) -> list[_Definition]:
-        """The module's functions and its classes' methods."""
-        if self._defined is None:
-            self._defined = []
-            for statement in self.module.body:
-                if isinstance(statement, cst.FunctionDef):
-                    self._defined.append(_Definition(statement, None, False))
-                elif isinstance(statement, cst.ClassDef):
-                    for member in statement.body.body:
-                        if isinstance(member, cst.FunctionDef):
-                            decorators = {short_name(d.decorator) for d in member.decorators}
-                            bound = "staticmethod" not in decorators
-                            self._defined.append(_Definition(member, statement.name.value, bound))
-        return self._defined
-
-    def _read(self, body, p: int, b: int, queue: str) -> _Read | None:
+    def _read(self, body, p: int, b: int, queue: str) -> Read | None:
         """The first `key, value = reader.read(queue)` between the producer and the batching call."""
         for index in range(p + 1, b):
             assigned = assignment(body[index])
@@ -1269,9 +749,9 @@ class _Planner:
                     reader_call = func.value
                 elif isinstance(func.value, cst.Name):
                     reader_name = func.value.value
-                elif _own_attribute(func.value):
+                elif own_attribute(func.value):
                     reader_name = self.code(func.value)
-                return _Read(index, target.elements[1].value.value, reader_call, reader_name, target.elements[0].value)
+                return Read(index, target.elements[1].value.value, reader_call, reader_name, target.elements[0].value)
         return None
 
     def _check_key_unused(self, key: cst.BaseExpression, later: Sequence[cst.BaseStatement]) -> None:
@@ -1316,7 +796,7 @@ class _Planner:
             raise Blocked("the reader's options (`options=`) are not rewritten automatically")
         return dataset_class, extra, skip
 
-    def _files_chain(self, producer: _ProducerArgs, dataset_class: str, extra: str, skip: str,
+    def _files_chain(self, producer: ProducerArgs, dataset_class: str, extra: str, skip: str,
                      keyed: bool = False) -> tuple[str, list[str]]:
         """The dataset over the producer's files, and its shuffle/repeat chain (``keyed``: a
         whole file's name is kept with its contents)."""
