@@ -615,3 +615,29 @@ def test_a_refused_branch_refuses_the_other():
     blockers = [f.message.split("no automatic fix: ", 1)[1] for f in run_check(code) if f.code == "TFM303"]
     assert blockers[0] == ("the `if` on line 7 is shared with a queue pipeline that is not rewritten "
                            "(a shared batching queue (`shared_name=`) has no tf.data equivalent)")
+
+
+SLICES_TO_A_FUNCTION = """
+    import tensorflow as tf
+
+    def read_images_from_disk(input_queue, input_size):
+        img = tf.image.decode_jpeg(tf.read_file(input_queue[0]), channels=3)
+        label = tf.image.decode_png(tf.read_file(input_queue[1]), channels=1)
+        return img, label
+
+    def create_inputs(images, labels, batch_size):
+        queue = tf.train.slice_input_producer([images, labels], shuffle=False)
+        image, label = read_images_from_disk(queue, (8, 8))
+        return tf.train.batch([image, label], batch_size)
+    """
+
+
+def test_slices_handed_to_a_function_that_reads_them_by_position_are_its_tuple():
+    fixed = _fixed(SLICES_TO_A_FUNCTION)
+    assert "    def _parse(*queue):\n        image, label = read_images_from_disk(queue, (8, 8))\n" in fixed
+    assert "def read_images_from_disk(input_queue, input_size):\n" in fixed  # the function is unchanged
+
+
+def test_slices_handed_to_a_function_that_uses_the_list_otherwise_are_refused():
+    code = SLICES_TO_A_FUNCTION.replace("        return img, label", "        input_queue.append(img)\n        return img, label")
+    assert "`queue`, the producer's list of slices, is used otherwise than by position" in _blocker(code)

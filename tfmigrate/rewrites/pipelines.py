@@ -670,7 +670,7 @@ class _Planner(AcrossFunctions):
             raise Blocked("pass `slice_input_producer` a list of tensors (`[x, y]`)")
         names = flat_target_names(target)
         if isinstance(target, cst.Name):
-            check_read_by_position(target.value, uses, uses[-1])
+            check_read_by_position(target.value, uses, uses[-1], self._reads_by_position)
             params, tainted = [f"*{target.value}"], {target.value}
         elif names is not None and len(names) == len(source.elements):
             params, tainted = names, set(names)
@@ -684,6 +684,19 @@ class _Planner(AcrossFunctions):
             chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{producer.seed_text})")
         chain.append(producer.repeat)
         return Source(source_text, params, chain, removed, tainted, set())
+
+    def _reads_by_position(self, call: cst.Call, arg: cst.Arg) -> bool:
+        """Whether ``call`` hands the slices to a function of the module that only reads its
+        parameter by position (or unpacks it), so that it can be given the map function's tuple."""
+        function = self._callee(call)
+        if function is None:
+            return False
+        try:
+            param = self._parameter_of(call, function, arg)
+            check_read_by_position(param.name.value, self.blocks.flat(function.body.body), None)
+        except Blocked:
+            return False
+        return True
 
     def _files_source(self, body, p: int, b: int, producer: ProducerArgs, removed: list[cst.BaseStatement]) -> Source:
         """`q = string_input_producer(files)` and its reader: the reader's dataset over the files."""

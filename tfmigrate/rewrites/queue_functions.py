@@ -371,6 +371,10 @@ class AcrossFunctions:
         function = self._callee(call)
         if function is None:
             raise Blocked("the filename queue is passed to a function that is not this module's")
+        return call, argument_node, function, self._parameter_of(call, function, argument_node)
+
+    def _parameter_of(self, call: cst.Call, function: cst.FunctionDef, argument_node: cst.Arg) -> cst.Param:
+        """The parameter of ``function`` that ``argument_node`` of ``call`` binds."""
         name = function.name.value
         params = self._parameters(function)
         if function.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or function.params.star_kwarg is not None or function.params.kwonly_params:
@@ -382,7 +386,7 @@ class AcrossFunctions:
             chosen = params[position:position + 1] if not any(a.star for a in call.args) else []
         if not chosen:
             raise Blocked(f"which parameter of `{name}` receives the filename queue is not plain")
-        return call, argument_node, function, chosen[0]
+        return chosen[0]
 
     def _definitions(self) -> list[Definition]:
         """The module's functions and its classes' methods."""

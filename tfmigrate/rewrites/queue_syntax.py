@@ -230,15 +230,26 @@ def queue_line(body: Sequence[cst.BaseStatement], produced: int, dequeued: int, 
     return [body[produced]]
 
 
-def check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement], batching: cst.BaseStatement) -> None:
+def check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement], batching: cst.BaseStatement | None,
+                           passes: Callable[[cst.Call, cst.Arg], bool] | None = None) -> None:
     """The producer's list of slices, kept under one name, is only read by position
-    (`queue[0]`, `queue[-1]`, `queue[1:]`), unpacked, or batched whole (`tf.train.batch(queue,
-    ...)` in ``batching``): what a tuple of them does the same."""
+    (`queue[0]`, `queue[-1]`, `queue[1:]`), unpacked, batched whole (`tf.train.batch(queue,
+    ...)` in ``batching``), or handed whole to a function that ``passes`` says reads it so too
+    (DeepLab's `read_images_from_disk(input_queue, ...)`): what a tuple of them does the same."""
     unsupported: list[str] = []
 
     class Uses(cst.CSTVisitor):
         def visit_Arg(self, node: cst.Arg) -> bool:
             return not (self.batching and isinstance(node.value, cst.Name) and node.value.value == queue)
+
+        def visit_Call(self, node: cst.Call) -> bool:
+            if passes is None:
+                return True
+            visit_read_only(node.func, self)
+            for arg in node.args:
+                if not (isinstance(arg.value, cst.Name) and arg.value.value == queue and passes(node, arg)):
+                    visit_read_only(arg, self)
+            return False
 
         def visit_Subscript(self, node: cst.Subscript) -> bool:
             if isinstance(node.value, cst.Name) and node.value.value == queue:
