@@ -641,3 +641,38 @@ def test_slices_handed_to_a_function_that_reads_them_by_position_are_its_tuple()
 def test_slices_handed_to_a_function_that_uses_the_list_otherwise_are_refused():
     code = SLICES_TO_A_FUNCTION.replace("        return img, label", "        input_queue.append(img)\n        return img, label")
     assert "`queue`, the producer's list of slices, is used otherwise than by position" in _blocker(code)
+
+
+IMAGE_READER = SLICES_TO_A_FUNCTION.split("    def create_inputs")[0] + """
+    class ImageReader(object):
+        def __init__(self, images, labels, input_size):
+            self.input_size = input_size
+            self.queue = tf.train.slice_input_producer([images, labels], shuffle=False)
+            self.image, self.label = read_images_from_disk(self.queue, self.input_size)
+
+        def dequeue(self, num_elements):
+            image_batch, label_batch = tf.train.batch([self.image, self.label], num_elements)
+            return image_batch, label_batch
+
+    reader = ImageReader(image_paths, label_paths, (8, 8))
+    image_batch, label_batch = reader.dequeue(4)
+    """
+
+
+def test_examples_kept_on_the_object_and_batched_by_another_method_keep_their_dataset_there():
+    fixed = _fixed(IMAGE_READER)
+    assert ("        def _parse(*queue):\n            image, label = read_images_from_disk(queue, self.input_size)\n"
+            "            return image, label\n") in fixed
+    assert "        self.examples = dataset\n" in fixed and "self.queue" not in fixed and "self.image" not in fixed
+    assert "        batches = (\n            self.examples\n            .batch(num_elements, drop_remainder=True)\n" in fixed
+
+
+def test_examples_kept_on_the_object_and_batched_twice_are_refused():
+    code = IMAGE_READER + "\n    more_images, more_labels = reader.dequeue(8)\n"
+    assert "`dequeue` is called more than once" in _blocker(code)
+
+
+def test_examples_kept_on_the_object_and_read_elsewhere_are_refused():
+    code = IMAGE_READER.replace("            return image_batch, label_batch",
+                                "            tf.summary.image('one', self.image[None])\n            return image_batch, label_batch")
+    assert "are read elsewhere too" in _blocker(code)

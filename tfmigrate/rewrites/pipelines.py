@@ -364,7 +364,7 @@ class _Planner(AcrossFunctions):
             pipeline.replaced = {id(batch.statement): self._replacement(batch, source, [])}
             return
         if producer is None and (self._batching_helper(pipeline, batch) or self._examples_function(pipeline, batch)
-                                 or self._queue_parameter(pipeline, batch)):
+                                 or self._queue_parameter(pipeline, batch) or self._examples_attributes(pipeline, batch)):
             return
         if producer is None:
             raise Blocked(
@@ -582,7 +582,7 @@ class _Planner(AcrossFunctions):
         scope = enclosing(near, module_parents(self.rule.context), cst.FunctionDef) or self.module
         taken = self._taken.get(id(scope))
         if taken is None:
-            taken = self._taken[id(scope)] = {n.value for n in find(scope, cst.Name)}
+            taken = self._taken[id(scope)] = set(names_used(scope))  # a field's name (`self.image`) is no clash
         candidate, number = name, 2
         while candidate in taken:
             candidate, number = f"{name}_{number}", number + 1
@@ -669,6 +669,12 @@ class _Planner(AcrossFunctions):
         if not isinstance(source, (cst.List, cst.Tuple)):
             raise Blocked("pass `slice_input_producer` a list of tensors (`[x, y]`)")
         names = flat_target_names(target)
+        rewritten: dict[int, cst.BaseStatement] = {}
+        if own_attribute(target):  # `self.queue = slice_input_producer(...)`: read as a name in the map function
+            local = self._free(target.attr.value, uses[0])  # type: ignore[attr-defined]
+            rewritten = self._fields_named(uses, self.code(target), local)
+            uses = [rewritten.get(id(u), u) for u in uses]
+            target = cst.Name(local)
         if isinstance(target, cst.Name):
             check_read_by_position(target.value, uses, uses[-1], self._reads_by_position)
             params, tainted = [f"*{target.value}"], {target.value}
@@ -683,7 +689,25 @@ class _Planner(AcrossFunctions):
         if producer.shuffle:
             chain.append(f".shuffle({self.ref('tensorflow.shape')}({parts[0]}, out_type={int64})[0]{producer.seed_text})")
         chain.append(producer.repeat)
-        return Source(source_text, params, chain, removed, tainted, set())
+        return Source(source_text, params, chain, removed, tainted, set(), rewritten=rewritten)
+
+    def _fields_named(self, statements: Sequence[cst.BaseStatement], field: str, local: str) -> dict[int, cst.BaseStatement]:
+        """The ``statements`` that read the object's ``field`` (`self.queue`), reading ``local``
+        instead (by the id of each original); refused where the module reads that field anywhere
+        else (it is set once, by the producer)."""
+        rewritten: dict[int, cst.BaseStatement] = {}
+        seen = 0
+        for statement in statements:
+            nodes = [a for a in find(statement, cst.Attribute) if self.code(a) == field]
+            seen += len(nodes)
+            changed = statement
+            for node in nodes:
+                changed = changed.deep_replace(node, cst.Name(local))
+            if nodes:
+                rewritten[id(statement)] = changed
+        if sum(1 for a in find(self.module, cst.Attribute) if self.code(a) == field) != seen + 1:
+            raise Blocked(f"`{field}` is used elsewhere too")
+        return rewritten
 
     def _reads_by_position(self, call: cst.Call, arg: cst.Arg) -> bool:
         """Whether ``call`` hands the slices to a function of the module that only reads its

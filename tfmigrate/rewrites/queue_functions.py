@@ -20,7 +20,7 @@ from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
     flat_target_names, handed_call, plain_tensor, portable_settings, short_name, written_out,
 )
-from tfmigrate.rewrites.queue_parts import Batch, Definition, Pipeline, ProducerArgs, Read, Source, parse_statements
+from tfmigrate.rewrites.queue_parts import Batch, Definition, Pipeline, ProducerArgs, Read, Source, own_attribute, parse_statements
 
 
 class AcrossFunctions:
@@ -196,6 +196,77 @@ class AcrossFunctions:
         pipeline.covers = {id(called_name(call))} | returned.covers
         return True
 
+    def _examples_attributes(self, pipeline: Pipeline, batch: Batch) -> bool:
+        """A batch of examples another method of the class made from its queue and kept on the
+        object (DeepLab's `ImageReader`: `__init__` sets `self.image, self.label` from a slice
+        producer, `dequeue(n)` batches them): that method keeps the dataset of the examples on the
+        object instead, and this one batches it. False where the batched tensors are not such
+        fields."""
+        fields = [self.code(t) for t in batch.tensors]
+        if not batch.tensors or not all(own_attribute(t) for t in batch.tensors):
+            return False
+        found = self._fields_set(batch, fields)
+        if found is None:
+            return False
+        function, body, index = found
+        name = function.name.value
+        statement = body[index]
+        locals_ = [self._free(f.split(".", 1)[1], statement) for f in fields]
+        local_set = single_small(statement).with_changes(targets=[cst.AssignTarget(  # type: ignore[union-attr]
+            cst.parse_expression(", ".join(locals_)) if len(locals_) > 1 else cst.Name(locals_[0]))])
+        local_set = statement.with_changes(body=[local_set])
+        hand_off = cst.parse_statement(f"return {', '.join(locals_)}\n")
+        virtual = (*body[:index], local_set, hand_off, *body[index + 1:])
+        producer = self._producer(virtual, index + 1)
+        if producer is None:
+            raise Blocked(f"`{', '.join(fields)}`, which `{name}` sets, are not made from a queue there")
+        p, producer_call, qualified = producer
+        pipeline.producer_call = producer_call
+        handed = Batch(cst.Call(cst.Name("return")), "", (), None, virtual, index + 1, hand_off, None,
+                       [cst.Name(n) for n in locals_], locals_, batch.as_tuple, False, None)
+        source = self._source(virtual, p, index + 1, producer_call, qualified)
+        parse = parse_statements(handed, source, p)
+        kept = self._free_field("examples")
+        made = self._replacement(handed, source, [source.rewritten.get(id(s), s) for s in parse],
+                                 lambda dataset: cst.parse_statement(f"self.{kept} = {dataset}\n"))
+        batches = Source(f"self.{kept}", list(batch.returned), [], [], set(), set())
+        pipeline.removed = [s for s in list(source.removed) + parse if s is not local_set]
+        pipeline.replaced = {id(statement): made, id(batch.statement): self._replacement(batch, batches, [], name="batches")}
+        pipeline.renamed, pipeline.groups, pipeline.covers = source.renamed, pipeline.groups | source.groups, source.covers
+        return True
+
+    def _fields_set(self, batch: Batch, fields: list[str]):
+        """Where another method of the batching method's class sets the batched ``fields``, once,
+        in one statement (and nothing else reads them, and the batching method is called once):
+        that method, its statements as they run, and the statement's position; else None."""
+        method = self._function_of(batch.statement)
+        owner = next((d.owner for d in self._definitions() if d.function is method), None)
+        if method is None or owner is None:
+            return None
+        uses = [a for a in find(self.module, cst.Attribute) if self.code(a) in fields]
+        if len(uses) != 2 * len(fields) or sum(1 for n in self.calls.names if n.value == method.name.value) != 2:
+            raise Blocked(f"`{', '.join(fields)}` are read elsewhere too, or `{method.name.value}` is called more than once "
+                          "(each call batched the same examples' queue)")
+        for definition in self._definitions():
+            if definition.owner != owner or definition.function is method:
+                continue
+            body = self.blocks.flat(definition.function.body.body)
+            for index, statement in enumerate(body):
+                assigned = assignment(statement)
+                targets = assigned[0] if assigned is not None else None
+                elements = [e.value for e in targets.elements] if isinstance(targets, (cst.Tuple, cst.List)) else [targets]
+                if targets is not None and [self.code(e) for e in elements if e is not None] == fields:
+                    return definition.function, body, index
+        return None
+
+    def _free_field(self, name: str) -> str:
+        """``name`` (or ``name_2``, ...) for a new field on the object: one the module does not use."""
+        taken = {a.attr.value for a in find(self.module, cst.Attribute)}
+        candidate, number = name, 2
+        while candidate in taken:
+            candidate, number = f"{name}_{number}", number + 1
+        return candidate
+
     def _examples_call(self, batch: Batch) -> tuple[int, cst.Call, cst.FunctionDef] | None:
         """The statement before the batch that binds the batched tensors to what a module
         function returns: its index, the call and the function."""
@@ -357,7 +428,7 @@ class AcrossFunctions:
         block_names = set().union(*(names_used(s) for s in body))
         record = read.value_name if read.value_name not in block_names else self._free("record", statement)
         rewritten = {id(statement): statement.deep_replace(argument_node.value, cst.Name(record))}
-        return Source(source_text, [record], chain, removed + inner_removed, {queue}, set(), rewritten=rewritten,
+        return Source(source_text, [record], chain, removed + inner_removed, {queue, record}, set(), rewritten=rewritten,
                        renamed={id(parameter): read.value_name}, groups={name}, covers={id(called_name(call))})
 
     def _reader_function(self, statement: cst.BaseStatement, queue: str) -> tuple[cst.Call, cst.Arg, cst.FunctionDef, cst.Param]:

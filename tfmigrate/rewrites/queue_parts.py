@@ -133,7 +133,7 @@ def parse_statements(batch: Batch, source: Source, p: int) -> list[cst.BaseState
         current = body[index]
         if current in source.removed:
             continue
-        used = names_used(current)
+        used = names_used(source.rewritten.get(id(current), current))  # as the map function will read it
         if used & source.consumed:
             raise Blocked("the input queue or reader is used by another statement")
         if used & tainted:
