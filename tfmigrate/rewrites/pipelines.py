@@ -50,6 +50,7 @@ its callers, or not at all: ``_Planner._settle``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import libcst as cst
@@ -102,7 +103,8 @@ def module_plan(rule: "Rule") -> ModulePlan:
 
 class _Survey(cst.CSTVisitor):
     """One walk of the module: every statement block, and for each call the block statement it
-    is in; every call with its resolved name; every Name node; whether tf.data is used."""
+    is in; every call with its resolved name; every Name node; whether tf.data is used; for each
+    statement, the function it is in and the `if` whose branch it is directly in."""
 
     def __init__(self, rule: "Rule") -> None:
         self.rule = rule
@@ -112,6 +114,9 @@ class _Survey(cst.CSTVisitor):
         self.uses_tf_data = False
         self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
         self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
+        self.function_of: dict[int, cst.FunctionDef] = {}  # a statement -> the function it is in
+        self.if_of: dict[int, cst.If] = {}  # a statement directly in a branch, or an `elif` -> its `if`
+        self._functions: list[cst.FunctionDef] = []
 
     def _record(self, body: Sequence[cst.BaseStatement]) -> None:
         block = tuple(self.flat(body))
@@ -126,13 +131,13 @@ class _Survey(cst.CSTVisitor):
         input pipeline often runs into and out of one (cifar10's `data_augmentation`)."""
         flat: list[cst.BaseStatement] = []
         for statement in body:
-            if isinstance(statement, cst.With) and self.scopesingle_small(statement):
+            if isinstance(statement, cst.With) and self.scope_only(statement):
                 flat.extend(self.flat(statement.body.body))
             else:
                 flat.append(statement)
         return flat
 
-    def scopesingle_small(self, statement: cst.With) -> bool:
+    def scope_only(self, statement: cst.With) -> bool:
         for item in statement.items:
             qualified = self.rule.call_name(item.item) or ""
             if not (qualified.startswith("tensorflow.") and qualified.rsplit(".", 1)[1] in SCOPES):
@@ -147,6 +152,18 @@ class _Survey(cst.CSTVisitor):
         kind = type(node)
         if kind is cst.Module or kind is cst.IndentedBlock:
             self._record(node.body)
+            if self._functions:
+                for statement in node.body:
+                    self.function_of[id(statement)] = self._functions[-1]
+        elif kind is cst.FunctionDef:
+            self._functions.append(node)
+        elif kind is cst.If:
+            branches = [node.body, node.orelse.body] if isinstance(node.orelse, cst.Else) else [node.body]
+            for branch in branches:
+                for statement in branch.body:
+                    self.if_of[id(statement)] = node
+            if isinstance(node.orelse, cst.If):
+                self.if_of[id(node.orelse)] = node
         where = self._where.get(id(node))
         if where is not None:
             self._stack.append(where)
@@ -165,6 +182,8 @@ class _Survey(cst.CSTVisitor):
     def on_leave(self, original_node: cst.CSTNode) -> None:
         if id(original_node) in self._where:
             self._stack.pop()
+        if type(original_node) is cst.FunctionDef:
+            self._functions.pop()
 
 
 # --- the analysis -----------------------------------------------------------------------
@@ -246,10 +265,8 @@ class _Planner(AcrossFunctions):
                 scaffolding_blocker = str(blocked)
         edit = None
         if rewritable or scaffolding is not None:
-            transformer = _Rewrite(rewritable, scaffolding)
-            new_module = self.module.visit(transformer)
             edit = Edit(
-                {self.module: new_module}, FIX_TITLE, add_imports=self.imports,
+                _RewrittenModule(self.module, _Rewrite(rewritable, scaffolding)), FIX_TITLE, add_imports=self.imports,
                 remove_imports=self._from_imports(rewritable), safety=FixSafety.UNSAFE,
             )
         return ModulePlan(pipelines, scaffolding_blocker, edit, scaffolding is not None)
@@ -472,15 +489,9 @@ class _Planner(AcrossFunctions):
 
     def _if_of(self, statement: cst.CSTNode) -> cst.If | None:
         """The outermost `if` of the `if`/`elif`/`else` chain whose branch ``statement`` is directly in."""
-        parents = module_parents(self.rule.context)
-        block = parents.get(id(statement))
-        owner = parents.get(id(block)) if isinstance(block, cst.IndentedBlock) else None
-        if isinstance(owner, cst.Else):
-            owner = parents.get(id(owner))
-        if not isinstance(owner, cst.If):
-            return None
-        while isinstance(parents.get(id(owner)), cst.If):  # an `elif`: the `if` it continues
-            owner = parents[id(owner)]
+        owner = self.blocks.if_of.get(id(statement))
+        while owner is not None and id(owner) in self.blocks.if_of and self.blocks.if_of[id(owner)].orelse is owner:
+            owner = self.blocks.if_of[id(owner)]  # an `elif`: the `if` it continues
         return owner
 
     def _replacement(self, batch: Batch, source: Source, parse: list[cst.BaseStatement],
@@ -505,7 +516,7 @@ class _Planner(AcrossFunctions):
                 source.chain.append(".unbatch()")
             self._batching_chain(batch, source.chain)
         lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
-        self._check_capturable(cst.parse_expression(f"(\n{lines}\n)"), parse, batch.statement)
+        self._check_capturable(cst.parse_expression(f"(\n{lines}\n)"), parse)
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
             new_statements.append(self._parse_function(parse_fn, source.params, parse, returned))
@@ -525,21 +536,22 @@ class _Planner(AcrossFunctions):
         new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
         return new_statements
 
-    def _check_capturable(self, dataset: cst.BaseExpression, parse: list[cst.BaseStatement], near: cst.CSTNode) -> None:
+    def _check_capturable(self, dataset: cst.BaseExpression, parse: list[cst.BaseStatement]) -> None:
         """A one-shot iterator's dataset can hold constants and arrays but not a variable or a
         placeholder (`Cannot capture a stateful node`): refuse where the dataset or its map
         function reads a name the function (or module) binds to one (fully_connected_preloaded_var's
         `input_images = tf.Variable(images_initializer, collections=[])`)."""
         parse_free = set().union(*(names_used(s) for s in parse)) - set().union(*(assigned_names(s) for s in parse))
         read = names_used(dataset) | parse_free
-        scope = enclosing(near, module_parents(self.rule.context), cst.FunctionDef)
-        for where in (scope, self.module) if scope is not None else (self.module,):
-            for assign in find(where, cst.Assign):
-                call = assign.value
-                qualified = self.rule.call_name(call) if isinstance(call, cst.Call) else None
-                if qualified is None or not qualified.startswith("tensorflow.") or qualified.rsplit(".", 1)[1] not in STATEFUL:
+        for call, qualified in self.calls.calls:  # anywhere in the module: a name bound to one is suspect
+            if not qualified.startswith("tensorflow.") or qualified.rsplit(".", 1)[1] not in STATEFUL:
+                continue
+            body, index = self.blocks.of_call.get(id(call), ((), -1))
+            statement = body[index] if index >= 0 else None
+            for small in statement.body if isinstance(statement, cst.SimpleStatementLine) else ():
+                if not (isinstance(small, cst.Assign) and small.value is call):
                     continue
-                bound = {n for t in assign.targets for n in flat_target_names(t.target) or []}
+                bound = {n for t in small.targets for n in flat_target_names(t.target) or []}
                 for name in sorted(bound & read):
                     raise Blocked(f"the dataset would read `{name}`, a `{qualified.rsplit('.', 1)[1]}`, which a one-shot "
                                   "iterator cannot hold; make the dataset from the data that initialises it, or read it with "
@@ -576,10 +588,19 @@ class _Planner(AcrossFunctions):
         chain.append(f".{method}({self.code(batch_size)}{drop})")
         chain.append(f".prefetch({self.ref('tensorflow.data.AUTOTUNE')})")
 
+    def _scope_of(self, node: cst.CSTNode) -> cst.CSTNode:
+        """The function ``node`` (a statement of a block, or a function's block) is in, else the module."""
+        if isinstance(node, cst.IndentedBlock):
+            node = node.body[0] if node.body else node
+        function = self.blocks.function_of.get(id(node))
+        if function is None and id(node) not in self.blocks.function_of and self.blocks.place(node) is None:
+            function = enclosing(node, module_parents(self.rule.context), cst.FunctionDef)  # not a statement: look up
+        return function or self.module
+
     def _free(self, name: str, near: cst.CSTNode) -> str:
         """``name``, or ``name_2``, ... : one no code of the function around ``near`` uses (of the
         module, at its top level), nor another name this plan gave there."""
-        scope = enclosing(near, module_parents(self.rule.context), cst.FunctionDef) or self.module
+        scope = self._scope_of(near)
         taken = self._taken.get(id(scope))
         if taken is None:
             taken = self._taken[id(scope)] = set(names_used(scope))  # a field's name (`self.image`) is no clash
@@ -873,6 +894,28 @@ class _Planner(AcrossFunctions):
         header = cst.parse_statement(f"def {name}({', '.join(params)}):\n    pass\n")
         function = cst.ensure_type(header, cst.FunctionDef)
         return function.with_changes(body=cst.IndentedBlock(body=body), leading_lines=())
+
+
+class _RewrittenModule(Mapping):
+    """The edit's one change, {module: the module rewritten}, made when the fix engine reads it:
+    `check` only says that there is a fix, and the rewrite walks the whole module."""
+
+    def __init__(self, module: cst.Module, rewrite: cst.CSTTransformer) -> None:
+        self._module, self._rewrite = module, rewrite
+        self._rewritten: cst.Module | None = None
+
+    def __getitem__(self, node: cst.CSTNode) -> cst.Module:
+        if node is not self._module:
+            raise KeyError(node)
+        if self._rewritten is None:
+            self._rewritten = self._module.visit(self._rewrite)
+        return self._rewritten
+
+    def __iter__(self):
+        yield self._module
+
+    def __len__(self) -> int:
+        return 1
 
 
 # --- applying it ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import argument
 from tfmigrate.cst.traversal import (
-    enclosing, find, module_parents, name_reads, names_used, scope_bindings, single_small,
+    find, module_parents, name_reads, names_used, scope_bindings, single_small,
 )
 from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
@@ -150,7 +150,10 @@ class AcrossFunctions:
 
     def _function_of(self, node: cst.CSTNode) -> cst.FunctionDef | None:
         """The module function or method ``node`` is in (directly: not in a nested function)."""
-        function = enclosing(node, module_parents(self.rule.context), cst.FunctionDef)
+        if isinstance(node, cst.Call) and id(node) in self.blocks.of_call:  # a call: the statement it is in
+            body, index = self.blocks.of_call[id(node)]
+            node = body[index]
+        function = self._scope_of(node)
         return function if any(function is d.function for d in self._definitions()) else None
 
     @staticmethod
