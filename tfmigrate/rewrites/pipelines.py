@@ -50,6 +50,7 @@ its callers, or not at all: ``_Planner._settle``):
 from __future__ import annotations
 
 from dataclasses import dataclass
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -195,6 +196,7 @@ class _Planner(AcrossFunctions):
         self.module = rule.context.module
         self.blocks = self.calls = _Survey(rule)
         visit_read_only(self.module, self.blocks)
+        self._refs: dict[str, str] = {}  # a TensorFlow API's full name -> its spelling here
         self._taken: dict[int, set[str]] = {}  # a function (or the module) -> the names in it, and those given there
         self._handed: dict[int, Pipeline] = {}  # a batching helper's call -> its caller's pipeline
         self._helper_names: dict[int, str] = {}  # a batching helper -> the name its dataset parameter takes
@@ -207,11 +209,14 @@ class _Planner(AcrossFunctions):
         return self.module.code_for_node(node).strip()
 
     def ref(self, target: str) -> str:
-        expression, imports = self.rule.tf_ref(target)
-        for item in imports:
-            if item not in self.imports:
-                self.imports.append(item)
-        return self.module.code_for_node(expression)
+        """How this module spells a TensorFlow API (``target``: its full name), once per name."""
+        if target not in self._refs:
+            expression, imports = self.rule.tf_ref(target)
+            for item in imports:
+                if item not in self.imports:
+                    self.imports.append(item)
+            self._refs[target] = self.module.code_for_node(expression)
+        return self._refs[target]
 
     # -- plan --
     def plan(self) -> ModulePlan:
@@ -516,7 +521,7 @@ class _Planner(AcrossFunctions):
                 source.chain.append(".unbatch()")
             self._batching_chain(batch, source.chain)
         lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
-        self._check_capturable(cst.parse_expression(f"(\n{lines}\n)"), parse)
+        self._check_capturable(set(re.findall(r"(?<![\w.])[A-Za-z_]\w*", lines)), parse)
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
             new_statements.append(self._parse_function(parse_fn, source.params, parse, returned))
@@ -536,13 +541,13 @@ class _Planner(AcrossFunctions):
         new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
         return new_statements
 
-    def _check_capturable(self, dataset: cst.BaseExpression, parse: list[cst.BaseStatement]) -> None:
+    def _check_capturable(self, dataset: set[str], parse: list[cst.BaseStatement]) -> None:
         """A one-shot iterator's dataset can hold constants and arrays but not a variable or a
         placeholder (`Cannot capture a stateful node`): refuse where the dataset or its map
         function reads a name the function (or module) binds to one (fully_connected_preloaded_var's
         `input_images = tf.Variable(images_initializer, collections=[])`)."""
         parse_free = set().union(*(names_used(s) for s in parse)) - set().union(*(assigned_names(s) for s in parse))
-        read = names_used(dataset) | parse_free
+        read = dataset | parse_free  # the dataset's names: what its text names (a word in a string too)
         for call, qualified in self.calls.calls:  # anywhere in the module: a name bound to one is suspect
             if not qualified.startswith("tensorflow.") or qualified.rsplit(".", 1)[1] not in STATEFUL:
                 continue
