@@ -202,12 +202,18 @@ def test_a_batch_of_one_tensor_is_a_tensor_after_the_rewrite_too(tmp_path):
     )
     fixed = unsafe_fix(program)
     assert "slice_input_producer" not in fixed and "tf.data.Dataset.from_tensor_slices(table)" in fixed
+    old, new = _both_printed(program, fixed, tmp_path)
+    assert len(old) == 3 and new == old
+
+
+def _both_printed(program: str, fixed: str, tmp_path):
+    """What the program and its fixed version print last (JSON), each run on its own."""
     legacy, migrated = tmp_path / "legacy.py", tmp_path / "migrated.py"
     legacy.write_text(program)
     migrated.write_text(fixed)
     old, new = _run(legacy), _run(migrated)
     assert old.returncode == 0 and new.returncode == 0, old.stderr[-2000:] + new.stderr[-2000:]
-    assert len(_last_json(old.stdout)) == 3 and _last_json(new.stdout) == _last_json(old.stdout)
+    return _last_json(old.stdout), _last_json(new.stdout)
 
 
 def test_dynamically_padded_batches_are_padded_batches_with_the_same_values(tmp_path):
@@ -241,10 +247,5 @@ def test_dynamically_padded_batches_are_padded_batches_with_the_same_values(tmp_
     )
     fixed = unsafe_fix(program)
     assert ".padded_batch(2, drop_remainder=True)" in fixed and "tf.train.batch" not in fixed
-    legacy, migrated = tmp_path / "legacy.py", tmp_path / "migrated.py"
-    legacy.write_text(program)
-    migrated.write_text(fixed)
-    old, new = _run(legacy), _run(migrated)
-    assert old.returncode == 0 and new.returncode == 0, old.stderr[-2000:] + new.stderr[-2000:]
-    assert _last_json(old.stdout)[0] == [[[3, 1, 4], [1, 5, 0]], [3, 2]]
-    assert _last_json(new.stdout) == _last_json(old.stdout)
+    old, new = _both_printed(program, fixed, tmp_path)
+    assert old[0] == [[[3, 1, 4], [1, 5, 0]], [3, 2]] and new == old
