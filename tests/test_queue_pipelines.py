@@ -553,7 +553,7 @@ def test_if_and_with_statements_on_what_was_read_move_into_the_map_function():
     assert fixed.count("with tf.control_dependencies") == 1 and fixed.count('if which == "AtoB"') == 1
 
 
-def test_a_loop_over_what_was_read_is_refused():
+def test_a_loop_filling_a_list_made_outside_it_is_refused():
     code = """
         import tensorflow as tf
 
@@ -566,7 +566,38 @@ def test_a_loop_over_what_was_read_is_refused():
             stacked = tf.stack(parts)
             return tf.train.batch([stacked], batch_size=4)
         """
-    assert _blocker(code).startswith("a statement between the read and the batching call that cannot move into the map")
+    assert _blocker(code).startswith("`parts` is made outside what would move into the map function and changed there")
+
+
+def test_a_loop_over_what_was_read_moves_into_the_map_function():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(files):
+            queue = tf.train.string_input_producer(files, shuffle=False)
+            _, value = tf.TFRecordReader().read(queue)
+            frames = tf.decode_raw(value, tf.uint8)
+            for i in range(3):
+                frames = tf.concat([frames, frames[:1]], 0)
+            return tf.train.batch([frames], batch_size=4)
+        """)
+    assert "        for i in range(3):\n            frames = tf.concat([frames, frames[:1]], 0)\n        return frames\n" in fixed
+
+
+def test_a_statement_that_returns_from_the_function_is_refused():
+    code = """
+        import tensorflow as tf
+
+        def inputs(files, shuffle):
+            queue = tf.train.string_input_producer(files, shuffle=False)
+            _, value = tf.TFRecordReader().read(queue)
+            frames = tf.decode_raw(value, tf.uint8)
+            if shuffle:
+                return tf.train.shuffle_batch([frames], batch_size=4, capacity=50, min_after_dequeue=10)
+            return tf.train.batch([frames], batch_size=4)
+        """
+    blockers = [f.message.split("no automatic fix: ", 1)[1] for f in run_check(code) if f.code == "TFM303"]
+    assert "a statement between the read and the batching call that cannot move into the map function" in blockers[1]
 
 
 def test_a_keyword_argument_named_like_a_pipeline_tensor_is_not_a_use_of_it():

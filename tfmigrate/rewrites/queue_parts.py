@@ -137,14 +137,36 @@ def parse_statements(batch: Batch, source: Source, p: int) -> list[cst.BaseState
         if used & source.consumed:
             raise Blocked("the input queue or reader is used by another statement")
         if used & tainted:
-            if not isinstance(current, (cst.SimpleStatementLine, cst.If, cst.With, cst.Try)) or find(
-                    current, cst.Return, cst.Yield, cst.Break, cst.Continue, cst.Global, cst.Nonlocal):
+            # Python runs once while the map function is traced, as it did while the graph was built:
+            # a loop over frames unrolls the same. What leaves the block (return, or a break of a loop around it) cannot move.
+            loop = isinstance(current, (cst.For, cst.While))
+            if not isinstance(current, (cst.SimpleStatementLine, cst.If, cst.With, cst.Try, cst.For, cst.While)) or find(
+                    current, cst.Return, cst.Yield, cst.Global, cst.Nonlocal) or (not loop and find(current, cst.Break, cst.Continue)):
                 raise Blocked("a statement between the read and the batching call that cannot move into the map "
-                              "function (a loop, or one that returns, breaks or continues)")
+                              "function (one that returns, or breaks or continues a loop around it)")
+            changed = _outer_changes(current, tainted)
+            if changed:
+                raise Blocked(f"`{changed}` is made outside what would move into the map function and changed there "
+                              "(it would hold the map function's tensors)")
             parse.append(current)
             tainted |= assigned_names(current) if isinstance(current, cst.SimpleStatementLine) else scope_bindings(current)
     check_pipeline_uses(batch, source.consumed, tainted)
     return parse
+
+
+#: Methods that change the object they are called on.
+_MUTATORS = frozenset({"append", "extend", "insert", "update", "add", "pop", "remove", "setdefault", "clear"})
+
+
+def _outer_changes(statement: cst.BaseStatement, tainted: set[str]) -> str | None:
+    """A list or dict made outside what was read that ``statement`` changes (`image_seq.append(image)`):
+    in the map function it would be filled with the function's tensors, at trace time."""
+    for call in find(statement, cst.Call):
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _MUTATORS and isinstance(func.value, cst.Name) \
+                and func.value.value not in tainted and func.value.value not in scope_bindings(statement):
+            return func.value.value
+    return None
 
 
 def check_pipeline_uses(batch: Batch, consumed: set[str], parse_names: set[str]) -> None:
