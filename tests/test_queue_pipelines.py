@@ -584,8 +584,10 @@ def test_a_loop_over_what_was_read_moves_into_the_map_function():
     assert "        for i in range(3):\n            frames = tf.concat([frames, frames[:1]], 0)\n        return frames\n" in fixed
 
 
-def test_a_statement_that_returns_from_the_function_is_refused():
-    code = """
+def test_a_guard_that_returns_a_shuffled_batch_shares_the_dataset_with_the_batch_after_it():
+    """`if shuffle: return shuffle_batch(...)` then `return batch(...)` (the TensorFlow for Machine
+    Intelligence CSV reader): what follows the guard is its `else`."""
+    fixed = _fixed("""
         import tensorflow as tf
 
         def inputs(files, shuffle):
@@ -595,9 +597,25 @@ def test_a_statement_that_returns_from_the_function_is_refused():
             if shuffle:
                 return tf.train.shuffle_batch([frames], batch_size=4, capacity=50, min_after_dequeue=10)
             return tf.train.batch([frames], batch_size=4)
+        """)
+    assert "    examples = (\n        tf.data.TFRecordDataset(files)\n        .repeat()\n        .map(_parse)\n    )\n    if shuffle:\n" in fixed
+    assert fixed.count("def _parse") == 1 and "        .shuffle(10)\n" in fixed
+    assert "    batches_2 = (\n        examples\n        .batch(4, drop_remainder=True)\n" in fixed
+
+
+def test_a_statement_that_returns_other_than_a_batch_is_refused():
+    code = """
+        import tensorflow as tf
+
+        def inputs(files, debug):
+            queue = tf.train.string_input_producer(files, shuffle=False)
+            _, value = tf.TFRecordReader().read(queue)
+            frames = tf.decode_raw(value, tf.uint8)
+            if debug:
+                return frames
+            return tf.train.batch([frames], batch_size=4)
         """
-    blockers = [f.message.split("no automatic fix: ", 1)[1] for f in run_check(code) if f.code == "TFM303"]
-    assert "a statement between the read and the batching call that cannot move into the map function" in blockers[1]
+    assert _blocker(code).startswith("a statement between the read and the batching call that cannot move into the map")
 
 
 def test_a_keyword_argument_named_like_a_pipeline_tensor_is_not_a_use_of_it():

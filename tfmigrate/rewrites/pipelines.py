@@ -59,7 +59,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, contains, enclosing, find, module_parents, names_used, single_small,
+    blank_lines_unindented, enclosing, find, module_parents, names_used, single_small,
 )
 from tfmigrate.cst.walker import visit_read_only
 from tfmigrate.rewrites.queue_syntax import (
@@ -227,7 +227,7 @@ class _Planner(AcrossFunctions):
             ):
                 pipeline = Pipeline(batch_call=call)
                 statement = self.blocks.of_call.get(id(call), ((), -1))
-                top = self._if_of(statement[0][statement[1]]) if statement[1] >= 0 else None
+                top = self._if_of(statement[0][statement[1]]) or self._guard_before(*statement) if statement[1] >= 0 else None
                 if top is not None:
                     pipeline.groups.add(f"the `if` on line {self.rule.position(top).start.line}")
                 try:
@@ -401,14 +401,19 @@ class _Planner(AcrossFunctions):
         pipeline.renamed = source.renamed
         pipeline.groups |= source.groups
         pipeline.covers |= source.covers
-        top = self._if_of(batch.statement)
-        if top is not None and not any(contains(top, s) for s in parse):  # each branch only batches
+        top = self._if_of(batch.statement) or self._guard_before(*self.blocks.of_call[id(batch.call)])
+        if top is not None and self._all_before(parse, top):  # each branch only batches
             pipeline.before = {id(top): self._shared_dataset(top, batch, source, parse)}
             batches = Source(self._branch_datasets[id(top)][1], list(batch.returned), [], [], set(), set())
             pipeline.replaced = {id(batch.statement): self._replacement(batch, batches, [], name="batches")}
             return
         new_statements = self._replacement(batch, source, [source.rewritten.get(id(s), s) for s in parse])
         pipeline.replaced = {id(batch.statement): new_statements}
+
+    def _all_before(self, statements: list[cst.BaseStatement], top: cst.If) -> bool:
+        """Whether ``statements`` all run before the `if` ``top``, in the block it is in."""
+        block, index = self.blocks.place(top) or ((), -1)
+        return all(any(s is earlier for earlier in block[:index]) for s in statements)
 
     def _shared_dataset(self, top: cst.If, batch: Batch, source: Source, parse: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """The examples' dataset, made once before an `if` whose branches batch it (`if shuffle:
@@ -464,10 +469,29 @@ class _Planner(AcrossFunctions):
         block the `if` is in with that branch in the `if`'s place."""
         body, index = self.blocks.of_call[id(call)]
         branch = self._branch(body[index])
-        if branch is None:
-            return body, index
-        outer, i = branch
-        return (*outer[:i], *body, *outer[i + 1:]), i + index
+        if branch is not None:
+            outer, i = branch
+            if self._guard(outer[i]):  # `if shuffle: return shuffle_batch(...)`: what follows is not reached
+                return (*outer[:i], *body), i + index
+            return (*outer[:i], *body, *outer[i + 1:]), i + index
+        guard = self._guard_before(body, index)
+        if guard is not None:  # after `if shuffle: return ...`: the `if` was passed over
+            g = next(j for j, s in enumerate(body) if s is guard)
+            return (*body[:g], *body[g + 1:]), index - 1
+        return body, index
+
+    def _guard(self, statement: cst.BaseStatement) -> bool:
+        """`if C: ... return X` with no `else`: what follows it in the block is its `else`."""
+        return isinstance(statement, cst.If) and statement.orelse is None and bool(statement.body.body) \
+            and isinstance(single_small(statement.body.body[-1]), cst.Return)
+
+    def _guard_before(self, body, index: int) -> cst.If | None:
+        """The closest guard `if` before ``body[index]`` that batches in its branch (`if shuffle:
+        return shuffle_batch(...)`, then `return batch(...)`)."""
+        for statement in reversed(body[:index]):
+            if self._guard(statement) and any(self.rule.call_name(c) in BATCH_PARAMS for c in find(statement, cst.Call)):
+                return statement
+        return None
 
     def _branch(self, statement: cst.BaseStatement) -> tuple[tuple[cst.BaseStatement, ...], int] | None:
         """For a statement in a branch of an `if` (cifar10's and SRGAN's `if shuffle:
@@ -480,12 +504,13 @@ class _Planner(AcrossFunctions):
             return None
         branches, current = [], top
         while isinstance(current, cst.If):
-            branches.append(current.body)
+            branches.append(list(current.body.body))
             current = current.orelse.body if isinstance(current.orelse, cst.Else) else current.orelse
         if current is not None:
-            branches.append(current)
-        for branch in branches:
-            statements = list(branch.body)
+            branches.append(list(current.body))
+        if self._guard(top):  # its `else` is the rest of the block
+            branches.append(list(place[0][place[1] + 1:]))
+        for statements in branches:
             if not any(isinstance(c, cst.Call) and self.rule.call_name(c) in BATCH_PARAMS
                        for s in statements for c in find(s, cst.Call)) and not all(
                     isinstance(single_small(s), (cst.Raise, cst.Pass)) for s in statements):
@@ -510,7 +535,7 @@ class _Planner(AcrossFunctions):
         returned = self._shaped(batch) if hand_on is None else batch.returned
         # `tf.train.batch(queue, ...)` batches a slice producer's list whole: the dataset's tuples.
         whole = source.params == [f"*{returned[0]}"] and len(returned) == 1 and not batch.as_tuple
-        needs_map = bool(parse) or not whole and (returned != source.params or not batch.as_tuple)
+        needs_map = bool(parse) or not whole and returned != source.params
         if needs_map:
             parallel = ""
             if threads is not None and not (isinstance(threads, cst.Integer) and threads.value == "1"):
