@@ -106,8 +106,9 @@ class QueueBatching(Rule):
         and returns its examples returns their dataset; a reader function that batches too is
         given the dataset of the queue's records. `if`/`with`/`try` statements and loops on what was
         read move into the map function whole (not where they return, or fill a list made
-        outside them); batching calls in the branches of an `if` batch one
-        dataset made before it (every branch must batch or raise). A `WholeFileReader`'s files
+        outside them); batching calls in the branches of an `if` (or after a
+        guard `if shuffle: return shuffle_batch(...)`) batch one dataset made before it (every
+        branch must batch or raise). A `WholeFileReader`'s files
         are read by the dataset (`.map(tf.io.read_file)`, the file name kept where it is used).
         Refused where the dataset would read a variable or a placeholder: a one-shot iterator
         cannot hold one.
