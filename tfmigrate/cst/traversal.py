@@ -140,11 +140,11 @@ def _name_nodes(root: cst.CSTNode) -> dict[str, list[cst.Name]]:
     return index
 
 
-def fresh_name(module: cst.Module, name: str, taken: set[str] | None = None) -> str:
+def fresh_name(module: cst.Module | None, name: str, taken: set[str] | None = None) -> str:
     """``name``, or ``name_2``, ``name_3``...: the first that the module does not use and that is
-    not in ``taken`` (to which it is then added)."""
+    not in ``taken`` (to which it is then added); with no module, the first not in ``taken``."""
     taken = taken if taken is not None else set()
-    used = name_nodes(module)
+    used = name_nodes(module) if module is not None else {}
     candidate, n = name, 1
     while candidate in taken or candidate in used:
         n += 1

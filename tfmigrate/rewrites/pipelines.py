@@ -59,13 +59,13 @@ import libcst as cst
 from tfmigrate.cst.callargs import argument, has_star_args, is_false, is_none, is_true, unknown_keywords
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, enclosing, find, module_parents, names_used, single_small,
+    blank_lines_unindented, enclosing, find, fresh_name, module_parents, names_used, single_small,
 )
 from tfmigrate.cst.walker import visit_read_only
 from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, DEQUEUED_PARAMS, PRODUCER_PARAMS, RANGE_PRODUCER, READERS, SCOPES, SHUFFLE_BATCH, SLICE_PRODUCER,
     START_QUEUE_RUNNERS, STATEFUL, WHOLE_FILE, Blocked, assigned_names, assignment, batched_tensors,
-    check_read_by_position, dequeue_of, flat_target_names, plain_target, queue_line, short_name,
+    check_read_by_position, dequeue_of, flat_target_names, plain_target, queue_line,
 )
 from tfmigrate.rewrites.queue_functions import AcrossFunctions
 from tfmigrate.rewrites.queue_parts import (
@@ -115,6 +115,7 @@ class _Survey(cst.CSTVisitor):
         self.uses_tf_data = False
         self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
         self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
+        self.scopes: set[int] = set()  # the `with` statements that only name, scope or place ops (see ``flat``)
         self.function_of: dict[int, cst.FunctionDef] = {}  # a statement -> the function it is in
         self.if_of: dict[int, cst.If] = {}  # a statement directly in a branch, or an `elif` -> its `if`
         self._functions: list[cst.FunctionDef] = []
@@ -133,6 +134,7 @@ class _Survey(cst.CSTVisitor):
         flat: list[cst.BaseStatement] = []
         for statement in body:
             if isinstance(statement, cst.With) and self.scope_only(statement):
+                self.scopes.add(id(statement))
                 flat.extend(self.flat(statement.body.body))
             else:
                 flat.append(statement)
@@ -226,8 +228,7 @@ class _Planner(AcrossFunctions):
                 "batch_join", "shuffle_batch_join", "maybe_batch", "maybe_shuffle_batch", "maybe_batch_join", "maybe_shuffle_batch_join",
             ):
                 pipeline = Pipeline(batch_call=call)
-                statement = self.blocks.of_call.get(id(call), ((), -1))
-                top = self._if_of(statement[0][statement[1]]) or self._guard_before(*statement) if statement[1] >= 0 else None
+                top = self._deciding_if(call)
                 if top is not None:
                     pipeline.groups.add(f"the `if` on line {self.rule.position(top).start.line}")
                 try:
@@ -271,7 +272,7 @@ class _Planner(AcrossFunctions):
         edit = None
         if rewritable or scaffolding is not None:
             edit = Edit(
-                _RewrittenModule(self.module, _Rewrite(rewritable, scaffolding)), FIX_TITLE, add_imports=self.imports,
+                _RewrittenModule(self.module, _Rewrite(rewritable, scaffolding, self.blocks.scopes)), FIX_TITLE, add_imports=self.imports,
                 remove_imports=self._from_imports(rewritable), safety=FixSafety.UNSAFE,
             )
         return ModulePlan(pipelines, scaffolding_blocker, edit, scaffolding is not None)
@@ -401,7 +402,7 @@ class _Planner(AcrossFunctions):
         pipeline.renamed = source.renamed
         pipeline.groups |= source.groups
         pipeline.covers |= source.covers
-        top = self._if_of(batch.statement) or self._guard_before(*self.blocks.of_call[id(batch.call)])
+        top = self._deciding_if(batch.call)
         if top is not None and self._all_before(parse, top):  # each branch only batches
             pipeline.before = {id(top): self._shared_dataset(top, batch, source, parse)}
             batches = Source(self._branch_datasets[id(top)][1], list(batch.returned), [], [], set(), set())
@@ -479,6 +480,14 @@ class _Planner(AcrossFunctions):
             g = next(j for j, s in enumerate(body) if s is guard)
             return (*body[:g], *body[g + 1:]), index - 1
         return body, index
+
+    def _deciding_if(self, call: cst.Call) -> cst.If | None:
+        """The `if` that decides whether ``call``'s statement runs: the one whose branch it is in,
+        or a guard before it that returns otherwise (`if shuffle: return shuffle_batch(...)`)."""
+        if id(call) not in self.blocks.of_call:
+            return None
+        body, index = self.blocks.of_call[id(call)]
+        return self._if_of(body[index]) or self._guard_before(body, index)
 
     def _guard(self, statement: cst.BaseStatement) -> bool:
         """`if C: ... return X` with no `else`: what follows it in the block is its `else`."""
@@ -634,11 +643,7 @@ class _Planner(AcrossFunctions):
         taken = self._taken.get(id(scope))
         if taken is None:
             taken = self._taken[id(scope)] = set(names_used(scope))  # a field's name (`self.image`) is no clash
-        candidate, number = name, 2
-        while candidate in taken:
-            candidate, number = f"{name}_{number}", number + 1
-        taken.add(candidate)
-        return candidate
+        return fresh_name(None, name, taken)
 
     def _producer(self, body, b: int):
         """The closest producer statement before ``b``: (index, call, qualified)."""
@@ -951,8 +956,9 @@ class _RewrittenModule(Mapping):
 # --- applying it ------------------------------------------------------------------------
 
 class _Rewrite(cst.CSTTransformer):
-    def __init__(self, pipelines: list[Pipeline], scaffolding: ScaffoldPlan | None) -> None:
+    def __init__(self, pipelines: list[Pipeline], scaffolding: ScaffoldPlan | None, scopes: set[int]) -> None:
         super().__init__()
+        self.scopes = scopes  # `with tf.name_scope(...)` statements: one left empty goes
         self.remove = {id(s) for p in pipelines for s in p.removed}
         self.replace: dict[int, list[cst.BaseStatement]] = {}
         for pipeline in pipelines:
@@ -997,9 +1003,8 @@ class _Rewrite(cst.CSTTransformer):
         if id(original_node) in self.remove:  # moved into a map function
             return cst.RemovalSentinel.REMOVE
         # A name scope (or device) left holding nothing but the `pass` put there goes too.
-        if self._emptied(updated_node.body) and all(
-                item.asname is None and isinstance(item.item, cst.Call) and short_name(item.item.func) in SCOPES
-                for item in updated_node.items):
+        if id(original_node) in self.scopes and self._emptied(updated_node.body) and all(
+                item.asname is None for item in updated_node.items):
             return cst.RemovalSentinel.REMOVE
         return updated_node
 

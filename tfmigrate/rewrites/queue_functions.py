@@ -14,7 +14,7 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import argument
 from tfmigrate.cst.traversal import (
-    find, module_parents, name_reads, names_used, scope_bindings, single_small,
+    find, fresh_name, module_parents, name_reads, names_used, scope_bindings, single_small,
 )
 from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
@@ -161,13 +161,9 @@ class AcrossFunctions:
         """The argument of ``call`` that ``param`` receives."""
         if any(a.star for a in call.args):
             raise Blocked(f"`{name}` is called with `*args` or `**kwargs`")
-        for arg in call.args:
-            if arg.keyword is not None and arg.keyword.value == param.name.value:
-                return arg
-        positional = [a for a in call.args if a.keyword is None]
-        position = params.index(param)
-        if position < len(positional) and plain_tensor(positional[position].value):
-            return positional[position]
+        arg = _arguments_by_parameter(call, params).get(param.name.value)
+        if arg is not None and (arg.keyword is not None or plain_tensor(arg.value)):
+            return arg
         raise Blocked(f"the example `{param.name.value}` that `{name}` batches is not passed as a name")
 
     def _examples_function(self, pipeline: Pipeline, batch: Batch) -> bool:
@@ -264,11 +260,7 @@ class AcrossFunctions:
 
     def _free_field(self, name: str) -> str:
         """``name`` (or ``name_2``, ...) for a new field on the object: one the module does not use."""
-        taken = {a.attr.value for a in find(self.module, cst.Attribute)}
-        candidate, number = name, 2
-        while candidate in taken:
-            candidate, number = f"{name}_{number}", number + 1
-        return candidate
+        return fresh_name(None, name, {a.attr.value for a in find(self.module, cst.Attribute)})
 
     def _examples_call(self, batch: Batch) -> tuple[int, cst.Call, cst.FunctionDef] | None:
         """The statement before the batch that binds the batched tensors to what a module
@@ -453,11 +445,8 @@ class AcrossFunctions:
         params = self._parameters(function)
         if function.params.star_arg not in (None, cst.MaybeSentinel.DEFAULT) or function.params.star_kwarg is not None or function.params.kwonly_params:
             raise Blocked(f"`{name}` takes `*args`, `**kwargs` or keyword-only parameters")
-        if argument_node.keyword is not None:
-            chosen = [q for q in params if q.name.value == argument_node.keyword.value]
-        else:
-            position = [a for a in call.args if a.keyword is None].index(argument_node)
-            chosen = params[position:position + 1] if not any(a.star for a in call.args) else []
+        bound = {} if any(a.star for a in call.args) else _arguments_by_parameter(call, params)
+        chosen = [q for q in params if bound.get(q.name.value) is argument_node]
         if not chosen:
             raise Blocked(f"which parameter of `{name}` receives the filename queue is not plain")
         return chosen[0]
@@ -476,3 +465,10 @@ class AcrossFunctions:
                             bound = "staticmethod" not in decorators
                             self._defined.append(Definition(member, statement.name.value, bound))
         return self._defined
+
+
+def _arguments_by_parameter(call: cst.Call, params: list[cst.Param]) -> dict[str, cst.Arg]:
+    """The argument of ``call`` (without `*args`/`**kwargs`) each of ``params`` receives, by name."""
+    bound = {param.name.value: arg for param, arg in zip(params, [a for a in call.args if a.keyword is None])}
+    bound.update({arg.keyword.value: arg for arg in call.args if arg.keyword is not None})
+    return bound

@@ -239,6 +239,10 @@ def check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement], 
     unsupported: list[str] = []
 
     class Uses(cst.CSTVisitor):
+        def __init__(self, batching: bool) -> None:
+            super().__init__()
+            self.batching = batching
+
         def visit_Arg(self, node: cst.Arg) -> bool:
             return not (self.batching and isinstance(node.value, cst.Name) and node.value.value == queue)
 
@@ -273,8 +277,6 @@ def check_read_by_position(queue: str, statements: Sequence[cst.BaseStatement], 
                 unsupported.append(node.value)
 
     for statement in statements:
-        uses = Uses()
-        uses.batching = statement is batching
-        visit_read_only(statement, uses)
+        visit_read_only(statement, Uses(statement is batching))
     if unsupported:
         raise Blocked(f"`{queue}`, the producer's list of slices, is used otherwise than by position (`{queue}[0]`)")
