@@ -3347,3 +3347,24 @@ def test_an_update_method_returning_its_op_counts_a_step_made_outside_once_after
     assert ("with tf.control_dependencies([update_op]):\n"
             "                update_op = global_step.assign_add(1).op\n\n"
             "            return update_op\n") in out
+
+
+@pytest.mark.tensorflow
+def test_with_no_loss_fetched_replicas_that_apply_a_share_of_the_average_report_the_mean(migrated, tmp_path):
+    """No loss is fetched, so verify reads the losses the optimizers saw. Each replica of the
+    GAN's rewrite applies 1/N of the average the program takes over every replica's gradients:
+    those losses are averaged, as the original's towers' are (summing them doubled the new
+    program's loss against the original's: a MISMATCH on a correct rewrite, improved-gan style)."""
+    pytest.importorskip("tensorflow")
+    name = "general_gan_two_optimizers"
+    fetches = (("_, d_value = sess.run([d_train_op, d_loss_mean], feed_dict=feed)",
+                "sess.run(d_train_op, feed_dict=feed); d_value = 0.0"),
+               ("_, g_value = sess.run([g_train_op, g_loss_mean], feed_dict=feed)",
+                "sess.run(g_train_op, feed_dict=feed); g_value = 0.0"))
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    old.write_text(replaced((FIXTURES / "programs" / f"{name}.py").read_text(), *fetches))
+    new.write_text(replaced(migrated[name].read_text(), *fetches))
+    assert "apply_share" in new.read_text()
+    status, report = run_verify(old, new, tmp_path, steps=10)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert any(note.startswith("NEW:") and "mean of the 2 losses" in note for note in report["notes"]), report["notes"]

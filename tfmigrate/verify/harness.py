@@ -429,6 +429,10 @@ class Recorder:
                     upstream = cone(roots)
                     losses = [(loss, replica) for loss, gops, replica in rec.grad_losses.get(id(op.graph), [])
                               if gops & upstream]
+                    # A replica's update made from every replica's gradients (their average, taken
+                    # by the program) is not one replica's share: its losses are averaged, not summed.
+                    if sum(replica for _, replica in losses) > 1:
+                        losses = [(loss, False) for loss, _ in losses]
                     # Under MirroredStrategy each replica's apply_gradients returns an update op
                     # with its own loss upstream: keep every replica's, not the last.
                     known = rec.apply_ops.setdefault(id(op.graph), {}).setdefault(op, rec.update_of(op))
