@@ -177,6 +177,15 @@ class SplitConcatParallel(Rule):
         """,
         """\
         import tensorflow as tf
+        xs = tf.split(images, num_gpus)
+        for i in range(num_gpus):
+            with tf.device('/gpu:%d' % i):
+                tower_losses.append(loss_fn(xs[i]))
+        # The towers' losses stacked to be averaged: nothing is joined per example (TFM111's split).
+        loss = tf.reduce_mean(tf.stack(tower_losses))
+        """,
+        """\
+        import tensorflow as tf
         groups = tf.split(features, num_gpus, axis=3)
         outs = []
         for i in range(num_gpus):

@@ -47,6 +47,8 @@ JOINS = {
     "keras.engine.topology.merge",
     "keras.backend.concatenate",
 }
+REDUCTIONS = {"tensorflow.reduce_mean", "tensorflow.reduce_sum", "tensorflow.math.reduce_mean",
+              "tensorflow.math.reduce_sum"}
 JOIN_LAYERS = {"keras.layers.Concatenate", "keras.layers.merge.Concatenate", "keras.layers.Merge"}
 
 
@@ -217,11 +219,22 @@ def _join_after(context, tower: TowerLoop) -> cst.Call | None:
             sources = sources | {(frozenset(names_used(node.target)), frozenset(names_used(node.iter)))}
         elif isinstance(node, (cst.ListComp, cst.SetComp, cst.GeneratorExp, cst.DictComp)):
             sources = sources | _comprehension_sources(node.for_in)
+        if isinstance(node, cst.Call) and _averages_stacked(node, context.imports):
+            continue  # `tf.reduce_mean(tf.stack(tower_losses))`: the losses averaged, not outputs joined
         if isinstance(node, cst.Call) and is_join(node, context.imports):
             if enclosing_tower(context, node) is not tower and _through_loops(names_used(node), sources) & outputs:
                 return node
         stack.extend((child, sources) for child in reversed(children(node)))
     return None
+
+
+def _averages_stacked(call: cst.Call, imports) -> bool:
+    """`tf.reduce_mean(tf.stack(xs))` (or `reduce_sum`), over every axis: a mean or sum of the
+    stacked values (the towers' losses), which joins nothing the program reads per example."""
+    if imports.resolve(call.func) not in REDUCTIONS or len(call.args) != 1 or call.args[0].keyword is not None:
+        return False
+    inner = call.args[0].value
+    return isinstance(inner, cst.Call) and imports.resolve(inner.func) == "tensorflow.stack"
 
 
 def _comprehension_sources(comp: cst.CompFor | None) -> frozenset:
