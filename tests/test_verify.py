@@ -392,3 +392,38 @@ def _verified_against_itself(source: str, tmp_path, steps: int) -> dict:
     status, report = verify_report(program, program, tmp_path, steps=steps)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
     return report
+
+
+STEP_COUNTED = '''
+import numpy as np
+import tensorflow as tf
+
+x = tf.placeholder(tf.float32, [8, 3])
+y = tf.placeholder(tf.float32, [8, 1])
+w = tf.get_variable("w", [3, 1], initializer=tf.zeros_initializer())
+# nematus names its global step 'time' and get_variable makes it a float
+step = tf.get_variable("time", [], initializer=tf.zeros_initializer(), trainable=False)
+loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+report = tf.identity(loss, name="report")  # what the program prints: not the tensor the optimizer saw
+train_op = tf.train.GradientDescentOptimizer(LR).apply_gradients(
+    tf.train.GradientDescentOptimizer(LR).compute_gradients(loss), global_step=step)
+rng = np.random.RandomState(0)
+xs, ys = rng.randn(8, 3).astype(np.float32), rng.randn(8, 1).astype(np.float32)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    for i in range(12):
+        t, _, value = sess.run([step, train_op, report], {x: xs, y: ys})
+        print("step %d loss %f" % (i, value))
+'''
+
+
+@pytest.mark.tensorflow
+def test_a_fetched_float_global_step_is_not_taken_for_the_loss(tf_available, tmp_path):
+    """A float step count fetched before the loss rises alike in any two programs: compared
+    as the loss, it made a wrong learning rate MATCH."""
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    old.write_text(STEP_COUNTED.replace("LR", "0.1"))
+    new.write_text(STEP_COUNTED.replace("LR", "0.05"))
+    result = run_verify(str(old), str(new), "--steps", "8", "--warmup", "2")
+    assert result.returncode == 1 and "MISMATCH" in result.stdout, result.stdout + result.stderr
+    assert "fetched scalar report:0" in result.stdout, result.stdout

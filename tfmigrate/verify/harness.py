@@ -392,6 +392,7 @@ class Recorder:
         self.tf = tf
         self.state = state
         self.apply_ops: dict[int, dict] = {}       # id(graph) -> {op: [loss tensors]}
+        self.global_steps: dict[int, set] = {}     # id(graph) -> the names of the steps the updates count
         self.grad_losses: dict[int, list] = {}     # id(graph) -> [(loss, set(grad tensors), replica)]
         # Under MirroredStrategy the k-th apply_gradients of every replica is one update, but each
         # replica gets its own op back: (id(graph), k) -> the losses they share, and
@@ -423,6 +424,7 @@ class Recorder:
             grads_and_vars = list(grads_and_vars)
             result = orig_apply(opt, grads_and_vars, *args, **kwargs)
             try:
+                rec.note_global_step(kwargs.get("global_step", args[0] if args else None), result)
                 op = result if hasattr(result, "node_def") else getattr(result, "op", None)
                 if op is not None:
                     roots = [g.op for g, _ in grads_and_vars if g is not None and hasattr(g, "op")]
@@ -443,6 +445,23 @@ class Recorder:
 
         opt_cls.compute_gradients = compute_gradients
         opt_cls.apply_gradients = apply_gradients
+
+    def note_global_step(self, step, update) -> None:
+        """Remember the variable an update counts its steps in: a fetched step count is no loss."""
+        graph = getattr(update, "graph", None)
+        name = getattr(step, "name", None)
+        if graph is not None and isinstance(name, str):
+            self.global_steps.setdefault(id(graph), set()).add(REPLICA_COPY.sub("", name.split(":")[0]))
+
+    def _is_step_count(self, graph, element) -> bool:
+        """Whether ``element`` reads a global step (one an update was given, or the graph's)."""
+        steps = set(self.global_steps.get(id(graph), ()))
+        for step in graph.get_collection(self.tf.compat.v1.GraphKeys.GLOBAL_STEP):
+            steps.add(REPLICA_COPY.sub("", step.name.split(":")[0]))
+        op = element.op
+        while op.type in ("Identity", "ReadVariableOp") and op.inputs and op.name not in steps:
+            op = op.inputs[0].op
+        return REPLICA_COPY.sub("", op.name) in steps
 
     def update_of(self, op) -> list:
         """The list of losses behind ``op``: shared by the replicas' ops of one update."""
@@ -569,8 +588,8 @@ class Recorder:
             dtype = getattr(element, "dtype", None)
             if dtype is None or not dtype.is_floating:
                 continue
-            if element.op in recorded:  # an update's own output (a float global step's increment)
-                continue
+            if element.op in recorded or self._is_step_count(element.graph, element):
+                continue  # a float global step, or its increment (an update's own output)
             shape = element.shape
             if shape.rank not in (0, None):
                 continue
