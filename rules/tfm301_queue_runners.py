@@ -148,10 +148,12 @@ class QueueRunners(Rule):
                 self._report(node, qualified, COORDINATORS[qualified])
 
     def _report(self, node: cst.Call, qualified: str, message: str) -> None:
-        if qualified not in (START_QUEUE_RUNNERS, COORDINATOR):
-            self.report(node, message)  # QueueRunner, Supervisor, slim: no automatic fix
-            return
         plan = module_plan(self)
+        if qualified not in (START_QUEUE_RUNNERS, COORDINATOR):
+            # The runner of a queue built by hand goes with the queue's rewrite (TFM304); Supervisor, slim: no fix.
+            pipeline = plan.pipeline_of(node) if qualified in QUEUE_RUNNERS else None
+            self.report(node, message, edit=plan.edit if pipeline is not None and pipeline.blocker is None else None)
+            return
         if plan.edit is not None and plan.scaffolding_included:
             self.report(node, message, edit=plan.edit)
         else:

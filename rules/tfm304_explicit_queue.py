@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.rewrites.pipelines import module_plan
 from tfmigrate.rule import FixSafety, Invalid, Rule
 from tfmigrate.tf_api import PREFETCH_QUEUES, QUEUES, STAGING_AREAS
 
@@ -52,10 +53,32 @@ class ExplicitQueue(Rule):
         dist_dataset = strategy.experimental_distribute_dataset(dataset.prefetch(tf.data.AUTOTUNE))
     """
     fix_notes = """
-        No automatic fix yet (it will be unsafe): the queue, the code that enqueues into it and
-        every `dequeue` have to be replaced by one dataset and its iterator, and under
-        MirroredStrategy the per-tower dequeues become the distributed dataset's per-replica
-        batches. Check the result with `tfmigrate verify`.
+        Unsafe, for a queue filled by a QueueRunner and dequeued in batches, in one block (a
+        function body or the module):
+
+            example_queue = tf.FIFOQueue(3 * batch_size, dtypes=[tf.float32, tf.int32], shapes=shapes)
+            example_enqueue_op = example_queue.enqueue([image, label])
+            tf.train.add_queue_runner(tf.train.QueueRunner(example_queue, [example_enqueue_op] * num_threads))
+            images, labels = example_queue.dequeue_many(batch_size)
+
+        That is what `tf.train.batch([image, label], batch_size, num_threads=num_threads,
+        shapes=shapes)` builds inside, and the fix rewrites it as TFM303 rewrites that batch: a
+        `RandomShuffleQueue` shuffles with its `min_after_dequeue` and `seed`, a
+        `PaddingFIFOQueue` pads (`padded_batch`), `enqueue_many` unbatches (over `tf.constant`s
+        the dataset is their rows, repeated), `dequeue_up_to` keeps the smaller last batch. The
+        queue, its enqueue op, its runner (inline or named, then registered) and a
+        `sess.run(queue.close(...))` go. An `if`/`else` that chooses the queue (resnet's
+        `cifar_input`: `RandomShuffleQueue` to train, `FIFOQueue` to evaluate) becomes the same
+        `if` choosing the dataset's shuffle; the preprocessing in its branches moves into the map
+        function, and a thread count set there for the runner goes.
+
+        No fix, with the reason in the message, where the queue is fed otherwise (a Python thread
+        running `sess.run(enqueue_op, feed_dict=...)`: make a `tf.data.Dataset.from_generator`
+        over what it feeds), its runner's threads are started by `create_threads`, the queue is
+        used otherwise (`queue.size()` in a summary), has `names=`, or what it holds is neither read
+        from files by a producer and reader in the block nor constants. A slim `prefetch_queue`
+        and a `StagingArea` have no fix: under MirroredStrategy the per-tower dequeues become the
+        distributed dataset's per-replica batches. Check the result with `tfmigrate verify`.
     """
 
     valid = [
@@ -101,11 +124,16 @@ class ExplicitQueue(Rule):
             return
         if qualified in QUEUES:
             cls = QUEUES[qualified]
-            self.report(
-                node,
-                f"`{cls}` carries input through a TF1 queue and its enqueue threads; "
-                f"replace it, its enqueue ops and its `dequeue` with {_INSTEAD[cls]}",
-            )
+            message = (f"`{cls}` carries input through a TF1 queue and its enqueue threads; "
+                       f"replace it, its enqueue ops and its `dequeue` with {_INSTEAD[cls]}")
+            plan = module_plan(self)
+            pipeline = plan.pipeline_of(node)
+            if pipeline is not None and pipeline.blocker is None:
+                self.report(node, message, edit=plan.edit)
+            elif pipeline is not None:  # dequeued in batches, but not in a shape the rewrite reads
+                self.report(node, f"{message}; no automatic fix: {pipeline.blocker}")
+            else:
+                self.report(node, message)
         elif qualified in PREFETCH_QUEUES:
             self.report(
                 node,

@@ -94,7 +94,7 @@ def test_fixed_functional_keras_program_runs_to_the_end_on_keras_3_and_trains_th
 @pytest.mark.parametrize("name", [
     "fix_queue_tfrecord.py", "fix_queue_slices.py", "fix_queue_files_by_position.py", "fix_queue_enqueue_many.py",
     "fix_queue_rows_gathered.py", "fix_queue_reader_function.py", "fix_queue_examples_function.py",
-    "fix_queue_reader_batches.py", "fix_queue_image_reader.py",
+    "fix_queue_reader_batches.py", "fix_queue_image_reader.py", "fix_queue_hand_built_cifar_input.py",
 ])
 def test_fixed_pipeline_yields_the_same_batches(name, tmp_path):
     legacy, fixed = _fixed_copy(name, tmp_path)

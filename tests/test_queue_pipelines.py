@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.conftest import run_check, unsafe_fix
 
 
@@ -725,3 +727,173 @@ def test_examples_kept_on_the_object_and_read_elsewhere_are_refused():
     code = IMAGE_READER.replace("            return image_batch, label_batch",
                                 "            tf.summary.image('one', self.image[None])\n            return image_batch, label_batch")
     assert "are read elsewhere too" in _blocker(code)
+
+
+# --- queues built by hand (TFM304): a queue, its enqueue op, its QueueRunner and a dequeue of a batch
+
+
+def _hand_built_findings(code: str) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for finding in run_check(textwrap.dedent(code).lstrip("\n")):
+        found.setdefault(finding.code, []).append(finding)
+    return found
+
+
+CONSTANT_ROWS = """
+    import numpy as np
+    import tensorflow as tf
+
+    data = np.zeros((100, 4), np.float32)
+    target = np.zeros((100,), np.int32)
+
+    # ---- input queue ----
+    queue = tf.FIFOQueue(capacity=50, dtypes=[tf.float32, tf.int32], shapes=[[4], []])
+    enqueue_op = queue.enqueue_many([tf.constant(data), tf.constant(target)])
+    data_batch, label_batch = queue.dequeue_many(32)
+    loss = tf.reduce_mean(data_batch) + tf.reduce_mean(tf.cast(label_batch, tf.float32))
+
+    qr = tf.train.QueueRunner(queue, [enqueue_op] * 4)
+    tf.train.add_queue_runner(qr)
+    with tf.Session() as sess:
+        coord = tf.train.Coordinator()
+        threads = tf.train.start_queue_runners(sess=sess, coord=coord)
+        print(sess.run(loss))
+        coord.request_stop()
+        sess.run(queue.close(cancel_pending_enqueues=True))
+        coord.join(threads)
+    """
+
+
+def test_a_hand_built_queue_of_constant_rows_is_the_rows_dataset():
+    """The CS20SI queue lecture's shape: `enqueue_many` of constants, a runner registered by
+    name after the model, a `close` at the end: one dataset where the batch was taken."""
+    fixed = _fixed(CONSTANT_ROWS)
+    assert (
+        "# ---- input queue ----\n"
+        "dataset = (\n"
+        "    tf.data.Dataset.from_tensor_slices((tf.constant(data), tf.constant(target)))\n"
+        "    .repeat()\n"
+        "    .batch(32, drop_remainder=True)\n"
+        "    .prefetch(tf.data.AUTOTUNE)\n"
+        ")\n"
+        "data_batch, label_batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()\n"
+        "loss = "
+    ) in fixed
+    for gone in ("FIFOQueue", "enqueue_op", "QueueRunner", "add_queue_runner", "close(", "Coordinator", "coord."):
+        assert gone not in fixed, gone
+
+
+def test_the_queue_s_runner_findings_carry_the_queue_s_fix():
+    found = _hand_built_findings(CONSTANT_ROWS)
+    assert [f.fixable for f in found["TFM304"]] == [True]
+    assert all(f.fixable for f in found["TFM301"]), [f.message for f in found["TFM301"]]
+
+
+def test_a_random_shuffle_queue_shuffles_the_dataset_with_its_buffer_and_seed():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(files, batch_size):
+            filename_queue = tf.train.string_input_producer(files, shuffle=False)
+            _, serialized = tf.TFRecordReader().read(filename_queue)
+            image = tf.decode_raw(serialized, tf.uint8)
+            queue = tf.RandomShuffleQueue(1000, 400, [tf.uint8], seed=7)
+            enqueue = queue.enqueue([image])
+            tf.train.add_queue_runner(tf.train.QueueRunner(queue, [enqueue]))
+            return queue.dequeue_up_to(batch_size)
+        """)
+    assert ("        .map(_parse)\n        .shuffle(400, seed=7)\n        .batch(batch_size)\n"
+            "        .prefetch(tf.data.AUTOTUNE)\n    )\n"
+            "    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()\n") in fixed
+    assert "Queue" not in fixed
+
+
+def test_a_padding_queue_pads_its_batches():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(files, batch_size):
+            filename_queue = tf.train.string_input_producer(files, shuffle=False)
+            _, line = tf.TextLineReader().read(filename_queue)
+            tokens = tf.string_split([line]).values
+            queue = tf.PaddingFIFOQueue(64, [tf.string], shapes=[[None]])
+            enqueue = queue.enqueue([tokens])
+            tf.train.add_queue_runner(tf.train.QueueRunner(queue, [enqueue]))
+            tokens_batch = queue.dequeue_many(batch_size)
+            return tokens_batch
+        """)
+    assert "        return tf.ensure_shape(tokens, [None])\n" in fixed
+    assert ".padded_batch(batch_size, drop_remainder=True)" in fixed
+
+
+def test_queues_an_if_chooses_shuffle_as_its_branches_did():
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def inputs(files, batch_size, mode):
+            filename_queue = tf.train.string_input_producer(files, shuffle=False)
+            _, value = tf.TFRecordReader().read(filename_queue)
+            image = tf.decode_raw(value, tf.uint8)
+            if mode == 'train':
+                queue = tf.RandomShuffleQueue(100, 50, [tf.uint8])
+            else:
+                queue = tf.RandomShuffleQueue(10, 5, [tf.uint8])
+            enqueue = queue.enqueue([image])
+            tf.train.add_queue_runner(tf.train.QueueRunner(queue, [enqueue]))
+            return queue.dequeue_many(batch_size)
+        """)
+    assert ("    if mode == 'train':\n        dataset = dataset.shuffle(50)\n"
+            "    else:\n        dataset = dataset.shuffle(5)\n"
+            "    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)\n") in fixed
+    assert "if mode == 'train':\n        queue" not in fixed and "Queue" not in fixed  # the emptied `if` went
+
+
+@pytest.mark.parametrize("code, reason", [
+    ("""
+        import threading
+        import tensorflow as tf
+        images = tf.placeholder(tf.float32, [None, 4])
+        queue = tf.FIFOQueue(32, [tf.float32], shapes=[[4]])
+        enqueue = queue.enqueue_many([images])
+        batch = queue.dequeue_many(8)
+        def feed(sess, data):
+            for rows in data:
+                sess.run(enqueue, feed_dict={images: rows})
+        """, "a Python thread feeding it has no one-to-one tf.data rewrite"),
+    ("""
+        import tensorflow as tf
+        queue = tf.FIFOQueue(32, [tf.float32], shapes=[[4]])
+        enqueue = queue.enqueue_many([tf.constant(rows)])
+        qr = tf.train.QueueRunner(queue, [enqueue])
+        batch = queue.dequeue_many(8)
+        with tf.Session() as sess:
+            coord = tf.train.Coordinator()
+            threads = qr.create_threads(sess, coord=coord, start=True)
+        """, "the `QueueRunner` `qr` is used otherwise than registered with `tf.train.add_queue_runner`"),
+    ("""
+        import tensorflow as tf
+        queue = tf.FIFOQueue(32, [tf.float32], shapes=[[4]])
+        enqueue = queue.enqueue_many([tf.constant(rows)])
+        tf.train.add_queue_runner(tf.train.QueueRunner(queue, [enqueue]))
+        batch = queue.dequeue_many(8)
+        tf.summary.scalar('queue_size', queue.size())
+        """, "`queue` is used otherwise than to enqueue, run, dequeue and close it"),
+    ("""
+        import tensorflow as tf
+        queue = tf.FIFOQueue(32, [tf.float32], names=['x'])
+        enqueue = queue.enqueue_many({'x': tf.constant(rows)})
+        tf.train.add_queue_runner(tf.train.QueueRunner(queue, [enqueue]))
+        batch = queue.dequeue_many(8)
+        """, "a queue with `names=` has no tf.data rewrite here"),
+    ("""
+        import tensorflow as tf
+        counter = tf.Variable(0)
+        example = tf.gather(tf.constant(rows), tf.assign_add(counter, 1))
+        queue = tf.FIFOQueue(32, [tf.float32], shapes=[[4]])
+        enqueue = queue.enqueue([example])
+        tf.train.add_queue_runner(tf.train.QueueRunner(queue, [enqueue]))
+        batch = queue.dequeue_many(8)
+        """, "the enqueued tensors are neither read from files by a producer and reader in this block"),
+])
+def test_hand_built_queues_the_rewrite_cannot_read_say_why(code, reason):
+    assert reason in _blocker(code, rule="TFM304")

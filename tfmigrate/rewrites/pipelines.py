@@ -68,6 +68,7 @@ from tfmigrate.rewrites.queue_syntax import (
     check_read_by_position, dequeue_of, flat_target_names, plain_target, queue_line,
 )
 from tfmigrate.rewrites.queue_functions import AcrossFunctions
+from tfmigrate.rewrites.queue_hand_built import HandBuiltQueue, HandBuiltSearch, choice_statement, hand_built_queues
 from tfmigrate.rewrites.queue_parts import (
     Batch, Definition, Pipeline, ProducerArgs, Read, Source, batch_arguments, own_attribute, parse_statements,
 )
@@ -90,7 +91,7 @@ class ModulePlan:
 
     def pipeline_of(self, call: cst.Call) -> Pipeline | None:
         for pipeline in self.pipelines:
-            if call is pipeline.batch_call or call is pipeline.producer_call:
+            if call is pipeline.batch_call or call is pipeline.producer_call or any(call is c for c in pipeline.queue_calls):
                 return pipeline
         return None
 
@@ -205,6 +206,7 @@ class _Planner(AcrossFunctions):
         self._defined: list[Definition] | None = None
         self._branch_datasets: dict[int, tuple[list[cst.BaseStatement], str, list[str]]] = {}  # an `if` -> its dataset
         self._examples_plans: dict[int, tuple[Pipeline, list[str], bool] | Blocked] = {}  # a function returning examples -> its rewrite
+        self._hand_built: dict[int, HandBuiltQueue] = {}  # the batching call a hand-built queue amounts to -> the queue
         self.imports: list = []
 
     def code(self, node: cst.CSTNode) -> str:
@@ -223,20 +225,36 @@ class _Planner(AcrossFunctions):
     # -- plan --
     def plan(self) -> ModulePlan:
         pipelines = []
-        for call, qualified in self.calls.calls:
-            if qualified in BATCH_PARAMS or qualified.startswith("tensorflow.train.") and qualified.rsplit(".", 1)[1] in (
+        batching = [(call, qualified) for call, qualified in self.calls.calls if qualified in BATCH_PARAMS or (
+            qualified.startswith("tensorflow.train.") and qualified.rsplit(".", 1)[1] in (
                 "batch_join", "shuffle_batch_join", "maybe_batch", "maybe_shuffle_batch", "maybe_batch_join", "maybe_shuffle_batch_join",
-            ):
-                pipeline = Pipeline(batch_call=call)
-                top = self._deciding_if(call)
-                if top is not None:
-                    pipeline.groups.add(f"the `if` on line {self.rule.position(top).start.line}")
-                try:
-                    self._pipeline(pipeline, qualified)
-                except Blocked as blocked:
-                    pipeline.blocker = str(blocked)
-                    self._link_producer(pipeline)
-                pipelines.append(pipeline)
+            ))]
+        survey = HandBuiltSearch(self.rule, self.calls.calls, lambda node: self.blocks.of_call.get(id(node)),
+                                 self.blocks.place, self._scope_of, self._if_of, self.code)
+        for queue in hand_built_queues(survey):
+            if queue.blocker is not None:
+                pipelines.append(Pipeline(batch_call=queue.dequeue, blocker=queue.blocker, queue_calls=queue.queue_calls))
+                continue
+            # The batching call is planned at the dequeue's place, as if the program had written it there.
+            self.blocks.of_call[id(queue.batch_call)] = self.blocks.of_call[id(queue.dequeue)]
+            self._hand_built[id(queue.batch_call)] = queue
+            batching.append((queue.batch_call, queue.qualified))
+        for call, qualified in batching:
+            pipeline = Pipeline(batch_call=call)
+            queue = self._hand_built.get(id(call))
+            if queue is not None:
+                pipeline.queue_calls = queue.queue_calls
+            top = self._deciding_if(call)
+            if top is not None:
+                pipeline.groups.add(f"the `if` on line {self.rule.position(top).start.line}")
+            try:
+                self._pipeline(pipeline, qualified)
+                if queue is not None:
+                    self._keep_lines_above(pipeline, queue)
+            except Blocked as blocked:
+                pipeline.blocker = str(blocked)
+                self._link_producer(pipeline)
+            pipelines.append(pipeline)
         pipelines += self._handed.values()
         self._settle(pipelines)
         batched = {id(p.producer_call) for p in pipelines if p.blocker is None}
@@ -246,7 +264,8 @@ class _Planner(AcrossFunctions):
                 if dequeued is not None:  # first: the producer's own pipeline, where a batch pipeline over it is refused
                     pipelines.insert(0, self._dequeued_pipeline(call, qualified, *dequeued))
         rewritable = [p for p in pipelines if p.blocker is None]
-        covered = {id(p.batch_call) for p in rewritable} | {id(p.producer_call) for p in rewritable}
+        covered = {id(p.batch_call) for p in rewritable} | {id(p.producer_call) for p in rewritable} | {
+            id(c) for p in rewritable for c in p.queue_calls}
         scaffolding_blocker = None
         remaining = [
             qualified for call, qualified in self.calls.calls
@@ -382,10 +401,16 @@ class _Planner(AcrossFunctions):
         """Plan the rewrite of one pipeline into ``pipeline``, or raise Blocked with the reason."""
         batch = self._batch(pipeline.batch_call, qualified)
         producer = self._producer(batch.body, batch.index)
+        queue = self._hand_built.get(id(batch.call))
+        own = list(queue.statements) if queue is not None else []  # a hand-built queue's statements go
         if producer is None and batch.enqueue_many:
             source = self._constant_source(batch)
+            pipeline.removed = own
             pipeline.replaced = {id(batch.statement): self._replacement(batch, source, [])}
             return
+        if producer is None and queue is not None:
+            raise Blocked("the enqueued tensors are neither read from files by a producer and reader in this block "
+                          "nor `tf.constant`s enqueued with `enqueue_many`; build the tf.data pipeline by hand")
         if producer is None and (self._batching_helper(pipeline, batch) or self._examples_function(pipeline, batch)
                                  or self._queue_parameter(pipeline, batch) or self._examples_attributes(pipeline, batch)):
             return
@@ -397,6 +422,9 @@ class _Planner(AcrossFunctions):
         p, producer_call, producer_name = producer
         pipeline.producer_call = producer_call
         source = self._source(batch.body, p, batch.index, producer_call, producer_name)
+        source.removed = [*source.removed, *own]
+        if queue is not None and queue.choice is not None:
+            self._strip_choice(queue, source)
         parse = parse_statements(batch, source, p)
         pipeline.removed = list(source.removed) + parse
         pipeline.renamed = source.renamed
@@ -410,6 +438,34 @@ class _Planner(AcrossFunctions):
             return
         new_statements = self._replacement(batch, source, [source.rewritten.get(id(s), s) for s in parse])
         pipeline.replaced = {id(batch.statement): new_statements}
+
+    def _strip_choice(self, queue: HandBuiltQueue, source: Source) -> None:
+        """The `if` that chose the queue, without the queue: as the map function runs it (where
+        it works on what was read: resnet's per-mode preprocessing), or gone (where the queue
+        was all it did)."""
+        choice, own = queue.choice, {id(statement) for statement in queue.statements}
+        branches = []
+        for branch in (choice.body, choice.orelse.body):  # type: ignore[union-attr]
+            kept = [statement for statement in branch.body if id(statement) not in own]
+            branches.append(branch.with_changes(body=kept or [cst.SimpleStatementLine([cst.Pass()])]))
+        if all(len(b.body) == 1 and isinstance(single_small(b.body[0]), cst.Pass) for b in branches) and not any(
+                isinstance(single_small(s), cst.Pass) for s in [*choice.body.body, *choice.orelse.body.body]):  # type: ignore[union-attr]
+            source.removed = [*source.removed, choice]
+            return
+        source.rewritten[id(choice)] = choice.with_changes(
+            body=branches[0], orelse=choice.orelse.with_changes(body=branches[1]))  # type: ignore[union-attr]
+
+    def _keep_lines_above(self, pipeline: Pipeline, queue: HandBuiltQueue) -> None:
+        """The blank lines and comments above a hand-built queue's statements, where they run up to
+        the dequeue (`# ---- input queue ----`), stay above the dataset that takes their place."""
+        body, index = self.blocks.of_call[id(queue.dequeue)]
+        removed = {id(statement) for statement in pipeline.removed}
+        start = index
+        while start > 0 and id(body[start - 1]) in removed:
+            start -= 1
+        new = pipeline.replaced.get(id(body[index]))
+        if start < index and new and not new[0].leading_lines:
+            new[0] = new[0].with_changes(leading_lines=body[start].leading_lines)
 
     def _all_before(self, statements: list[cst.BaseStatement], top: cst.If) -> bool:
         """Whether ``statements`` all run before the `if` ``top``, in the block it is in."""
@@ -453,14 +509,17 @@ class _Planner(AcrossFunctions):
         statement = body[b]
         small = single_small(statement)
         assigned = assignment(statement)
-        if assigned is not None and assigned[1] is call and plain_target(assigned[0]):
+        written = self._hand_built[id(call)].dequeue if id(call) in self._hand_built else call  # what the statement holds
+        if assigned is not None and assigned[1] is written and plain_target(assigned[0]):
             outputs = assigned[0]
-        elif isinstance(small, cst.Return) and small.value is call:
+        elif isinstance(small, cst.Return) and small.value is written:
             outputs = None
         else:
             raise Blocked("assign or return the batching call on a line of its own")
-        tensors, as_tuple = batched_tensors(argument(call, params, "tensors"))
         enqueue_many = is_true(argument(call, params, "enqueue_many"))
+        # `enqueue_many([tf.constant(x), tf.constant(y)])`: rows of constants, written in the call (see _constant_source).
+        tensors, as_tuple = batched_tensors(argument(call, params, "tensors"),
+                                            lambda node: enqueue_many and self._constant(node))
         return Batch(call, qualified, params, smaller, body, b, statement, outputs, tensors,
                       [self.code(t) for t in tensors], as_tuple, enqueue_many, argument(call, params, "num_threads"))
 
@@ -541,7 +600,7 @@ class _Planner(AcrossFunctions):
         threads = batch.threads
         parse_fn = self._free("_parse", batch.statement)
         dataset = self._free(name, batch.statement)
-        returned = self._shaped(batch) if hand_on is None else batch.returned
+        returned = self._shaped(batch, source.rows) if hand_on is None else batch.returned
         # `tf.train.batch(queue, ...)` batches a slice producer's list whole: the dataset's tuples.
         whole = source.params == [f"*{returned[0]}"] and len(returned) == 1 and not batch.as_tuple
         needs_map = bool(parse) or not whole and returned != source.params
@@ -554,8 +613,14 @@ class _Planner(AcrossFunctions):
             if batch.enqueue_many and not source.rows:  # what was enqueued were batches of examples
                 source.chain.append(".unbatch()")
             self._batching_chain(batch, source.chain)
-        lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
+        queue = self._hand_built.get(id(batch.call))
+        chosen = queue is not None and queue.choice is not None and any(queue.shuffles)
+        batching = source.chain[-2:] if chosen else []  # a chosen shuffle comes between the map and the batch
+        if batching:
+            del source.chain[-2:]
+        lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain, *batching])
         self._check_capturable(set(re.findall(r"(?<![\w.])[A-Za-z_]\w*", lines)), parse)
+        lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
             new_statements.append(self._parse_function(parse_fn, source.params, parse, returned))
@@ -571,7 +636,10 @@ class _Planner(AcrossFunctions):
         else:
             consume = cst.parse_statement(f"return {next_element}\n")
         consume = consume.with_changes(trailing_whitespace=batch.statement.trailing_whitespace, leading_lines=())
-        new_statements += [dataset_statement, consume]
+        new_statements.append(dataset_statement)
+        if batching:
+            new_statements += [choice_statement(queue, dataset), cst.parse_statement(f"{dataset} = {dataset}{''.join(batching)}\n")]
+        new_statements.append(consume)
         new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
         return new_statements
 
@@ -596,11 +664,12 @@ class _Planner(AcrossFunctions):
                                   "iterator cannot hold; make the dataset from the data that initialises it, or read it with "
                                   "`make_initializable_iterator` and run the iterator's initializer")
 
-    def _shaped(self, batch: Batch) -> list[str]:
+    def _shaped(self, batch: Batch, rows: bool = False) -> list[str]:
         """What the map function returns: the batched tensors, each checked against its entry in
-        `shapes=` (which the queue enforced and gave the batch as its static shape)."""
+        `shapes=` (which the queue enforced and gave the batch as its static shape). The rows of
+        constants (``rows``) have their static shapes already: the queue could only check them."""
         shapes = argument(batch.call, batch.params, "shapes")
-        if shapes is None:
+        if shapes is None or rows:
             return batch.returned
         if batch.enqueue_many:
             raise Blocked("`shapes=` with `enqueue_many=True` is not rewritten automatically")
@@ -682,10 +751,10 @@ class _Planner(AcrossFunctions):
             for name in assigned_names(statement):
                 constants.pop(name, None)
             assigned = assignment(statement)
-            if assigned is not None and isinstance(assigned[0], cst.Name) and isinstance(assigned[1], cst.Call) \
-                    and self.rule.call_name(assigned[1]) == "tensorflow.constant":
+            if assigned is not None and isinstance(assigned[0], cst.Name) and self._constant(assigned[1]):
                 constants[assigned[0].value] = assigned[1]
-        if not batch.as_tuple or not all(name in constants for name in batch.returned):
+        if not batch.as_tuple or not all(t.value in constants if isinstance(t, cst.Name) else self._constant(t)
+                                         for t in batch.tensors):
             raise Blocked(
                 "the batched tensors are neither produced in this function (no `string_input_producer` + reader or "
                 "`slice_input_producer` before it in the same block) nor `tf.constant`s made there; build the "
@@ -694,6 +763,10 @@ class _Planner(AcrossFunctions):
         names = batch.returned[0] if len(batch.returned) == 1 else f"({', '.join(batch.returned)})"
         source_text = f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({names})"
         return Source(source_text, list(batch.returned), [".repeat()"], [], set(batch.returned), set(), rows=True)
+
+    def _constant(self, node: cst.BaseExpression) -> bool:
+        """`tf.constant(...)`."""
+        return isinstance(node, cst.Call) and self.rule.call_name(node) == "tensorflow.constant"
 
     def _producer_args(self, statement: cst.BaseStatement, call: cst.Call, qualified: str) -> ProducerArgs:
         """Check the producer call's arguments; its target, input, epochs and shuffling."""

@@ -27,6 +27,8 @@ class Pipeline:
     groups: set[str] = field(default_factory=set)  # the reader functions and batching helpers it rewrites
     covers: set[int] = field(default_factory=set)  # the uses of them (Name nodes) that it rewrites
     before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)  # an `if` (id) -> what goes before it
+    # A queue the program built by hand (``queue_hand_built``): its constructor and its runner's calls, which go too.
+    queue_calls: list[cst.Call] = field(default_factory=list)
 
 
 @dataclass
@@ -149,7 +151,8 @@ def parse_statements(batch: Batch, source: Source, p: int) -> list[cst.BaseState
                 raise Blocked(f"`{changed}` is made outside what would move into the map function and changed there "
                               "(it would hold the map function's tensors)")
             parse.append(current)
-            tainted |= assigned_names(current) if isinstance(current, cst.SimpleStatementLine) else scope_bindings(current)
+            moved = source.rewritten.get(id(current), current)  # what it binds as the map function runs it
+            tainted |= assigned_names(moved) if isinstance(moved, cst.SimpleStatementLine) else scope_bindings(moved)
     check_pipeline_uses(batch, source.consumed, tainted)
     return parse
 
@@ -175,7 +178,7 @@ def check_pipeline_uses(batch: Batch, consumed: set[str], parse_names: set[str])
     if not batch.returned_names <= parse_names:
         raise Blocked("the batched tensors do not all come from the reader or producer")
     tensors = [*batch.tensors, argument(call, batch.params, "tensors")]
-    if names_used(call) & (parse_names - batch.returned_names) or any(
+    if names_used(call, keywords=False) & (parse_names - batch.returned_names) or any(
         names_used(arg.value) & parse_names for arg in call.args if not any(arg.value is t for t in tensors)
     ):
         raise Blocked("the batching arguments depend on the parsed tensors")

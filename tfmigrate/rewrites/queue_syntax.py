@@ -112,11 +112,13 @@ def plain_tensor(node: cst.BaseExpression) -> bool:
     return False
 
 
-def batched_tensors(tensors: cst.BaseExpression | None) -> tuple[list[cst.BaseExpression], bool]:
-    """The batched tensors, and whether they are batched as a list (`[image, label]`)."""
+def batched_tensors(tensors: cst.BaseExpression | None,
+                    also: Callable[[cst.BaseExpression], bool] = lambda node: False) -> tuple[list[cst.BaseExpression], bool]:
+    """The batched tensors, and whether they are batched as a list (`[image, label]`); ``also``
+    admits other tensors than :func:`plain_tensor`'s."""
     if isinstance(tensors, (cst.List, cst.Tuple)) and tensors.elements:
         nodes = [e.value for e in tensors.elements]
-        if all(plain_tensor(node) for node in nodes):
+        if all(plain_tensor(node) or also(node) for node in nodes):
             return nodes, True
     if isinstance(tensors, cst.Name):
         return [tensors], False
