@@ -1271,6 +1271,25 @@ def test_a_global_step_made_outside_the_scope_is_counted_once_after_the_replicas
     assert "global_step=" not in build and "strategy.run(" not in out
 
 
+def test_a_global_step_passed_by_position_is_counted_once_too():
+    """ChineseNER passes its step by position, `apply_gradients(grads_vars, self.global_step)`:
+    given to the replicas' apply, a step made in `__init__` failed in MirroredStrategy's update
+    (`assert isinstance(var, values.DistributedVariable)`)."""
+    source = replaced(TRAINER_CLASS, ("average_gradients(tower_grads), global_step=self.global_step)",
+                                      "average_gradients(tower_grads), self.global_step)"))
+    build = unsafe_fix(source).split("def build(self):", 1)[1]
+    assert "self.train_op = self.opt.apply_gradients(grads_share)\n" in build
+    assert "self.train_op = self.global_step.assign_add(1).op\n" in build
+
+
+def test_a_global_step_by_position_before_a_name_by_position_is_refused():
+    source = replaced(TRAINER_CLASS, ("average_gradients(tower_grads), global_step=self.global_step)",
+                                      "average_gradients(tower_grads), self.global_step, 'train')"))
+    (finding,) = tower_findings(source)
+    assert not finding.fixable
+    assert "the global step is passed by position before other arguments" in finding.refusal, finding.refusal
+
+
 def test_a_global_step_outside_the_scope_with_no_handle_on_the_update_is_refused():
     source = TRAINER_CLASS.replace("self.train_op = self.opt.apply_gradients(", "self.opt.apply_gradients(")
     (finding,) = tower_findings(source)

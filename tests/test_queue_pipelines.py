@@ -897,3 +897,21 @@ def test_queues_an_if_chooses_shuffle_as_its_branches_did():
 ])
 def test_hand_built_queues_the_rewrite_cannot_read_say_why(code, reason):
     assert reason in _blocker(code, rule="TFM304")
+
+
+def test_dynamic_padding_over_a_sparse_tensor_is_refused():
+    """DeepSpeech-style: `VarLenFeature` labels beside features padded by `dynamic_pad=True`. The
+    queue batched the labels as a SparseTensor; `padded_batch` raised a TypeError on them."""
+    message = _blocker("""
+        import tensorflow as tf
+
+        def inputs(files, batch_size):
+            filename_queue = tf.train.string_input_producer(files, shuffle=False)
+            _, serialized = tf.TFRecordReader().read(filename_queue)
+            context = {"labels": tf.VarLenFeature(dtype=tf.int64)}
+            sequence = {"feats": tf.FixedLenSequenceFeature([13], dtype=tf.float32)}
+            parsed_context, parsed_sequence = tf.parse_single_sequence_example(
+                serialized, context_features=context, sequence_features=sequence)
+            return tf.train.batch([parsed_sequence["feats"], parsed_context["labels"]], batch_size, dynamic_pad=True)
+        """)
+    assert "`dynamic_pad=True` batches what `VarLenFeature` makes, a SparseTensor" in message

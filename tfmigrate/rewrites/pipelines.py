@@ -80,6 +80,8 @@ if TYPE_CHECKING:
     from tfmigrate.rule import Rule
 
 FIX_TITLE = "rewrite the queue input pipeline with tf.data"
+#: What makes a SparseTensor in a parse (see ``_Planner._check_dense``).
+_SPARSE_MAKERS = ("VarLenFeature", "SparseFeature", "SparseTensor", "string_split", "deserialize_many_sparse")
 
 
 @dataclass
@@ -598,6 +600,8 @@ class _Planner(AcrossFunctions):
         element. With ``hand_on`` (the call of a batching helper, given the dataset's name), the
         dataset is not batched here but handed on."""
         threads = batch.threads
+        if hand_on is None and is_true(argument(batch.call, batch.params, "dynamic_pad")):
+            self._check_dense([*batch.body[:batch.index], *parse])
         parse_fn = self._free("_parse", batch.statement)
         dataset = self._free(name, batch.statement)
         returned = self._shaped(batch, source.rows) if hand_on is None else batch.returned
@@ -642,6 +646,16 @@ class _Planner(AcrossFunctions):
         new_statements.append(consume)
         new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
         return new_statements
+
+    def _check_dense(self, statements: list[cst.BaseStatement]) -> None:
+        """`dynamic_pad=True` batched a SparseTensor as a SparseTensor (DeepSpeech's `VarLenFeature`
+        labels beside padded features); `padded_batch` takes dense tensors only (a TypeError).
+        ``statements``: those the batch's tensors are made by (the block before it, the parse)."""
+        for call in (c for statement in statements for c in find(statement, cst.Call)):
+            short = (self.rule.call_name(call) or "").rsplit(".", 1)[-1]
+            if short in _SPARSE_MAKERS or (self.rule.call_name(call) or "").startswith("tensorflow.sparse."):
+                raise Blocked(f"`dynamic_pad=True` batches what `{short}` makes, a SparseTensor, which `padded_batch` "
+                              "does not take (the queue batched it as a SparseTensor); batch it by hand")
 
     def _check_capturable(self, dataset: set[str], parse: list[cst.BaseStatement]) -> None:
         """A one-shot iterator's dataset can hold constants and arrays but not a variable or a

@@ -1782,9 +1782,20 @@ def _global_steps_outside(rule, region: Region, statements) -> list[tuple[cst.Ba
                                    and code(small.value) not in made_inside):
             continue  # another name for what is made elsewhere (`self.global_step = global_step`)
         made_inside |= scope_bindings(line) | {code(t.target) for t in find(line, cst.AssignTarget)}
-    return [(statement, arg) for statement in statements for arg in find(statement, cst.Arg)
-            if arg.keyword is not None and arg.keyword.value == "global_step"
-            and code(arg.value) not in made_inside | {"None"}]
+    return [(statement, arg) for statement in statements for arg in _global_step_args(statement)
+            if code(arg.value) not in made_inside | {"None"}]
+
+
+def _global_step_args(statement: cst.CSTNode) -> list[cst.Arg]:
+    """`global_step=step`, or the step passed by position to `apply_gradients(grads, step)` or
+    `minimize(loss, step)` (ChineseNER's `self.opt.apply_gradients(grads_vars, self.global_step)`)."""
+    found = []
+    for call in find(statement, cst.Call):
+        positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+        found += [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "global_step"]
+        if method_call(call, "apply_gradients") or method_call(call, "minimize"):
+            found += positional[1:2]
+    return found
 
 
 def _increment_global_step_once(rule, region: Region, update: Update, tf: TfNames) -> None:
@@ -1805,6 +1816,9 @@ def _increment_global_step_once(rule, region: Region, update: Update, tf: TfName
 
 def _without_argument(call: cst.Call, argument: cst.Arg) -> cst.Call:
     args = [a for a in call.args if a is not argument]
+    if argument.keyword is None and any(a.keyword is None for a in args[call.args.index(argument):]):
+        raise StateRefused("the global step is passed by position before other arguments by position: pass it "
+                           "as `global_step=`")
     args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return call.with_changes(args=args)
 
