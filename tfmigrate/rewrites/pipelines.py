@@ -81,7 +81,8 @@ if TYPE_CHECKING:
 
 FIX_TITLE = "rewrite the queue input pipeline with tf.data"
 #: What makes a SparseTensor in a parse (see ``_Planner._check_dense``).
-_SPARSE_MAKERS = ("VarLenFeature", "SparseFeature", "SparseTensor", "string_split", "deserialize_many_sparse")
+_SPARSE_MAKERS = ("VarLenFeature", "SparseFeature", "SparseTensor", "deserialize_many_sparse")
+_TO_DENSE = ("sparse_tensor_to_dense", "to_dense", "sparse_to_dense")
 
 
 @dataclass
@@ -651,9 +652,11 @@ class _Planner(AcrossFunctions):
         """`dynamic_pad=True` batched a SparseTensor as a SparseTensor (DeepSpeech's `VarLenFeature`
         labels beside padded features); `padded_batch` takes dense tensors only (a TypeError).
         ``statements``: those the batch's tensors are made by (the block before it, the parse)."""
-        for call in (c for statement in statements for c in find(statement, cst.Call)):
-            short = (self.rule.call_name(call) or "").rsplit(".", 1)[-1]
-            if short in _SPARSE_MAKERS or (self.rule.call_name(call) or "").startswith("tensorflow.sparse."):
+        shorts = [(self.rule.call_name(c) or "").rsplit(".", 1)[-1] for s in statements for c in find(s, cst.Call)]
+        if any(short in _TO_DENSE for short in shorts):
+            return  # `tf.sparse_tensor_to_dense(parsed["labels"])`: what is batched is dense
+        for short in shorts:
+            if short in _SPARSE_MAKERS:
                 raise Blocked(f"`dynamic_pad=True` batches what `{short}` makes, a SparseTensor, which `padded_batch` "
                               "does not take (the queue batched it as a SparseTensor); batch it by hand")
 
