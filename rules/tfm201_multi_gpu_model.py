@@ -149,7 +149,10 @@ class MultiGpuModel(Rule):
         CPU merge) is unwrapped. `gpus=[0, 1]` becomes
         `MirroredStrategy(devices=["/gpu:0", "/gpu:1"])`; a count (`gpus=4`, `gpus=n`) becomes
         `MirroredStrategy()`, which uses every visible GPU (limit them with
-        `CUDA_VISIBLE_DEVICES`). The `multi_gpu_model` import is removed once unused (inside a
+        `CUDA_VISIBLE_DEVICES`). A fallback for fewer GPUs, `try: parallel = multi_gpu_model(...)`
+        `except ValueError: parallel = model` (or, where the parallel model takes the template's
+        name, a bare `except: pass`), is what the strategy does anyway and goes with the call.
+        The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
         No fix where the template is not built in the same block (a function argument, a
@@ -261,6 +264,31 @@ class MultiGpuModel(Rule):
                 print('Training on 2 GPUs')
                 parallel.compile(loss='mse', optimizer='adam')
             parallel.fit(x, y)
+            """,
+        ),
+        # The Kaggle kernels' form: the parallel model takes the template's name, and a failure
+        # passes (the template stays). A bare `except` is the same fallback.
+        Invalid(
+            """
+            import tensorflow as tf
+            from keras.utils.training_utils import multi_gpu_model
+            model = get_model()
+            try:
+                model = multi_gpu_model(model, gpus=2)
+            except:
+                pass
+            model.compile(loss='binary_crossentropy', optimizer='adam')
+            model.fit(x, y, batch_size=64)
+            """,
+            line=5,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                model = get_model()
+                model.compile(loss='binary_crossentropy', optimizer='adam')
+            model.fit(x, y, batch_size=64)
             """,
         ),
     ]
@@ -396,7 +424,8 @@ class MultiGpuModel(Rule):
         moved += list(body[built + 1:index])
         line = body[index]
         if line is guard:  # the fallback the `except` took is what the strategy does: the template itself
-            moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
+            if target != model:
+                moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
             moved += guard.body.body[1:]  # what the `try` logged after the call (`print('Training on GPUs')`)
         elif target != model:
             moved.append(line.deep_replace(call, cst.Name(model)))
@@ -447,7 +476,8 @@ class MultiGpuModel(Rule):
 
     def _falls_back_to_template(self, guard: cst.Try, target: str | None, model: str) -> bool:
         """`try: target = multi_gpu_model(model, ...)` whose every `except` (ValueError, Exception
-        or bare: fewer GPUs than asked) sets `target = model` and otherwise only logs."""
+        or bare: fewer GPUs than asked) sets `target = model` (or, where the target is the model's
+        own name, passes) and otherwise only logs."""
         if target is None or guard.orelse is not None or guard.finalbody is not None or not guard.handlers:
             return False
         for handler in guard.handlers:
@@ -456,9 +486,11 @@ class MultiGpuModel(Rule):
                 return False
             statements = handler.body.body
             assigns = [_single_assign(s) for s in statements]
-            if not any(a is not None and a[0] == target and self._code(a[1]) == model for a in assigns):
+            # `try: model = multi_gpu_model(model) except: pass` keeps the template under its own name.
+            kept = target == model and all(isinstance(single_small(s), cst.Pass) or _is_call_line(s) for s in statements)
+            if not kept and not any(a is not None and a[0] == target and self._code(a[1]) == model for a in assigns):
                 return False
-            if not all(a is not None or _is_call_line(s) for a, s in zip(assigns, statements)):
+            if not kept and not all(a is not None or _is_call_line(s) for a, s in zip(assigns, statements)):
                 return False
         return True
 

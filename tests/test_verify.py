@@ -98,6 +98,10 @@ def test_detect_legacy_programs():
     for name in ("migrated_towers.py", "migrated_keras_strategy.py", "crash.py"):
         assert not detect((PROGRAMS / name).read_text()).legacy, name
     assert detect("import tensorflow.compat.v1 as tf\ntf.disable_v2_behavior()\nx = tf.placeholder(tf.float32)\n").legacy is False
+    # Keras 2.0's own modules (Keras 3 has none of them): a program for Keras 2 on TF1.
+    assert detect("from keras.layers.core import Dense\n").legacy
+    assert detect("import keras.engine.topology\n").legacy
+    assert not detect("from keras.layers import Dense\n").legacy
 
 
 @pytest.mark.parametrize("source, keras2", [
@@ -322,6 +326,44 @@ def test_multi_gpu_model_runs_from_tensorflow_keras_imports_too(tf_available, tm
 
     program = tmp_path / "mgm_spellings.py"
     program.write_text(MULTI_GPU_MODEL_SPELLINGS)
+    status, report = run_verify(program, program, tmp_path, steps=4)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
+KERAS_2_0_PATHS = '''\
+import numpy as np
+from keras.engine.topology import Layer
+from keras.layers import Input
+from keras.layers.core import Dense, Lambda
+from keras.layers.merge import concatenate
+from keras.models import Model
+from keras.utils.np_utils import to_categorical
+
+
+class Scale(Layer):
+    def call(self, inputs):
+        return inputs * 0.5
+
+
+inputs = Input(shape=(4,))
+halves = [Lambda(lambda t, i=i: t[:, 2 * i:2 * i + 2])(inputs) for i in range(2)]
+outputs = Dense(3, activation='softmax', kernel_initializer='glorot_uniform')(Scale()(concatenate(halves)))
+model = Model(inputs, outputs)
+model.compile(optimizer='sgd', loss='categorical_crossentropy')
+x = np.random.RandomState(0).normal(size=(64, 4)).astype(np.float32)
+model.fit(x, to_categorical(np.arange(64) % 3, 3), batch_size=16, epochs=2, shuffle=False, verbose=0)
+'''
+
+
+@pytest.mark.tensorflow
+def test_keras_2_0_module_paths_import(tf_available, tmp_path):
+    """`keras.layers.core`, `keras.layers.merge`, `keras.engine.topology`, `keras.utils.np_utils`
+    (Keras 2.0-2.2, the `make_parallel` gists): tf_keras has none of them; each is the package
+    above it (a ModuleNotFoundError stopped the run)."""
+    from tests.conftest import run_verify
+
+    program = tmp_path / "keras_2_0.py"
+    program.write_text(KERAS_2_0_PATHS)
     status, report = run_verify(program, program, tmp_path, steps=4)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 

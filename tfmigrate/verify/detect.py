@@ -34,6 +34,19 @@ def _keras_backed(parts: list[str]) -> bool:
     return (len(parts) > 1 and parts[0] == "layers") or parts[:2] == ["nn", "rnn_cell"]
 
 
+#: Modules of Keras 2.0-2.2 that Keras 3 does not have: a program importing them was written for
+#: Keras 2 on TF1, and runs as one (tf_keras, which maps them to the packages above them).
+KERAS_2_0_MODULES = ("keras.engine", "keras.legacy", "keras.layers.core", "keras.layers.merge",
+                     "keras.layers.convolutional", "keras.layers.recurrent", "keras.layers.normalization",
+                     "keras.layers.pooling", "keras.layers.embeddings", "keras.layers.wrappers",
+                     "keras.layers.advanced_activations", "keras.layers.noise", "keras.utils.np_utils",
+                     "keras.utils.generic_utils", "keras.utils.data_utils", "keras.utils.conv_utils")
+
+
+def _keras_2_0(module: str) -> bool:
+    return any(module == old or module.startswith(old + ".") for old in KERAS_2_0_MODULES)
+
+
 def _dotted(node: ast.AST) -> str | None:
     parts = []
     while isinstance(node, ast.Attribute):
@@ -66,7 +79,7 @@ def detect(source: str) -> Detection:
                     keras = True
                 if alias.name.startswith("tensorflow.contrib"):
                     reasons.append(f"import {alias.name}")
-                if alias.name.startswith("keras.utils.training_utils"):
+                if alias.name.startswith("keras.utils.training_utils") or _keras_2_0(alias.name):
                     reasons.append(f"import {alias.name}")
         elif isinstance(node, ast.ImportFrom) and node.module:
             if node.module.split(".")[0] in KERAS_MARKERS or ".keras" in node.module:
@@ -76,7 +89,7 @@ def detect(source: str) -> Detection:
                     reasons.append(f"from {node.module} import multi_gpu_model")
                 if node.module == "tensorflow.compat" and alias.name == "v1":
                     v1_aliases.add(alias.asname or "v1")
-            if node.module.startswith("tensorflow.contrib"):
+            if node.module.startswith("tensorflow.contrib") or _keras_2_0(node.module):
                 reasons.append(f"from {node.module} import ...")
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):

@@ -293,11 +293,33 @@ def make_keras2_modules(tf_keras):
     optimizer_names = {n: getattr(legacy, n) for n in dir(legacy) if not n.startswith("_")}
     optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)
     utils = _Overlay("keras.utils", {"multi_gpu_model": multi_gpu_model}, tf_keras.utils)
-    top = _Overlay("keras", {"optimizers": optimizers, "utils": utils}, tf_keras)
+    # Keras 2.0-2.2's `keras.engine` (`from keras.engine.topology import Layer`): layers and models.
+    engine = _Overlay("keras.engine", {"Model": tf_keras.Model, "Sequential": tf_keras.Sequential,
+                                       "Network": tf_keras.Model, "Container": tf_keras.Model}, tf_keras.layers)
+    top = _Overlay("keras", {"optimizers": optimizers, "utils": utils, "engine": engine}, tf_keras)
     # `from keras import optimizers` imports "keras" with a fromlist: the overlay too.
     submodules = {"keras": top, "keras.optimizers": optimizers, "keras.utils": utils,
-                  "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils}
+                  "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils, "keras.engine": engine}
     return top, submodules
+
+
+def keras2_module(name: str, submodules: dict):
+    """The module a Keras 2 program's ``import keras.X`` means, in tf_keras. Keras 2.0-2.2 kept its
+    names in submodules tf_keras has not (`keras.layers.core`, `keras.layers.merge`,
+    `keras.utils.np_utils`, `keras.engine.topology`): what they held is in the package above."""
+    import importlib
+
+    parts = name.split(".")
+    while True:
+        current = ".".join(parts)
+        if current in submodules:
+            return submodules[current]
+        try:
+            return importlib.import_module("tf_keras" + current[len("keras"):])
+        except ModuleNotFoundError:
+            if len(parts) <= 2:
+                raise
+            parts.pop()
 
 
 def install_tf1_shim(tf, keras_module) -> None:
@@ -312,11 +334,7 @@ def install_tf1_shim(tf, keras_module) -> None:
         tf1.keras = keras_proxy  # `tf.keras.utils.multi_gpu_model(...)` too
 
     def keras_target(name):
-        import importlib
-
-        if name in submodules:
-            return submodules[name]
-        return importlib.import_module("tf_keras" + name[len("keras"):])
+        return keras2_module(name, submodules)
 
     def shim_import(name, globals=None, locals=None, fromlist=(), level=0):
         if level == 0 and _is_user_code(globals):
