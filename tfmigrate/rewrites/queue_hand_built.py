@@ -149,16 +149,22 @@ def _read(module: HandBuiltSearch, queue: HandBuiltQueue) -> None:
         statements += counts
     statements += runner_statements
     statements += _close_statements(scope, closes)
-    dequeue_place = module.place(queue.dequeue)
-    if dequeue_place is None or dequeue_place[0] is not body or any(s is body[dequeue_place[1]] for s in statements):
-        raise Blocked("the queue is not dequeued in the block that makes it")
-    if not _dequeue_statement(body[dequeue_place[1]], queue.dequeue):
-        raise Blocked("assign or return the dequeued batch on a line of its own")
-    if queue.choice is not None:
-        _check_choice_holds(queue.choice, body[index + 1:dequeue_place[1]])
+    _check_dequeue(module, queue, body, index, statements)
     queue.statements = statements
     queue.queue_calls += [runners[0], *runner_calls]
     queue.qualified, queue.batch_call = _batch_call(module, queue, constructors, enqueues[0], threads)
+
+
+def _check_dequeue(module: HandBuiltSearch, queue: HandBuiltQueue, body, index: int, statements) -> None:
+    """The batch is taken on a line of its own, later in the block the queue is made in (where
+    the dataset will be made), and what chose the queue still holds there."""
+    where = module.place(queue.dequeue)
+    if where is None or where[0] is not body or any(s is body[where[1]] for s in statements):
+        raise Blocked("the queue is not dequeued in the block that makes it")
+    if not _dequeue_statement(body[where[1]], queue.dequeue):
+        raise Blocked("assign or return the dequeued batch on a line of its own")
+    if queue.choice is not None:
+        _check_choice_holds(queue.choice, body[index + 1:where[1]])
 
 
 def _makes(module: HandBuiltSearch, call: cst.Call, name: str, scope: cst.CSTNode) -> bool:
