@@ -5,14 +5,13 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from tfmigrate.rewrites import parallel_call
-from tfmigrate.analysis.batch_splits import JOINS, SPLIT, UNSTACKS, along_batch_axis, join_after
+from tfmigrate.analysis.batch_splits import JOINS, KERAS_LAMBDAS, SPLIT, UNSTACKS, along_batch_axis, join_after
 from tfmigrate.cst.callargs import is_legacy_split
 from tfmigrate.analysis.devices import TowerLoop, enclosing_tower, tower_loop_at
 from tfmigrate.cst.traversal import find, names_used
 from tfmigrate.rule import DEVICE_WORDS, FixSafety, Invalid, Rule
 
 SPLITS = {SPLIT} | UNSTACKS
-KERAS_LAMBDAS = {"keras.layers.Lambda", "keras.layers.core.Lambda"}
 
 
 def bound_names(target: cst.CSTNode) -> set[str]:
@@ -338,8 +337,9 @@ class SplitConcatParallel(Rule):
                 f"the towers' outputs ({lines}; a `make_parallel` / `ParallelModel` helper): build and "
                 "compile the template model under tf.distribute.MirroredStrategy().scope() and "
                 "fit it directly, and delete the helper; the batch size passed to fit stays the global batch "
-                "(no automatic fix: the Keras form wraps a template model that is built, compiled and fit "
-                "elsewhere, and it is that code, not the slicing, that must move under the strategy scope)",
+                "(no automatic fix here: the Keras form wraps a template model that is built, compiled and fit "
+                "elsewhere, and it is that code, not the slicing, that must move under the strategy scope; "
+                "TFM201 rewrites a call of the helper where the template is built, and deletes the helper)",
             )
             return
         legacy = next((c for c in feeding if self.call_name(c) == SPLIT and is_legacy_split(c)), None)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.analysis.batch_splits import keras_parallel_helper
 from tfmigrate.cst.callargs import argument, has_star_args
 from tfmigrate.cst.traversal import blank_lines_unindented, find, single_small
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
@@ -98,7 +99,7 @@ class MultiGpuModel(Rule):
     code = "TFM201"
     name = "multi-gpu-model"
     summary = "Keras `multi_gpu_model(...)` replicates a model by splitting each batch across GPUs"
-    triggers = ("multi_gpu_model",)
+    triggers = ("multi_gpu_model", "Lambda")  # Lambda: a hand-written `make_parallel` helper
     fix_safety = FixSafety.UNSAFE
 
     what_it_finds = """
@@ -110,6 +111,10 @@ class MultiGpuModel(Rule):
         `if` branches (any of the imports of the name counts).
         A function of your own that happens to be called `multi_gpu_model` and is not imported
         from Keras is not reported (a split/concat helper of your own is TFM105's business).
+        Calls of a hand-written Keras `make_parallel(model, gpu_count)` of the module (the
+        keras-extras gist: a tower loop slicing each input with `Lambda` layers, a `Model`
+        returned around the template's inputs) are reported too: the helper does what
+        `multi_gpu_model` does, and TFM105 finds its slicing.
     """
     why = """
         `multi_gpu_model` was removed in TensorFlow 2.4 (and from standalone Keras 2.4). It
@@ -266,6 +271,38 @@ class MultiGpuModel(Rule):
             parallel.fit(x, y)
             """,
         ),
+        # A hand-written `make_parallel` (the keras-extras gist), called once: the same fix, and the
+        # helper goes.
+        Invalid(
+            """
+            import tensorflow as tf
+            from keras.layers import Lambda, concatenate
+            from keras.models import Model, Sequential
+            def make_parallel(model, gpu_count):
+                outputs = []
+                for i in range(gpu_count):
+                    with tf.device('/gpu:%d' % i):
+                        piece = Lambda(lambda x: x[i::gpu_count])(model.inputs[0])
+                        outputs.append(model(piece))
+                return Model(inputs=model.inputs, outputs=concatenate(outputs, axis=0))
+            model = Sequential(layers)
+            model = make_parallel(model, 2)
+            model.compile(loss='mse', optimizer='sgd')
+            model.fit(x, y, batch_size=64)
+            """,
+            line=12,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            from keras.layers import Lambda, concatenate
+            from keras.models import Model, Sequential
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                model = Sequential(layers)
+                model.compile(loss='mse', optimizer='sgd')
+            model.fit(x, y, batch_size=64)
+            """,
+        ),
         # The Kaggle kernels' form: the parallel model takes the template's name, and a failure
         # passes (the template stays). A bare `except` is the same fallback.
         Invalid(
@@ -302,6 +339,8 @@ class MultiGpuModel(Rule):
         self._names: set[str] = set()  # every Name in the module (to pick a free `strategy`)
         self._imports: dict[str, list[ImportItem]] = {}  # bound name -> the imports binding it
         self._weight_files: list[cst.Call] = []  # `x.save_weights(...)` / `x.load_weights(...)` calls
+        self._helpers: dict[str, cst.FunctionDef] = {}  # hand-written `make_parallel` helpers of the module
+        self._helper_calls: list[cst.Call] = []  # calls of a module function by name (a helper's, maybe)
 
     def visit_Name(self, node: cst.Name) -> None:
         self._names.add(node.value)
@@ -338,10 +377,16 @@ class MultiGpuModel(Rule):
             if isinstance(target, cst.Name):
                 self._assigned[id(node.value)] = target.value
 
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        if keras_parallel_helper(self.context, node):
+            self._helpers[node.name.value] = node
+
     def visit_Call(self, node: cst.Call) -> None:
         if self._is_multi_gpu_model(node):
             self._calls.append((node, self._assigned.get(id(node))))
             return
+        if isinstance(node.func, cst.Name):
+            self._helper_calls.append(node)
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in ("save_weights", "load_weights"):
             self._weight_files.append(node)
@@ -353,7 +398,8 @@ class MultiGpuModel(Rule):
                 self._validated.setdefault(func.value.value, self._code(func))
 
     def leave_Module(self, original_node: cst.Module) -> None:
-        if not self._calls:
+        helped = [call for call in self._helper_calls if call.func.value in self._helpers]  # type: ignore[attr-defined]
+        if not self._calls and not helped:
             return
         blocks = _Blocks()
         visit_read_only(original_node, blocks)
@@ -363,6 +409,26 @@ class MultiGpuModel(Rule):
             if blocker:
                 message += f"; no automatic fix: {blocker}"
             self.report(call, message, edit=edit)
+        for call in helped:
+            self._report_helper_call(call, helped, blocks)
+
+    def _report_helper_call(self, call: cst.Call, helped: list[cst.Call], blocks: _Blocks) -> None:
+        """`model = make_parallel(model, 2)`, a hand-written helper that does what `multi_gpu_model`
+        does (TFM105 finds its slicing): the same fix, and the helper goes with its one call."""
+        name = call.func.value  # type: ignore[attr-defined]
+        target = self._assigned.get(id(call))
+        edit, blocker = self._edit(call, target, blocks)
+        if edit is not None and sum(c.func.value == name for c in helped) != 1:  # type: ignore[attr-defined]
+            edit, blocker = None, f"`{name}` is called more than once: rewrite each call by hand and delete the helper"
+        if edit is not None:
+            edit.changes[self._helpers[name]] = cst.RemovalSentinel.REMOVE
+            edit.title += f", and delete the helper `{name}`"
+        advice = self._message(call, target).split(": ", 1)[1]
+        message = (f"`{name}(...)` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU, "
+                   f"outputs concatenated): {advice}, and delete `{name}`")
+        if blocker:
+            message += f"; no automatic fix: {blocker}"
+        self.report(call, message, edit=edit)
 
     # --- the fix ------------------------------------------------------------------------
     def _edit(self, call: cst.Call, target: str | None, blocks: _Blocks) -> tuple[Edit | None, str | None]:

@@ -321,7 +321,7 @@ def test_keras_lambda_form_says_why_and_what_to_do_by_hand():
     assert len(findings) == 2
     for finding in findings:
         assert finding.fix_title is None
-        assert "no automatic fix: the Keras form wraps a template model" in finding.message
+        assert "no automatic fix here: the Keras form wraps a template model" in finding.message
         assert "under tf.distribute.MirroredStrategy().scope()" in finding.message and "delete the helper" in finding.message
     (rule,) = [r for r in all_rules() if r.code == "TFM105"]
     assert "Lambda" in rule.what_it_finds and "Keras" in rule.fix_notes and "by hand" in rule.fix_notes

@@ -26,8 +26,9 @@ import libcst as cst
 from tfmigrate.cst.callargs import argument, is_legacy_split, is_zero, split_arguments
 from tfmigrate.analysis.devices import (
     TowerLoop, collected_names, device_scopes, enclosing_tower, fixed_gpu, gradient_lists, module_tower_loops,
+    tower_loop_at,
 )
-from tfmigrate.cst.traversal import children, names_used, walk
+from tfmigrate.cst.traversal import children, find, names_used, walk
 from tfmigrate.cst.traversal import module_parents
 
 SPLIT = "tensorflow.split"
@@ -49,6 +50,8 @@ JOINS = {
 }
 REDUCTIONS = {"tensorflow.reduce_mean", "tensorflow.reduce_sum", "tensorflow.math.reduce_mean",
               "tensorflow.math.reduce_sum"}
+#: Keras's `Lambda` layer, which a `make_parallel` helper slices each GPU's piece of the batch with.
+KERAS_LAMBDAS = {"keras.layers.Lambda", "keras.layers.core.Lambda"}
 JOIN_LAYERS = {"keras.layers.Concatenate", "keras.layers.merge.Concatenate", "keras.layers.Merge"}
 
 
@@ -256,3 +259,18 @@ def _through_loops(names: set[str], sources: frozenset) -> set[str]:
                 names |= iterated
                 changed = True
     return names
+
+
+def keras_parallel_helper(context, function: cst.FunctionDef) -> bool:
+    """A hand-written Keras `make_parallel(model, gpu_count)` (the keras-extras gist): a tower
+    loop whose towers slice the batch with `Lambda` layers, and a Keras `Model` returned around
+    the template's inputs. Called on the template, it does what `multi_gpu_model` does."""
+    resolve = context.imports.resolve
+    if not function.params.params or not any(
+            tower_loop_at(context, loop) is not None for loop in find(function, cst.For)):
+        return False
+    if not any(resolve(call.func) in KERAS_LAMBDAS for call in find(function, cst.Call)):
+        return False
+    returned = [r.value for r in find(function, cst.Return) if isinstance(r.value, cst.Call)]
+    return any((resolve(value.func) or "").startswith("keras") and (resolve(value.func) or "").endswith(".Model")
+               for value in returned)
