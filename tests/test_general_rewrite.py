@@ -3387,3 +3387,28 @@ def test_with_no_loss_fetched_replicas_that_apply_a_share_of_the_average_report_
     status, report = run_verify(old, new, tmp_path, steps=10)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
     assert any(note.startswith("NEW:") and "mean of the 2 losses" in note for note in report["notes"]), report["notes"]
+
+
+def test_a_device_loop_inside_a_loop_whose_target_its_devices_read_is_refused_not_crashed():
+    """tf_cnn_benchmarks' replicated all-reduce: the device loop runs inside `for grad_and_vars in
+    zip(*device_grads)`, whose target it reads. The refusal looked for the binding among simple
+    statements only and crashed (`internal error in TFM101 (StopIteration)`, the file unchecked)."""
+    source = textwrap.dedent("""
+        import tensorflow as tf
+
+
+        class Manager(object):
+            def preprocess_device_grads(self, device_grads):
+                reduced_grads = []
+                for tower_idx in range(len(device_grads)):
+                    reduced_grads.append([])
+                for grad_and_vars in zip(*device_grads):
+                    grads = [g for g, _ in grad_and_vars]
+                    for tower_idx, (_, v) in enumerate(grad_and_vars):
+                        with tf.device(self.benchmark_cnn.raw_devices[tower_idx]):
+                            summed = tf.add_n(grads)
+                            reduced_grads[tower_idx].append((tf.multiply(summed, 1.0 / len(grads)), v))
+                return self.benchmark_cnn.devices, reduced_grads
+        """)
+    (finding,) = tower_findings(source)
+    assert not finding.fixable and "`grad_and_vars`" in finding.refusal, finding.refusal

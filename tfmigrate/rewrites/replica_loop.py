@@ -2717,7 +2717,10 @@ def _check_bound_before(rule, owner: cst.CSTNode, above: list, prelude: list, bl
     read = set().union(*(free_names(s) for s in above)) - set().union(set(), *(scope_bindings(s) for s in above[1:]))
     late = read & set().union(*(scope_bindings(s) for s in covered))
     if late:
-        binding = next(s for s in simple_statements(owner) if scope_bindings(s) & late and id(s) not in moved)
+        # The line that binds it: a simple statement inside what is covered, else the compound
+        # statement itself (`for name in ...`, `with ... as name`: az05's tf_cnn_benchmarks).
+        binding = next((s for s in simple_statements(owner) if scope_bindings(s) & late and id(s) not in moved),
+                       next(s for s in covered if scope_bindings(s) & late))
         raise Refused(f"line {line_of(rule, binding)}: the towers' devices read "
                       f"{', '.join(f'`{n}`' for n in sorted(late))}, set inside the code the strategy scope must "
                       "cover; set it before that code (or at the top of the function)")
