@@ -3412,3 +3412,35 @@ def test_a_device_loop_inside_a_loop_whose_target_its_devices_read_is_refused_no
         """)
     (finding,) = tower_findings(source)
     assert not finding.fixable and "`grad_and_vars`" in finding.refusal, finding.refusal
+
+
+def test_a_trainer_class_made_again_through_a_subclass_is_refused():
+    """neuralgym: `SecondaryMultiGPUTrainer(MultiGPUTrainer)` runs the base's `__init__` (and its
+    tower loop) beside a `MultiGPUTrainer(...)`: two strategies over the variables the module made
+    (the rewrite ran and failed in MirroredStrategy's batch_reduce)."""
+    source = textwrap.dedent("""
+        import tensorflow as tf
+
+
+        class MultiGPUTrainer(object):
+            def __init__(self, num_gpus, optimizer, loss_fn):
+                tower_grads = []
+                for gpu in range(num_gpus):
+                    with tf.device('/gpu:%d' % gpu):
+                        tower_grads.append(optimizer.compute_gradients(loss_fn(gpu)))
+                grads = [(tf.add_n([g for g, _ in gv]) / num_gpus, gv[0][1]) for gv in zip(*tower_grads)]
+                self.train_op = optimizer.apply_gradients(grads)
+
+
+        class SecondaryMultiGPUTrainer(MultiGPUTrainer):
+            def run(self, sess):
+                sess.run(self.train_op)
+
+
+        opt = tf.train.AdamOptimizer(1e-4)
+        critic = SecondaryMultiGPUTrainer(2, opt, d_loss)
+        trainer = MultiGPUTrainer(2, opt, g_loss)
+        """)
+    (finding,) = tower_findings(source)
+    assert not finding.fixable
+    assert "`MultiGPUTrainer` runs 2 times (lines 20, 21) into one graph" in finding.refusal, finding.refusal

@@ -2409,8 +2409,11 @@ def _check_one_strategy(rule, region: Region, group: list) -> None:
     holder = region.parents.get(id(parent)) if isinstance(parent, cst.IndentedBlock) else None
     if isinstance(holder, cst.ClassDef):
         wanted = holder.name.value if name == "__init__" else name
+        # A subclass's construction runs the class's `__init__` too (neuralgym's
+        # `SecondaryMultiGPUTrainer(MultiGPUTrainer)`, made beside a `MultiGPUTrainer`).
+        made = {wanted, *_subclasses(rule, wanted)} if name == "__init__" else set()
         uses = [c for c in module_calls(rule)
-                if (isinstance(c.func, cst.Name) and c.func.value == wanted and name == "__init__")
+                if (isinstance(c.func, cst.Name) and c.func.value in made)
                 or (isinstance(c.func, cst.Attribute) and c.func.attr.value == wanted and name != "__init__")]
     else:
         wanted = name
@@ -2419,6 +2422,18 @@ def _check_one_strategy(rule, region: Region, group: list) -> None:
         lines = ", ".join(str(line_of(rule, c)) for c in uses)
         raise Refused(f"`{wanted}` runs {len(uses)} times (lines {lines}) into one graph: each run would make its "
                       "own MirroredStrategy over the same variables; make one strategy where the graph is built")
+
+
+def _subclasses(rule, base: str) -> set[str]:
+    """The module's classes that derive from ``base``, directly or through one another."""
+    classes = list(find(rule.context.module, cst.ClassDef))
+    found: set[str] = set()
+    while True:
+        more = {c.name.value for c in classes if c.name.value not in found
+                and any(isinstance(b.value, cst.Name) and b.value.value in found | {base} for b in c.bases)}
+        if not more:
+            return found
+        found |= more
 
 
 def check_other_towers(rule, tower) -> None:
