@@ -469,3 +469,22 @@ def test_a_fetched_float_global_step_is_not_taken_for_the_loss(tf_available, tmp
     result = run_verify(str(old), str(new), "--steps", "8", "--warmup", "2")
     assert result.returncode == 1 and "MISMATCH" in result.stdout, result.stdout + result.stderr
     assert "fetched scalar report:0" in result.stdout, result.stdout
+
+
+
+def test_the_recorder_s_nested_run_flag_is_per_thread():
+    """A feeder thread's `sess.run(enqueue_op, ...)` (tacotron's DataFeeder, KittiSeg) runs beside
+    the training loop's: with one flag for every thread, a training step that began while the
+    feeder's run was being looked at went unrecorded, and a program compared with itself
+    mismatched under load (2 of 3 runs here)."""
+    import threading
+
+    from tfmigrate.verify.harness import Recorder
+
+    recorder = Recorder(None, None)
+    recorder.in_run = True
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(recorder.in_run))
+    thread.start()
+    thread.join()
+    assert seen == [False] and recorder.in_run

@@ -48,6 +48,7 @@ import random
 import re
 import runpy
 import sys
+import threading
 import time
 import traceback
 import types
@@ -418,7 +419,18 @@ class Recorder:
         self.replica_updates: dict[tuple, list] = {}
         self.replica_calls: dict[tuple, int] = {}
         self.cache: dict = {}
-        self.in_run = False
+        # Per thread: a feeder thread's `sess.run(enqueue_op, ...)` (tacotron's DataFeeder, KittiSeg)
+        # runs beside the training loop's, and one shared flag made a training step go unrecorded.
+        self._thread = threading.local()
+
+    @property
+    def in_run(self) -> bool:
+        """Whether this thread is inside a Session.run already (a nested run is the program's own)."""
+        return getattr(self._thread, "in_run", False)
+
+    @in_run.setter
+    def in_run(self, value: bool) -> None:
+        self._thread.in_run = value
 
     # -- optimizer ------------------------------------------------------------------------
     def install_optimizer(self):
