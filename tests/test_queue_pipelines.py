@@ -859,7 +859,7 @@ def test_queues_an_if_chooses_shuffle_as_its_branches_did():
         def feed(sess, data):
             for rows in data:
                 sess.run(enqueue, feed_dict={images: rows})
-        """, "a Python thread feeding it has no one-to-one tf.data rewrite"),
+        """, "no `QueueRunner` fills the queue: a Python thread feeding it (`sess.run(enqueue_op, feed_dict=...)`)"),
     ("""
         import tensorflow as tf
         queue = tf.FIFOQueue(32, [tf.float32], shapes=[[4]])

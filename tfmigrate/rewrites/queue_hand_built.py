@@ -101,8 +101,8 @@ class HandBuiltSearch:
 
 
 def hand_built_queues(module: HandBuiltSearch) -> list[HandBuiltQueue]:
-    """Every input queue the module builds by hand that is dequeued in batches, each with the
-    batching call it amounts to or the reason it cannot be read as one."""
+    """Every queue the module builds by hand, each with the batching call it amounts to or the
+    reason it cannot be read as one (TFM304 gives it)."""
     found, seen = [], set()
     for call, qualified in module.calls:
         if qualified not in QUEUES or QUEUES[qualified] not in QUEUE_PARAMS or id(call) in seen:
@@ -113,14 +113,13 @@ def hand_built_queues(module: HandBuiltSearch) -> list[HandBuiltQueue]:
         except Blocked as blocked:
             queue.blocker = str(blocked)
         seen |= {id(c) for c in queue.queue_calls}
-        if queue.dequeue is not call:  # dequeued in batches: an input pipeline of ours
-            found.append(queue)
+        found.append(queue)
     return found
 
 
 def _read(module: HandBuiltSearch, queue: HandBuiltQueue) -> None:
-    """Fill ``queue`` in, or raise Blocked (with ``queue.dequeue`` still the constructor when it
-    is not dequeued in batches at all)."""
+    """Fill ``queue`` in, or raise Blocked (``queue.dequeue`` stays the constructor until the
+    dequeue is found: the refused pipeline is the constructor's)."""
     statement = module.statement(queue.queue_call)
     assigned = assignment(statement) if statement is not None else None
     if assigned is None or assigned[1] is not queue.queue_call or not isinstance(assigned[0], cst.Name):
@@ -130,16 +129,23 @@ def _read(module: HandBuiltSearch, queue: HandBuiltQueue) -> None:
     constructors = [(c, QUEUES[q]) for c, q in module.calls if q in QUEUES and _makes(module, c, name, scope)]
     queue.queue_calls = [c for c, _ in constructors]
     uses = _Uses(scope, name)
-    dequeues = uses.methods(*_DEQUEUES)
-    if len(dequeues) != 1:
-        raise Blocked("the queue is not dequeued in batches once (`dequeue_many` or `dequeue_up_to`)")
-    queue.dequeue = dequeues[0]
-    body, index, made = _where_made(module, queue, constructors)
     enqueues, closes = uses.methods(*_ENQUEUES), uses.methods("close")
     runners = [c for c, q in module.calls if q in RUNNER and _names(argument(c, _RUNNER_PARAMS, "queue"), name)]
+    if not enqueues:
+        raise Blocked(f"nothing in this module enqueues into `{name}`")
+    if not runners:
+        raise Blocked("no `QueueRunner` fills the queue: a Python thread feeding it (`sess.run(enqueue_op, "
+                      "feed_dict=...)`) has no one-to-one tf.data rewrite: `tf.data.Dataset.from_generator` over "
+                      "what it feeds")
     if len(enqueues) != 1 or len(runners) != 1:
-        raise Blocked("the queue is not filled by one enqueue op run by one `QueueRunner` (a Python thread feeding "
-                      "it has no one-to-one tf.data rewrite: `tf.data.Dataset.from_generator` over what it feeds)")
+        raise Blocked("the queue is filled by more than one enqueue op or `QueueRunner` (readers interleaved: "
+                      "`tf.data.Dataset.interleave`)")
+    dequeues = uses.methods(*_DEQUEUES)
+    if len(dequeues) != 1:
+        raise Blocked("the queue is not dequeued in batches once (`dequeue_many` or `dequeue_up_to`): a queue "
+                      "dequeued one element at a time (`dequeue()`) buffers what `.prefetch` buffers")
+    queue.dequeue = dequeues[0]
+    body, index, made = _where_made(module, queue, constructors)
     if uses.count != len(constructors) + len(dequeues) + len(enqueues) + len(closes) + 1:
         raise Blocked(f"`{name}` is used otherwise than to enqueue, run, dequeue and close it")
     statements = [*made, *_enqueue_statements(module, body, enqueues[0])]
