@@ -994,7 +994,7 @@ MORE_REFUSALS = {
             model = Model(inp, concatenate(outs, axis=0))
             model.compile(optimizer='sgd', loss='mse')
             model.fit(x, y, epochs=2)
-    """, "reach `model.compile`"),
+    """, "`model.compile` trains on what the towers build"),
     # The towers' mean loss handed to a training helper of the project's own (another module):
     # a rewrite left its optimizer outside the replicas.
     "results_to_an_imported_trainer": ("""

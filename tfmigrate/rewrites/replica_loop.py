@@ -1482,8 +1482,9 @@ def _check_only_computes(rule, region: Region, own_update: frozenset | set = fro
     for statement in [*simple_statements(region.loop.body), *region.following]:
         call = training_call(rule, statement)
         if call is not None and trains(rule, call):
-            raise Refused(f"line {line_of(rule, statement)}: the towers' gradients or losses reach "
-                          f"`{code(call.func)}` in a shape the rewrite does not know")
+            raise Refused(f"line {line_of(rule, statement)}: `{code(call.func)}` trains on what the towers build, in "
+                          "a shape the rewrite does not know (the towers only build the model; the gradients and "
+                          "the update are made elsewhere): build them in the function with the tower loop")
         if call is not None:  # a function of the module that computes gradients or updates
             raise Refused(f"line {line_of(rule, statement)}: `{code(call.func)}` computes gradients or updates the "
                           "model inside, in a shape the rewrite cannot move into the replicas (even where an "
