@@ -618,20 +618,14 @@ class _Planner(AcrossFunctions):
             if batch.enqueue_many and not source.rows:  # what was enqueued were batches of examples
                 source.chain.append(".unbatch()")
             self._batching_chain(batch, source.chain)
-        queue = self._hand_built.get(id(batch.call))
-        chosen = queue is not None and queue.choice is not None and any(queue.shuffles)
-        batching = source.chain[-2:] if chosen else []  # a chosen shuffle comes between the map and the batch
-        if batching:
-            del source.chain[-2:]
-        lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain, *batching])
-        self._check_capturable(set(re.findall(r"(?<![\w.])[A-Za-z_]\w*", lines)), parse)
         lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
+        self._check_capturable(set(re.findall(r"(?<![\w.])[A-Za-z_]\w*", lines)), parse)
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
             new_statements.append(self._parse_function(parse_fn, source.params, parse, returned))
-        dataset_statement = cst.parse_statement(f"{dataset} = (\n{lines}\n)\n")
+        made = self._dataset_statements(dataset, source.text, source.chain, self._hand_built.get(id(batch.call)))
         if needs_map:
-            dataset_statement = dataset_statement.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+            made[0] = made[0].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         iterator = self.ref("tensorflow.compat.v1.data.make_one_shot_iterator")
         next_element = f"{iterator}({dataset}).get_next()"
         if hand_on is not None:
@@ -641,12 +635,21 @@ class _Planner(AcrossFunctions):
         else:
             consume = cst.parse_statement(f"return {next_element}\n")
         consume = consume.with_changes(trailing_whitespace=batch.statement.trailing_whitespace, leading_lines=())
-        new_statements.append(dataset_statement)
-        if batching:
-            new_statements += [choice_statement(queue, dataset), cst.parse_statement(f"{dataset} = {dataset}{''.join(batching)}\n")]
-        new_statements.append(consume)
+        new_statements += [*made, consume]
         new_statements[0] = new_statements[0].with_changes(leading_lines=batch.statement.leading_lines)
         return new_statements
+
+    def _dataset_statements(self, dataset: str, text: str, chain: list[str], queue: HandBuiltQueue | None) -> list:
+        """`dataset = (source .map ... .batch ... .prefetch)`; where an `if` chose a hand-built
+        queue that shuffles (resnet's cifar_input), the same `if` chooses the shuffle between the
+        map and the batch."""
+        if queue is None or queue.choice is None or not any(queue.shuffles):
+            lines = "\n".join(f"    {piece}" for piece in [text, *chain])
+            return [cst.parse_statement(f"{dataset} = (\n{lines}\n)\n")]
+        head, batching = chain[:-2], chain[-2:]  # `.batch(...)`, `.prefetch(...)`
+        lines = "\n".join(f"    {piece}" for piece in [text, *head])
+        return [cst.parse_statement(f"{dataset} = (\n{lines}\n)\n"), choice_statement(queue, dataset),
+                cst.parse_statement(f"{dataset} = {dataset}{''.join(batching)}\n")]
 
     def _check_dense(self, statements: list[cst.BaseStatement]) -> None:
         """`dynamic_pad=True` batched a SparseTensor as a SparseTensor (DeepSpeech's `VarLenFeature`
