@@ -1903,8 +1903,10 @@ class _ReplicaBody(cst.CSTTransformer):
 
     def __init__(self, scopes: set[int], changes: dict, imports, tower_scopes: set[str], indices: set[str] = frozenset(),
                  variables: frozenset[int] = frozenset(), regularization: frozenset[int] = frozenset(),
-                 replaced: dict | None = None):
+                 replaced: dict | None = None, index: str | None = None):
         super().__init__()
+        self.index = index  # the name the replica's index is bound to in the replica function, if one is
+        self.first_only = False
         self.scopes, self.changes, self.imports = scopes, changes, imports
         self.replaced = replaced or {}  # id(call or attribute) -> its replacement
         self.regularization = regularization  # ids of the reads of every term (every_towers_regularization)
@@ -1930,6 +1932,9 @@ class _ReplicaBody(cst.CSTTransformer):
             return counted_per_replica(updated)
         if not self._tower_collection(original, ("SUMMARIES",)):
             return updated
+        if self.index is not None:
+            self.first_only = True  # see leave_SimpleStatementLine
+            return updated
         self.widened = True
         return _every_replica(updated)
 
@@ -1950,11 +1955,30 @@ class _ReplicaBody(cst.CSTTransformer):
             note = cst.EmptyLine(comment=cst.Comment(
                 "# Every replica's: under MirroredStrategy these live in replica 0's scope."))
             updated = updated.with_changes(leading_lines=[*updated.leading_lines, note])
+        if self.first_only:
+            self.first_only = False
+            updated = self._first_replica_s(updated)
         small = single_small(original)
         if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
                 and any(self._tower_collection(call, _UPDATE_OPS) for call in find(small.value, cst.Call))):
             self.rereads[small.targets[0].target.value] = updated.visit(_EveryReplica(self))
         return self.changes.get(id(original), updated)
+
+    def _first_replica_s(self, statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        """`summaries = tf.get_collection(SUMMARIES, scope)`: MirroredStrategy makes summary ops in
+        replica 0 only, so the later replicas' scopes hold none and would leave an empty list; the
+        first replica's are kept (the towers' own, not every summary of the graph: inception's
+        input summaries, added to them again after the loop, were merged twice and failed).
+        Another use of the read (`summaries.extend(...)`) is right as it is."""
+        small = single_small(statement)
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)):
+            return statement
+        target = small.targets[0].target.value
+        chosen = cst.parse_expression(f"{code(small.value)} if {self.index} == 0 else {target}")
+        note = cst.EmptyLine(comment=cst.Comment(
+            "# MirroredStrategy makes summaries in replica 0 only: keep replica 0's."))
+        return statement.with_changes(body=[small.with_changes(value=chosen)],
+                                      leading_lines=[*statement.leading_lines, note])
 
     def leave_If(self, original: cst.If, updated: cst.If):
         """`if i == 0:` around the tower's UPDATE_OPS: they leave it (see the class)."""
@@ -2021,13 +2045,23 @@ def _replica_body(rule, tower, region: Region, update: Update, tf: TfNames, run_
     replaced = {key: new for key, (_, new) in [*_variable_op_names(rule, [tower]).items(),
                                                *applied_per_replica(averages_applied(rule, [loop.body]), tf).items()]}
     replica = _ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target),
-                           frozenset(_variable_calls(rule)), reads, replaced)
+                           frozenset(_variable_calls(rule)), reads, replaced, _replica_index(loop))
     body = loop.body.visit(replica)
     statements = [*body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf, _targets_read_after(region), source)
     if reads:
         prelude.append(regularization_scale(tf, run_by))
     return [*prelude, *statements], replica.rereads
+
+
+def _replica_index(loop: cst.For) -> str | None:
+    """The loop's index, which the replica function binds to the replica's: `i` of `for i in
+    range(n)` or `for i, d in enumerate(devices)`."""
+    if isinstance(loop.target, cst.Name) and _is_range_index(loop, loop.target):
+        return loop.target.value
+    if isinstance(loop.target, cst.Tuple) and _is_enumerate_index(loop, loop.target.elements[0].value):
+        return loop.target.elements[0].value.value  # type: ignore[attr-defined]
+    return None
 
 
 def _targets_read_after(region: Region) -> set[str]:
