@@ -20,7 +20,9 @@ program wrote, at the dequeue's place; the queue's own statements go.
 Recognised: the queue named on a line of its own, one enqueue op named on a line of its own,
 one QueueRunner over them (registered with `add_queue_runner`, inline or by name) and one
 dequeue of a batch, assigned or returned, all in one block (a function body or the module);
-`sess.run(queue.close(...))` goes with them. Anything else done with the queue, its enqueue op
+`sess.run(queue.close(...))` goes with them. The queue may be made in both branches of an
+`if`/`else` (resnet: a RandomShuffleQueue to train, a FIFOQueue to evaluate): one batch, the
+same `if` choosing the dataset's shuffle. Anything else done with the queue, its enqueue op
 or its runner (a Python thread feeding it, `create_threads`, `queue.size()`) is refused, and
 the reason is the queue's finding's.
 """
@@ -40,7 +42,7 @@ from tfmigrate.tf_api import QUEUES
 if TYPE_CHECKING:
     from tfmigrate.rule import Rule
 
-#: Each queue class's parameters, and what its batching call is.
+#: The parameters of each queue class the rewrite reads.
 QUEUE_PARAMS = {
     "FIFOQueue": ("capacity", "dtypes", "shapes", "names", "shared_name", "name"),
     "PaddingFIFOQueue": ("capacity", "dtypes", "shapes", "names", "shared_name", "name"),
