@@ -3445,3 +3445,33 @@ def test_a_trainer_class_made_again_through_a_subclass_is_refused():
     (finding,) = tower_findings(source)
     assert not finding.fixable
     assert "`MultiGPUTrainer` runs 2 times (lines 20, 21) into one graph" in finding.refusal, finding.refusal
+
+
+def test_towers_that_compute_gradients_for_an_update_made_elsewhere_say_so():
+    """SuperPoint's `_gpu_tower`: each tower takes `tf.gradients` of its loss and the caller
+    averages and applies them. The refusal names the towers' own gradient call (it said the
+    gradients 'reach' it, and once that the towers only built the model)."""
+    source = textwrap.dedent("""
+        import tensorflow as tf
+
+
+        class Model(object):
+            def _gpu_tower(self, shards, mode):
+                tower_losses = []
+                tower_gradvars = []
+                for i in range(self.n_gpus):
+                    with tf.device('/gpu:{}'.format(i)):
+                        net_outputs = self._model(shards[i])
+                        if mode == 'train':
+                            loss = self._loss(net_outputs, shards[i])
+                            params = tf.trainable_variables()
+                            grad = tf.gradients(loss, params)
+                            tower_losses.append(loss)
+                            tower_gradvars.append(zip(grad, params))
+                if mode == 'train':
+                    return tower_losses, tower_gradvars
+                return None
+        """)
+    (finding,) = tower_findings(source)
+    assert not finding.fixable
+    assert finding.refusal.startswith("line 14: the towers train through `tf.gradients`"), finding.refusal

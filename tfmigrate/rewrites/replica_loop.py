@@ -1479,12 +1479,17 @@ def _check_only_computes(rule, region: Region, own_update: frozenset | set = fro
     the results leave for storage other functions read, anywhere in the module but the group's
     own update (the nodes whose ids are in ``own_update``: the loops of a group, and what
     follows the last)."""
-    for statement in [*simple_statements(region.loop.body), *region.following]:
+    in_loop = simple_statements(region.loop.body)
+    for statement in [*in_loop, *region.following]:
         call = training_call(rule, statement)
+        if call is not None and trains(rule, call) and any(statement is s for s in in_loop):
+            raise Refused(f"line {line_of(rule, statement)}: the towers train through `{code(call.func)}`, and the "
+                          "rewrite cannot follow their update (returned to the caller, or made in another function): "
+                          "build it in the function with the tower loop")
         if call is not None and trains(rule, call):
             raise Refused(f"line {line_of(rule, statement)}: `{code(call.func)}` trains on what the towers build, in "
-                          "a shape the rewrite does not know (the towers only build the model; the gradients and "
-                          "the update are made elsewhere): build them in the function with the tower loop")
+                          "a shape the rewrite does not know: build the gradients and the update in the function "
+                          "with the tower loop")
         if call is not None:  # a function of the module that computes gradients or updates
             raise Refused(f"line {line_of(rule, statement)}: `{code(call.func)}` computes gradients or updates the "
                           "model inside, in a shape the rewrite cannot move into the replicas (even where an "
