@@ -263,3 +263,23 @@ def test_the_walks_parents_are_those_of_the_analyses():
                 assert context.parents[key] is parent
                 compared += 1
     assert compared > 10000
+
+
+def test_a_device_function_defined_in_the_loop_over_its_device_makes_a_tower_loop():
+    """chqiwang/transformer: `balanced_device_setter`, defined in the loop body, places the ops on
+    the loop's `device`; the scope reads the function, not the device, and the loop went unseen."""
+    context = context_for(
+        """
+        import tensorflow as tf
+        for i, (x, device) in enumerate(zip(parts, devices)):
+            def balanced_device_setter(op):
+                if op.type in ('Variable', 'VariableV2'):
+                    return '/cpu:0'
+                return device
+            device_setter = balanced_device_setter
+            with tf.device(device_setter):
+                losses.append(model(x, reuse=i > 0))
+        """
+    )
+    (tower,) = module_tower_loops(context)
+    assert isinstance(tower.loop, cst.For)

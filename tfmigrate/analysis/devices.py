@@ -213,6 +213,10 @@ def derived_names(body: cst.CSTNode, seeds: set[str]) -> set[str]:
             assignments.append((names_used(node.target), names_used(node.value)))
         elif kind is cst.WithItem:
             items.append(node)
+        elif kind is cst.FunctionDef:
+            # A device function defined in the loop, closing over its device (chqiwang/transformer's
+            # `balanced_device_setter` returning `device`): its name is the loop's too.
+            assignments.append(({node.name.value}, names_used(node.body)))
     changed = True
     while changed:
         changed = False
