@@ -423,9 +423,9 @@ class MultiGpuModel(Rule):
         if edit is not None:
             edit.changes[self._helpers[name]] = cst.RemovalSentinel.REMOVE
             edit.title += f", and delete the helper `{name}`"
-        advice = self._message(call, target).split(": ", 1)[1]
-        message = (f"`{name}(...)` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU, "
-                   f"outputs concatenated): {advice}, and delete `{name}`")
+        subject = (f"`{name}(...)` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU, "
+                   "outputs concatenated)")
+        message = f"{self._message(call, target, subject)}, and delete `{name}`"
         if blocker:
             message += f"; no automatic fix: {blocker}"
         self.report(call, message, edit=edit)
@@ -638,7 +638,8 @@ class MultiGpuModel(Rule):
             return []
         return list(self._imports.get(head.value, []))
 
-    def _message(self, call: cst.Call, target: str | None) -> str:
+    def _message(self, call: cst.Call, target: str | None, subject: str | None = None) -> str:
+        """What the call is (``subject``, else Keras's `multi_gpu_model` and its GPUs) and what to do."""
         gpus = argument(call, PARAMS, "gpus")
         if gpus is None:
             where = "on every visible GPU"
@@ -663,8 +664,9 @@ class MultiGpuModel(Rule):
             if batch is not None
             else "the same global batch size"
         )
+        subject = subject or f"Keras `multi_gpu_model(...)` {where} (removed in TF 2.4)"
         return (
-            f"Keras `multi_gpu_model(...)` {where} (removed in TF 2.4): build and compile "
+            f"{subject}: build and compile "
             f"{template_text} under `tf.distribute.MirroredStrategy({devices}).scope()` and fit it "
             f"directly with {batch_text}"
         )

@@ -151,7 +151,7 @@ class QueueRunners(Rule):
         plan = module_plan(self)
         if qualified not in (START_QUEUE_RUNNERS, COORDINATOR):
             # The runner of a queue built by hand goes with the queue's rewrite (TFM304); Supervisor, slim: no fix.
-            pipeline = plan.pipeline_of(node) if qualified in QUEUE_RUNNERS else None
+            pipeline = plan.pipeline_of(node)
             self.report(node, message, edit=plan.edit if pipeline is not None and pipeline.blocker is None else None)
             return
         if plan.edit is not None and plan.scaffolding_included:

@@ -447,16 +447,15 @@ class _Planner(AcrossFunctions):
         it works on what was read: resnet's per-mode preprocessing), or gone (where the queue
         was all it did)."""
         choice, own = queue.choice, {id(statement) for statement in queue.statements}
-        branches = []
-        for branch in (choice.body, choice.orelse.body):  # type: ignore[union-attr]
-            kept = [statement for statement in branch.body if id(statement) not in own]
-            branches.append(branch.with_changes(body=kept or [cst.SimpleStatementLine([cst.Pass()])]))
-        if all(len(b.body) == 1 and isinstance(single_small(b.body[0]), cst.Pass) for b in branches) and not any(
-                isinstance(single_small(s), cst.Pass) for s in [*choice.body.body, *choice.orelse.body.body]):  # type: ignore[union-attr]
+        body, orelse = choice.body, choice.orelse.body  # type: ignore[union-attr]
+        kept = [[statement for statement in branch.body if id(statement) not in own] for branch in (body, orelse)]
+        if not any(kept):
             source.removed = [*source.removed, choice]
             return
+        padded = [statements or [cst.SimpleStatementLine([cst.Pass()])] for statements in kept]
         source.rewritten[id(choice)] = choice.with_changes(
-            body=branches[0], orelse=choice.orelse.with_changes(body=branches[1]))  # type: ignore[union-attr]
+            body=body.with_changes(body=padded[0]),
+            orelse=choice.orelse.with_changes(body=orelse.with_changes(body=padded[1])))  # type: ignore[union-attr]
 
     def _keep_lines_above(self, pipeline: Pipeline, queue: HandBuiltQueue) -> None:
         """The blank lines and comments above a hand-built queue's statements, where they run up to
@@ -618,8 +617,8 @@ class _Planner(AcrossFunctions):
             if batch.enqueue_many and not source.rows:  # what was enqueued were batches of examples
                 source.chain.append(".unbatch()")
             self._batching_chain(batch, source.chain)
-        lines = "\n".join(f"    {piece}" for piece in [source.text, *source.chain])
-        self._check_capturable(set(re.findall(r"(?<![\w.])[A-Za-z_]\w*", lines)), parse)
+        chain = " ".join([source.text, *source.chain])
+        self._check_capturable(set(re.findall(r"(?<![\w.])[A-Za-z_]\w*", chain)), parse)
         new_statements: list[cst.BaseStatement] = []
         if needs_map:
             new_statements.append(self._parse_function(parse_fn, source.params, parse, returned))

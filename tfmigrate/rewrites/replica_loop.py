@@ -1482,11 +1482,11 @@ def _check_only_computes(rule, region: Region, own_update: frozenset | set = fro
     in_loop = simple_statements(region.loop.body)
     for statement in [*in_loop, *region.following]:
         call = training_call(rule, statement)
-        if call is not None and trains(rule, call) and any(statement is s for s in in_loop):
-            raise Refused(f"line {line_of(rule, statement)}: the towers train through `{code(call.func)}`, and the "
-                          "rewrite cannot follow their update (returned to the caller, or made in another function): "
-                          "build it in the function with the tower loop")
         if call is not None and trains(rule, call):
+            if any(statement is s for s in in_loop):
+                raise Refused(f"line {line_of(rule, statement)}: the towers train through `{code(call.func)}`, and "
+                              "the rewrite cannot follow their update (returned to the caller, or made in another "
+                              "function): build it in the function with the tower loop")
             raise Refused(f"line {line_of(rule, statement)}: `{code(call.func)}` trains on what the towers build, in "
                           "a shape the rewrite does not know: build the gradients and the update in the function "
                           "with the tower loop")
@@ -1962,14 +1962,14 @@ class _ReplicaBody(cst.CSTTransformer):
             updated = updated.with_changes(leading_lines=[*updated.leading_lines, note])
         if self.first_only:
             self.first_only = False
-            updated = self._first_replica_s(updated)
+            updated = self._replica_0_summaries(updated)
         small = single_small(original)
         if (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
                 and any(self._tower_collection(call, _UPDATE_OPS) for call in find(small.value, cst.Call))):
             self.rereads[small.targets[0].target.value] = updated.visit(_EveryReplica(self))
         return self.changes.get(id(original), updated)
 
-    def _first_replica_s(self, statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    def _replica_0_summaries(self, statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         """`summaries = tf.get_collection(SUMMARIES, scope)`: MirroredStrategy makes summary ops in
         replica 0 only, so the later replicas' scopes hold none and would leave an empty list; the
         first replica's are kept (the towers' own, not every summary of the graph: inception's
@@ -2060,13 +2060,19 @@ def _replica_body(rule, tower, region: Region, update: Update, tf: TfNames, run_
 
 
 def _replica_index(loop: cst.For) -> str | None:
-    """The loop's index, which the replica function binds to the replica's: `i` of `for i in
-    range(n)` or `for i, d in enumerate(devices)`."""
-    if isinstance(loop.target, cst.Name) and _is_range_index(loop, loop.target):
-        return loop.target.value
-    if isinstance(loop.target, cst.Tuple) and _is_enumerate_index(loop, loop.target.elements[0].value):
-        return loop.target.elements[0].value.value  # type: ignore[attr-defined]
-    return None
+    """The loop's index, which the replica function binds to the replica's (see
+    :func:`_loop_variables`): `i` of `for i in range(n)` or `for i, d in enumerate(devices)`."""
+    if _is_range_index(loop, loop.target):
+        return loop.target.value  # type: ignore[attr-defined]
+    index = loop.target.elements[0].value if _enumerates(loop) else None  # type: ignore[attr-defined]
+    return index.value if isinstance(index, cst.Name) else None
+
+
+def _enumerates(loop: cst.For) -> bool:
+    """`for i, x in enumerate(xs)`: one iterable, counted from 0."""
+    iterable, target = loop.iter, loop.target
+    return (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
+            and isinstance(target, cst.Tuple) and len(target.elements) == 2)
 
 
 def _targets_read_after(region: Region) -> set[str]:
@@ -2104,12 +2110,11 @@ def _loop_variables(rule, loop: cst.For, statements, tf: TfNames, read_after: se
     index_expression = REPLICA_INDEX.format(tf=tf_root(tf))
     target, iterable = loop.target, loop.iter
     lines: list[str] = []
-    if isinstance(iterable, cst.Call) and code(iterable.func) in ("range", "xrange") and isinstance(target, cst.Name):
-        if target.value in used:
-            lines.append(f"{target.value} = {index_expression}")
-    elif (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
-          and isinstance(target, cst.Tuple) and len(target.elements) == 2):
-        index, element = (e.value for e in target.elements)
+    if _is_range_index(loop, target):
+        if target.value in used:  # type: ignore[attr-defined]
+            lines.append(f"{target.value} = {index_expression}")  # type: ignore[attr-defined]
+    elif _enumerates(loop):
+        index, element = (e.value for e in target.elements)  # type: ignore[attr-defined]
         if not isinstance(index, cst.Name):
             raise Refused(f"cannot use `{code(index)}` of the loop target as a replica index")
         element_used = bool(names_used(element) & used)

@@ -368,6 +368,14 @@ TRAIN_KERNEL = re.compile(r"^(Resource)?(Sparse)?Apply")
 ASSIGN_KERNELS = {"Assign", "AssignSub", "AssignAdd", "AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp"}
 GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
 REPLICA_COPY = re.compile(r"/replica_\d+$")
+
+
+def variable_name(name: str) -> str:
+    """A variable's (or its op's) name, the same for every replica's copy: `w:0`,
+    `w/replica_1` -> `w`."""
+    return REPLICA_COPY.sub("", name.split(":")[0])
+
+
 SOURCE_OPS = {
     "IteratorGetNext", "IteratorGetNextSync", "MultiDeviceIteratorGetNextFromShard",
     "QueueDequeueMany", "QueueDequeueManyV2", "QueueDequeueUpTo", "QueueDequeueUpToV2",
@@ -481,17 +489,20 @@ class Recorder:
         graph = getattr(update, "graph", None)
         name = getattr(step, "name", None)
         if graph is not None and isinstance(name, str):
-            self.global_steps.setdefault(id(graph), set()).add(REPLICA_COPY.sub("", name.split(":")[0]))
+            self.global_steps.setdefault(id(graph), set()).add(variable_name(name))
 
-    def _is_step_count(self, graph, element) -> bool:
-        """Whether ``element`` reads a global step (one an update was given, or the graph's)."""
-        steps = set(self.global_steps.get(id(graph), ()))
-        for step in graph.get_collection(self.tf.compat.v1.GraphKeys.GLOBAL_STEP):
-            steps.add(REPLICA_COPY.sub("", step.name.split(":")[0]))
+    def _step_names(self, graph) -> set[str]:
+        """The global steps of ``graph``: those an update was given, and the graph's own."""
+        collected = graph.get_collection(self.tf.compat.v1.GraphKeys.GLOBAL_STEP)
+        return set(self.global_steps.get(id(graph), ())) | {variable_name(step.name) for step in collected}
+
+    @staticmethod
+    def _reads_step(element, steps: set[str]) -> bool:
+        """Whether ``element`` is one of ``steps`` (read through `Identity`/`ReadVariableOp`)."""
         op = element.op
-        while op.type in ("Identity", "ReadVariableOp") and op.inputs and op.name not in steps:
+        while variable_name(op.name) not in steps and op.type in ("Identity", "ReadVariableOp") and op.inputs:
             op = op.inputs[0].op
-        return REPLICA_COPY.sub("", op.name) in steps
+        return variable_name(op.name) in steps
 
     def update_of(self, op) -> list:
         """The list of losses behind ``op``: shared by the replicas' ops of one update."""
@@ -587,7 +598,7 @@ class Recorder:
         # By name: a mirrored variable's copies are `<name>/replica_<k>`.
         trainable = {v.name.split(":")[0] for v in graph.get_collection(self.tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
         return [op for op in upstream if op.type in ASSIGN_KERNELS and op.inputs
-                and REPLICA_COPY.sub("", op.inputs[0].op.name) in trainable]
+                and variable_name(op.inputs[0].op.name) in trainable]
 
     def _train_collection(self, graph, upstream) -> set:
         """The ops of the graph's TRAIN_OP collection that the fetches depend on."""
@@ -612,13 +623,15 @@ class Recorder:
     def _loss_candidates(self, elements, recorded, tower_losses) -> list:
         """The fetched float scalars that may be the loss, as (rank, index, element), best first."""
         candidates = []
+        steps: set[str] | None = None  # the graph's global steps, looked up once
         for index, element in enumerate(elements):
             if element is None or hasattr(element, "node_def"):
                 continue
             dtype = getattr(element, "dtype", None)
             if dtype is None or not dtype.is_floating:
                 continue
-            if element.op in recorded or self._is_step_count(element.graph, element):
+            steps = self._step_names(element.graph) if steps is None else steps
+            if element.op in recorded or self._reads_step(element, steps):
                 continue  # a float global step, or its increment (an update's own output)
             shape = element.shape
             if shape.rank not in (0, None):
