@@ -885,6 +885,17 @@ def test_queues_an_if_chooses_shuffle_as_its_branches_did():
         tf.train.add_queue_runner(tf.train.QueueRunner(queue, [enqueue]))
         batch = queue.dequeue_many(8)
         """, "a queue with `names=` has no tf.data rewrite here"),
+    # The runner runs another op, and the queue's own enqueue op is run by hand: the rewrite
+    # removed the enqueue op's line and left `sess.run(enqueue)` naming nothing.
+    ("""
+        import tensorflow as tf
+        queue = tf.FIFOQueue(32, [tf.float32], shapes=[[4]])
+        enqueue = queue.enqueue_many([tf.constant(rows)])
+        other = tf.no_op()
+        tf.train.add_queue_runner(tf.train.QueueRunner(queue, [other]))
+        batch = queue.dequeue_many(8)
+        sess.run(enqueue)
+        """, "the `QueueRunner`'s enqueue ops are not `[enqueue]` or `[enqueue] * num_threads`"),
     ("""
         import tensorflow as tf
         counter = tf.Variable(0)

@@ -150,8 +150,9 @@ def _read(module: HandBuiltSearch, queue: HandBuiltQueue) -> None:
     body, index, made = _where_made(module, queue, constructors)
     if uses.count != len(constructors) + len(dequeues) + len(enqueues) + len(closes) + 1:
         raise Blocked(f"`{name}` is used otherwise than to enqueue, run, dequeue and close it")
-    statements = [*made, *_enqueue_statements(module, body, enqueues[0])]
-    threads, runner_statements, runner_calls = _runner(module, runners[0], body)
+    enqueue_statement, op = _enqueue_statement(module, body, enqueues[0])
+    statements = [*made, enqueue_statement]
+    threads, runner_statements, runner_calls = _runner(module, runners[0], body, op)
     if queue.choice is not None:
         threads, counts = _chosen_thread_count(module, queue.choice, threads, scope)
         statements += counts
@@ -230,7 +231,8 @@ def _names(node: cst.BaseExpression | None, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
-def _enqueue_statements(module: HandBuiltSearch, body, enqueue: cst.Call) -> list[cst.BaseStatement]:
+def _enqueue_statement(module: HandBuiltSearch, body, enqueue: cst.Call) -> tuple[cst.BaseStatement, str]:
+    """`enqueue_op = queue.enqueue([...])` and the op's name."""
     where = module.place(enqueue)
     assigned = assignment(where[0][where[1]]) if where is not None else None
     if where is None or where[0] is not body or assigned is None or assigned[1] is not enqueue \
@@ -239,16 +241,17 @@ def _enqueue_statements(module: HandBuiltSearch, body, enqueue: cst.Call) -> lis
     op = assigned[0].value
     if _Uses(module.scope_of(body[where[1]]), op).count != 2:  # bound, and listed in the runner
         raise Blocked(f"the enqueue op `{op}` is used otherwise than by the queue's runner")
-    return [body[where[1]]]
+    return body[where[1]], op
 
 
-def _runner(module: HandBuiltSearch, runner: cst.Call, body):
-    """The runner's thread count, its statements, and its `add_queue_runner` call (if by name)."""
+def _runner(module: HandBuiltSearch, runner: cst.Call, body, op: str):
+    """The runner's thread count, its statements, and its `add_queue_runner` call (if by name);
+    ``op``: the queue's enqueue op, which the runner must run."""
     if has_star_args(runner) or unknown_keywords(runner, _RUNNER_PARAMS) or len(runner.args) != 2 \
             or argument(runner, _RUNNER_PARAMS, "enqueue_ops") is None:
         raise Blocked("the `QueueRunner` takes more than the queue and its enqueue ops")
     ops = argument(runner, _RUNNER_PARAMS, "enqueue_ops")
-    threads = _thread_count(ops, module.code)
+    threads = _thread_count(ops, op, module.code)
     where = module.place(runner)
     if where is None or where[0] is not body:
         raise Blocked("the `QueueRunner` is not made in the block that makes the queue")
@@ -276,14 +279,14 @@ def _adds(rule, value: cst.BaseExpression, runner: cst.Call | str) -> bool:
     return given is runner if isinstance(runner, cst.Call) else _names(given, runner)
 
 
-def _thread_count(ops: cst.BaseExpression | None, code) -> str:
-    """`[enqueue_op]` -> "1", `[enqueue_op] * num_threads` -> "num_threads"."""
+def _thread_count(ops: cst.BaseExpression | None, op: str, code) -> str:
+    """`[enqueue_op]` -> "1", `[enqueue_op] * num_threads` -> "num_threads" (``op``: the enqueue op's name)."""
     count = "1"
     if isinstance(ops, cst.BinaryOperation) and isinstance(ops.operator, cst.Multiply):
         listed, other = (ops.left, ops.right) if isinstance(ops.left, cst.List) else (ops.right, ops.left)
         ops, count = listed, code(other)
-    if not (isinstance(ops, cst.List) and len(ops.elements) == 1 and isinstance(ops.elements[0].value, cst.Name)):
-        raise Blocked("the `QueueRunner`'s enqueue ops are not `[enqueue_op]` or `[enqueue_op] * num_threads`")
+    if not (isinstance(ops, cst.List) and len(ops.elements) == 1 and _names(ops.elements[0].value, op)):
+        raise Blocked(f"the `QueueRunner`'s enqueue ops are not `[{op}]` or `[{op}] * num_threads`")
     return count
 
 
