@@ -488,3 +488,60 @@ def test_the_recorder_s_nested_run_flag_is_per_thread():
     thread.start()
     thread.join()
     assert seen == [False] and recorder.in_run
+
+
+SHUFFLED_QUEUE = '''\
+import numpy as np
+import tensorflow as tf
+
+rows = np.random.RandomState(0).normal(size=(64, 4)).astype(np.float32)
+targets = rows.sum(axis=1, keepdims=True)
+INPUT
+w = tf.get_variable("w", [4, 1], initializer=tf.zeros_initializer())
+loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+train_op = tf.train.GradientDescentOptimizer(0.1).minimize(loss)
+with tf.Session() as sess:
+    sess.run(tf.global_variables_initializer())
+    coord = tf.train.Coordinator()
+    threads = tf.train.start_queue_runners(sess=sess, coord=coord)
+    for step in range(10):
+        print("step %d loss %f" % (step, sess.run([train_op, loss])[1]))
+    coord.request_stop()
+    coord.join(threads)
+'''
+QUEUE_INPUT = '''\
+row, target = tf.train.slice_input_producer([rows, targets], shuffle=True, seed=1)
+x, y = tf.train.shuffle_batch([row, target], batch_size=8, capacity=40, min_after_dequeue=32, seed=2)
+'''
+DATASET_INPUT = '''\
+dataset = tf.data.Dataset.from_tensor_slices((rows, targets)).shuffle(64, seed=1).repeat()
+x, y = tf.data.make_one_shot_iterator(dataset.shuffle(32, seed=2).batch(8)).get_next()
+'''
+
+
+@pytest.mark.tensorflow
+def test_shuffled_input_is_read_in_order_in_both_runs(tf_available, tmp_path):
+    """A queue's shuffle and tf.data's draw from different random streams: a correct rewrite of a
+    shuffled pipeline trains on the same examples in another order. Read in order in both runs,
+    it matches step by step; the report says what was turned off in each."""
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    old.write_text(SHUFFLED_QUEUE.replace("INPUT\n", QUEUE_INPUT))
+    new.write_text(SHUFFLED_QUEUE.replace("INPUT\n", DATASET_INPUT))
+    result = run_verify(str(old), str(new), "--steps", "8", "--warmup", "2")
+    assert result.returncode == 0 and "MATCH" in result.stdout, result.stdout + result.stderr
+    note = " ".join(result.stdout.split())
+    assert ("shuffling turned off in OLD slice_input_producer(shuffle=True), shuffle_batch(min_after_dequeue=32); "
+            "in NEW Dataset.shuffle(buffer_size=64), Dataset.shuffle(buffer_size=32)") in note
+    kept = run_verify(str(old), str(new), "--steps", "8", "--warmup", "2", "--keep-shuffles")
+    assert kept.returncode == 1 and "MISMATCH" in kept.stdout, kept.stdout + kept.stderr
+
+
+@pytest.mark.tensorflow
+def test_a_rewrite_that_drops_the_shuffle_mismatches(tf_available, tmp_path):
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    old.write_text(SHUFFLED_QUEUE.replace("INPUT\n", QUEUE_INPUT))
+    new.write_text(SHUFFLED_QUEUE.replace("INPUT\n", DATASET_INPUT.replace(".shuffle(64, seed=1)", "").replace(
+        "dataset.shuffle(32, seed=2)", "dataset")))
+    result = run_verify(str(old), str(new), "--steps", "8", "--warmup", "2", "-q")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "OLD shuffles its input and NEW does not" in result.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -114,6 +115,9 @@ def verify(
     plot_path: Optional[str] = typer.Option(None, "--plot", help="Write a PNG of both loss curves and throughput."),
     timeout: float = typer.Option(600.0, "--timeout", help="Seconds each program may run."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print the verdict only."),
+    keep_shuffles: bool = typer.Option(
+        False, "--keep-shuffles", help="Shuffle input as the programs do (by default both read it in order: a queue's "
+                                       "shuffle and tf.data's draw from different random streams)."),
 ) -> None:
     """Train OLD and NEW side by side; compare loss per step and throughput (exit 0 match, 1 mismatch, 2 error)."""
     _check_options(legacy, loss_regex)
@@ -125,7 +129,8 @@ def verify(
         "both": [True, True], "none": [False, False],
     }[legacy]
     settings = {"steps": steps, "devices": devices, "warmup": warmup, "seed": seed, "rtol": rtol, "atol": atol,
-                "legacy": legacy, "loss_regex": loss_regex, "timeout": timeout, "program_args": program_args or []}
+                "legacy": legacy, "loss_regex": loss_regex, "timeout": timeout, "program_args": program_args or [],
+                "in_order": not keep_shuffles}
     progress = not quiet and sys.stderr.isatty()
     out = Console(soft_wrap=True, emoji=False)
     job = _Job(paths=paths, detections=detections, flags=flags, settings=settings, progress=progress,
@@ -175,7 +180,7 @@ def _run_both(job: _Job) -> List[RunOutcome]:
                 dump_weights=weights if label == "OLD" else None,
                 load_weights=weights if label == "NEW" else None,
                 loss_regex=settings["loss_regex"], program_args=list(settings["program_args"]),
-                keras2=job.detections[index].keras2,
+                keras2=job.detections[index].keras2, in_order=settings["in_order"],
             )
             outcome = _run_one(job, spec)
             outcomes.append(outcome)
@@ -226,6 +231,13 @@ def _build_report(job: _Job, outcomes: List[RunOutcome]):
     for outcome in outcomes:
         for note in outcome.result.get("notes", []):
             notes.append(f"{outcome.spec.label}: {note}")
+    shuffles_off = [outcome.result.get("shuffles_off") or [] for outcome in outcomes]
+    if any(shuffles_off):
+        notes.append(_in_order_note(shuffles_off))
+    if bool(shuffles_off[0]) != bool(shuffles_off[1]):  # a rewrite that dropped (or added) a shuffle
+        shuffled, plain = ("OLD", "NEW") if shuffles_off[0] else ("NEW", "OLD")
+        comparison.verdict = "mismatch"
+        comparison.reasons.append(f"{shuffled} shuffles its input and {plain} does not")
     exit_code = EXIT_MATCH if comparison.verdict == "match" else EXIT_MISMATCH
     report = {
         "verdict": comparison.verdict, "exit_code": exit_code, "reasons": comparison.reasons,
@@ -239,6 +251,17 @@ def _build_report(job: _Job, outcomes: List[RunOutcome]):
     report["throughput"] = comparison.throughput
     report["final_loss"] = comparison.final
     return report, comparison
+
+
+def _in_order_note(shuffles_off: List[list]) -> str:
+    """What each run read in order instead of shuffling, as one note."""
+    sides = []
+    for label, calls in zip(("OLD", "NEW"), shuffles_off):
+        counts = Counter(calls)
+        listed = ", ".join(call + (f" ×{n}" if n > 1 else "") for call, n in counts.items()) or "nothing"
+        sides.append(f"{label} {listed}")
+    return ("input read in order in both runs (--keep-shuffles runs the shuffles: a queue's and tf.data's draw "
+            "from different random streams); shuffling turned off in " + "; in ".join(sides))
 
 
 def _write_outputs(job: _Job, report: dict, comparison) -> None:

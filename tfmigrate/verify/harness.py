@@ -32,6 +32,9 @@ dimension of each dataset/queue output (``IteratorGetNext``, ``QueueDequeueMany`
 cone, static when known, else fetched with the step. For Keras: the ``size`` the graph loop
 reports, else ``fit``'s batch size (the last batch of an epoch may be smaller).
 
+With ``--in-order`` the shuffles the program's own code asks for are turned off before it runs
+(:mod:`tfmigrate.verify.in_order`), and the result lists them (``shuffles_off``).
+
 The run stops after ``--steps`` captured steps (a private ``BaseException`` that the program's
 ``except Exception`` cannot swallow), and the harness ends the process with ``os._exit`` so that
 queue-runner threads cannot keep it alive.
@@ -1084,6 +1087,7 @@ def parse_args(argv):
     parser.add_argument("--dump-weights")
     parser.add_argument("--load-weights")
     parser.add_argument("--loss-regex")
+    parser.add_argument("--in-order", action="store_true")  # input pipelines read in order (see in_order.py)
     parser.add_argument("program_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.program_args and args.program_args[0] == "--":
@@ -1134,6 +1138,10 @@ def _set_up(state: State, result: dict) -> None:
         install_device_rewrite(tf, args.devices)
     if args.legacy:
         _enter_legacy_mode(tf, args)
+    if args.in_order:
+        from tfmigrate.verify import in_order
+
+        in_order.install(_is_user_code)
     _install_capture(tf, state)
     result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__,
                           "python": platform.python_version()}
@@ -1205,6 +1213,10 @@ def _write_result(state: State, result: dict, started: float) -> None:
     """Add the captured steps, notes and weights to ``result`` and write it as JSON to ``--out``."""
     args = state.args
     steps = state.regex_steps if state.regex is not None else state.steps
+    if args.in_order:
+        from tfmigrate.verify.in_order import TURNED_OFF
+
+        result["shuffles_off"] = list(TURNED_OFF)
     if state.regex is not None and state.steps:
         # timing and batch sizes from the training runs we saw, loss from the printed lines
         result["train_steps"] = state.steps

@@ -34,6 +34,7 @@ class RunSpec:
     loss_regex: Optional[str] = None
     program_args: list = field(default_factory=list)
     keras2: bool = False         # TF1 layers through tf.compat.v1: run with Keras 2 (see detect.Detection)
+    in_order: bool = False       # input pipelines read in order (see in_order.py)
 
 
 @dataclass
@@ -80,6 +81,8 @@ def harness_command(spec: RunSpec, out: Path) -> list[str]:
         command += ["--load-weights", str(spec.load_weights)]
     if spec.loss_regex:
         command += ["--loss-regex", spec.loss_regex]
+    if spec.in_order:
+        command.append("--in-order")
     command.append(str(spec.program))
     if spec.program_args:
         command += ["--", *spec.program_args]
