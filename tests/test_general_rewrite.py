@@ -2021,6 +2021,39 @@ def test_towers_that_update_a_variable_made_elsewhere_are_refused():
     assert finding.refusal.startswith("line 7: the towers update a variable themselves (`tf.assign_add`)")
 
 
+def test_a_variable_update_refused_by_the_general_rewrite_is_not_taken_by_the_textbook_one():
+    """facenet's center loss: each tower `scatter_sub`s the shared centers through a function of
+    the module. The general rewrite refused it; the textbook rewrite, tried next, took the loop
+    and the result failed at its first step in `apply_gradients` (held-out facenet probe). What
+    training needs is no question of the loop's shape: no rewrite may take it."""
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        def center_loss(features, label, alfa, nrof_classes):
+            centers = tf.get_variable('centers', [nrof_classes, 8], trainable=False)
+            centers_batch = tf.gather(centers, label)
+            centers = tf.scatter_sub(centers, label, (1 - alfa) * (centers_batch - features))
+            return tf.reduce_mean(tf.square(features - centers_batch)), centers
+        def average_gradients(tower_grads):
+            average_grads = []
+            for grad_and_vars in zip(*tower_grads):
+                grads = [tf.expand_dims(g, 0) for g, _ in grad_and_vars]
+                average_grads.append((tf.reduce_mean(tf.concat(grads, 0), 0), grad_and_vars[0][1]))
+            return average_grads
+        def train(opt, xs, ys, n, global_step):
+            tower_grads = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i), tf.name_scope('tower_%d' % i):
+                    with tf.variable_scope(tf.get_variable_scope(), reuse=i > 0):
+                        features = model(xs[i])
+                        loss, _ = center_loss(features, ys[i], 0.9, 6)
+                    tower_grads.append(opt.compute_gradients(loss))
+            grads = average_gradients(tower_grads)
+            apply_gradient_op = opt.apply_gradients(grads, global_step=global_step)
+            return apply_gradient_op
+    """)
+    assert finding.refusal.startswith("line 19: the towers update a variable themselves (`center_loss`)"), finding.refusal
+
+
 @pytest.mark.parametrize("update, summed", [
     ("tf.assign_add(episodes, tf.shape(xs[gpu])[0])", True),
     ("episodes.assign_add(tf.shape(xs[gpu])[0])", True),

@@ -636,7 +636,12 @@ def _replica_loop(rule, tower, region: Region, update: Update, tf: TfNames, run_
         replacement.insert(0, cst.parse_statement(" = ".join(sorted(unbound)) + " = None\n"))
     if hoisted:
         replacement.insert(0, hoisted[1])
-    replacement[0] = replacement[0].with_changes(leading_lines=[*loop.leading_lines])
+    leading = list(loop.leading_lines)
+    block = region.parents.get(id(loop))
+    if isinstance(replacement[0], cst.FunctionDef) and not any(line.comment is None for line in leading) and not (
+            isinstance(block, (cst.IndentedBlock, cst.Module)) and block.body and block.body[0] is loop):
+        leading.insert(0, blank[0])  # a nested function after a statement: a blank line between (PEP 8)
+    replacement[0] = replacement[0].with_changes(leading_lines=leading)
     return cst.FlattenSentinel(replacement)
 
 
@@ -769,7 +774,7 @@ def _check_tower_variables(rule, tower) -> None:
     unhandled = unhandled_averages(rule, replicas, applied)
     if unhandled:
         call = unhandled[0]
-        raise Refused(f"line {line_of(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
+        raise StateRefused(f"line {line_of(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
                       "each tower its own variables, applied in a form the rewrite does not know (`average = "
                       "...ExponentialMovingAverage(...)` and `average.apply(tensors)` in one function); under "
                       "MirroredStrategy replicas after the first can only reuse replica 0's: average after the "
@@ -791,11 +796,11 @@ def _check_variable_updates(rule, tower) -> None:
         if getter is not None:
             # In a replica a getter receives that replica's copy of each variable (its op named
             # `.../replica_1`): mean-teacher's getter, keyed by `var.op.name`, failed on replica 1.
-            raise Refused(f"line {line_of(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
+            raise StateRefused(f"line {line_of(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
                           "a variable (named `.../replica_1` after the first), where the towers saw one variable")
         call = training_call(rule, node, _updates_variable)
         if call is not None and id(call) not in _counted(rule, tower)[1]:
-            raise Refused(f"line {line_of(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
+            raise StateRefused(f"line {line_of(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
                           "under MirroredStrategy each replica would update its own copy of it; update it once "
                           "after the loop (from the towers' results)")
 
