@@ -1131,14 +1131,15 @@ def _drop_average(region: Region, update: Update, average: _Average, item: Colle
     if readers:
         update.note = " (the averaged gradients stay for the code after the loop that reads them)"
         return
-    for key in went_ids:
-        update.changes[key] = cst.RemovalSentinel.REMOVE
+    update.changes[id(average.statement)] = cst.RemovalSentinel.REMOVE
+    if average.init is not None:
+        update.changes[id(average.init)] = _without_list(average.init, average.argument)
     update.helper = average.helper
     if "." in item.target or _reads_elsewhere(region, item.target, (average.statement, item.statement)):
         return
     init = _empty_list_init(region, item.target)
     if init is not None:
-        update.changes[id(init)] = cst.RemovalSentinel.REMOVE
+        update.changes[id(init)] = _without_list(init, item.target)
         update.changes[id(item.statement)] = (
             cst.FlattenSentinel(update.changes[id(item.statement)].nodes[:1])
             if id(item.statement) in update.changes else cst.RemovalSentinel.REMOVE
@@ -1156,10 +1157,28 @@ def _empty_list_init(region: Region, name: str):
 
 
 def _empty_list_init_of(statement: cst.CSTNode, name: str) -> bool:
-    """Whether ``statement`` is `<name> = []`."""
+    """Whether ``statement`` is `<name> = []`, or makes it among others (`grads, losses = [], []`)."""
+    return _without_list(statement, name) is not None
+
+
+def _without_list(statement: cst.CSTNode, name: str):
+    """``statement`` without the empty list it binds to ``name``: REMOVE for `<name> = []`, the
+    others' bindings for `tower_grads, tower_losses = [], []`; None where it binds no such list."""
     small = single_small(statement)
-    return (isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
-            and isinstance(small.value, cst.List) and not small.value.elements)
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return None
+    target, value = small.targets[0].target, small.value
+    if code(target) == name:
+        return cst.RemovalSentinel.REMOVE if isinstance(value, cst.List) and not value.elements else None
+    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements)):
+        return None
+    pairs = [(code(t.value), code(v.value)) for t, v in zip(target.elements, value.elements)]
+    if (name, "[]") not in pairs or any(isinstance(e, cst.StarredElement) for e in target.elements):
+        return None
+    kept = [pair for pair in pairs if pair[0] != name]
+    line = f"{', '.join(t for t, _ in kept)} = {', '.join(v for _, v in kept)}\n"
+    return cst.parse_statement(line).with_changes(leading_lines=statement.leading_lines,
+                                                  trailing_whitespace=statement.trailing_whitespace)
 
 
 def _loss_update(rule, region: Region, strategy: str, tf: TfNames) -> Update | None:
