@@ -3,9 +3,11 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_helper
+from tfmigrate.analysis.keras_losses import batch_coupled
 from tfmigrate.cst.callargs import argument, has_star_args
 from tfmigrate.cst.traversal import blank_lines_unindented, find, single_small
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
+from tfmigrate.tf_api import tf1_only
 from tfmigrate.cst.walker import visit_read_only
 
 #: Canonical names (tfmigrate/names.py folds keras.utils.training_utils,
@@ -19,6 +21,11 @@ FIT_METHODS = ("fit", "fit_generator")
 PARAMS = ("model", "gpus", "cpu_merge", "cpu_relocation")
 #: Model.fit / fit_generator positional parameters up to batch_size.
 FIT_PARAMS = {"fit": ("x", "y", "batch_size"), "fit_generator": ()}
+#: What TF1-mode Keras (tf_keras's v1 training loop) raises NotImplementedError (or ValueError) on
+#: under a distribution strategy: methods, and keyword arguments of `fit` and `compile`.
+TF1_STRATEGY_UNSUPPORTED_METHODS = ("train_on_batch", "test_on_batch", "predict_on_batch")
+TF1_STRATEGY_UNSUPPORTED_KEYWORDS = {"fit": ("class_weight",),
+                                     "compile": ("sample_weight_mode", "weighted_metrics", "target_tensors")}
 #: Calls on the model after which `compile` is no longer moved under the scope.
 USES = ("fit", "fit_generator", "evaluate", "evaluate_generator", "predict", "predict_generator",
         "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")
@@ -59,7 +66,8 @@ class _Blocks(cst.CSTVisitor):
 
     def __init__(self) -> None:
         self.of_call: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
-        self.guarded: dict[int, cst.Try] = {}  # id(the one statement of a `try:` body) -> the try
+        # id(the one statement of a `try:` or `if:` body) -> the try or if
+        self.guarded: dict[int, cst.Try | cst.If] = {}
         self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
         self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
 
@@ -71,6 +79,9 @@ class _Blocks(cst.CSTVisitor):
         first, *rest = node.body.body
         if all(_is_call_line(s) for s in rest):  # the call alone, or then a log line
             self.guarded[id(first)] = node
+
+    def visit_If(self, node: cst.If) -> None:
+        self.visit_Try(node)  # type: ignore[arg-type]  # `if gpus > 1: model = multi_gpu_model(...)`
 
     def _record(self, body) -> None:
         for index, statement in enumerate(body):
@@ -336,6 +347,7 @@ class MultiGpuModel(Rule):
         self._assigned: dict[int, str] = {}  # id(call) -> target name
         self._fit_batch: dict[str, str] = {}  # model name -> batch_size text in its fit
         self._validated: dict[str, str] = {}  # model name -> its `fit` that validates (`parallel.fit`)
+        self._tf1_unsupported: dict[str, str] = {}  # model name -> a use TF1-mode Keras refuses under a strategy
         self._names: set[str] = set()  # every Name in the module (to pick a free `strategy`)
         self._imports: dict[str, list[ImportItem]] = {}  # bound name -> the imports binding it
         self._weight_files: list[cst.Call] = []  # `x.save_weights(...)` / `x.load_weights(...)` calls
@@ -396,6 +408,10 @@ class MultiGpuModel(Rule):
                 self._fit_batch.setdefault(func.value.value, self._code(batch))
             if any(a.keyword is not None and a.keyword.value in ("validation_data", "validation_split") for a in node.args):
                 self._validated.setdefault(func.value.value, self._code(func))
+        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+            unsupported = self._unsupported_under_strategy(node, func.attr.value)
+            if unsupported is not None:
+                self._tf1_unsupported.setdefault(func.value.value, unsupported)
 
     def leave_Module(self, original_node: cst.Module) -> None:
         helped = [call for call in self._helper_calls if call.func.value in self._helpers]  # type: ignore[attr-defined]
@@ -441,7 +457,8 @@ class MultiGpuModel(Rule):
         body, index = blocks.of_call[id(call)]
         guard = blocks.guarded.get(id(body[index]))
         if guard is not None and self._falls_back_to_template(guard, target, model) and blocks.where(guard):
-            body, index = blocks.where(guard)  # `try: p = multi_gpu_model(m) except ValueError: p = m`
+            # `try: p = multi_gpu_model(m) except ValueError: p = m`; `if gpus > 1: m = multi_gpu_model(m)`
+            body, index = blocks.where(guard)
         built = self._construction(body, index, model)
         if built is not None:
             built = self._first_layer_call(body, built)
@@ -473,6 +490,15 @@ class MultiGpuModel(Rule):
                 "the validation set a multiple of the batch size and build the model under `strategy.scope()` by "
                 "hand, or run the program as TF2"
             )
+        unsupported = next((self._tf1_unsupported[m] for m in sorted({model, target} - {None}) if m in self._tf1_unsupported), None)
+        if unsupported is not None and self._uses_tf1_apis():
+            return None, (
+                f"`{unsupported}` is not supported by TF1-mode Keras under a distribution strategy (it raises "
+                "NotImplementedError), and this module runs in TF1 mode (it uses TF1 APIs): move it to TF2 "
+                "APIs first, or train without it")
+        coupled = self._batch_coupled_loss({model, target})
+        if coupled is not None:
+            return None, coupled
         devices = self._devices(call)
         if devices is False:
             return None, "`gpus` is a list that is not a literal list of GPU ids; pass `devices=[...]` to MirroredStrategy by hand"
@@ -489,7 +515,7 @@ class MultiGpuModel(Rule):
             moved.append(first.with_changes(leading_lines=()))
         moved += list(body[built + 1:index])
         line = body[index]
-        if line is guard:  # the fallback the `except` took is what the strategy does: the template itself
+        if line is guard:  # the fallback (`except`, `else`) is what the strategy does: the template itself
             if target != model:
                 moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
             moved += guard.body.body[1:]  # what the `try` logged after the call (`print('Training on GPUs')`)
@@ -511,10 +537,39 @@ class MultiGpuModel(Rule):
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
 
+    def _unsupported_under_strategy(self, call: cst.Call, method: str) -> str | None:
+        """`model.train_on_batch(...)`, `model.fit(..., class_weight=...)`: what TF1-mode Keras
+        does not run under a distribution strategy, as code to quote; else None."""
+        if method in TF1_STRATEGY_UNSUPPORTED_METHODS:
+            return f"{self._code(call.func)}(...)"
+        for arg in call.args:
+            if arg.keyword is not None and arg.keyword.value in TF1_STRATEGY_UNSUPPORTED_KEYWORDS.get(method, ()):
+                return f"{self._code(call.func)}(..., {arg.keyword.value}=...)"
+        return None
+
     def _validated_fit(self, models: set) -> str | None:
         """`parallel_model.fit(..., validation_data=...)` (or `validation_split=`): the model
         validated after each epoch (the fits were seen by visit_Call)."""
         return next((self._validated[m] for m in sorted(models - {None}) if m in self._validated), None)
+
+    def _batch_coupled_loss(self, models: set) -> str | None:
+        """A loss of the module, compiled into one of ``models``, that divides whole-batch sums
+        (Dice): the parallel model computed it on the merged batch, MirroredStrategy per replica."""
+        for node in find(self.context.module, cst.Call):
+            func = node.func
+            if not (isinstance(func, cst.Attribute) and func.attr.value == "compile" and self._code(func.value) in models):
+                continue
+            loss = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "loss"),
+                        node.args[1].value if len(node.args) > 1 and node.args[1].keyword is None else None)
+            for name in find(loss, cst.Name) if loss is not None else ():
+                coupled = batch_coupled(self.context.module, name.value)
+                if coupled is not None:
+                    where, division = coupled
+                    return (f"the loss `{name.value}` divides sums over the whole batch (`{where}`, line "
+                            f"{self.position(division).start.line}): the parallel model computed it once on the merged "
+                            "outputs, MirroredStrategy computes it on each replica's part and averages the parts, another "
+                            "loss; reduce per example (`axis=`) first, or keep the model on one device")
+        return None
 
     def _generator_fit(self, models: set) -> str | None:
         """`parallel_model.fit_generator(...)`: the model trained from a Python generator."""
@@ -540,7 +595,28 @@ class MultiGpuModel(Rule):
                     return position
         return None
 
-    def _falls_back_to_template(self, guard: cst.Try, target: str | None, model: str) -> bool:
+    def _falls_back_to_template(self, guard: cst.Try | cst.If, target: str | None, model: str) -> bool:
+        if isinstance(guard, cst.If):
+            return self._otherwise_template(guard, target, model)
+        return self._excepts_to_template(guard, target, model)
+
+    def _otherwise_template(self, guard: cst.If, target: str | None, model: str) -> bool:
+        """`if gpus > 1: target = multi_gpu_model(model, ...)` whose `else` (if any) sets `target =
+        model` and otherwise only logs: with one GPU the program trains the template, which is
+        what a MirroredStrategy over one device does; with more, what the parallel model did.
+        Without an `else`, only where the parallel model takes the template's name."""
+        if target is None or isinstance(guard.orelse, cst.If):
+            return False
+        if guard.orelse is None:
+            return target == model
+        statements = guard.orelse.body.body
+        assigns = [_single_assign(s) for s in statements]
+        sets_template = any(a is not None and a[0] == target and self._code(a[1]) == model for a in assigns)
+        return (sets_template or target == model) and all(
+            (a is not None and a[0] == target and self._code(a[1]) == model) or _is_call_line(s)
+            for a, s in zip(assigns, statements))
+
+    def _excepts_to_template(self, guard: cst.Try, target: str | None, model: str) -> bool:
         """`try: target = multi_gpu_model(model, ...)` whose every `except` (ValueError, Exception
         or bare: fewer GPUs than asked) sets `target = model` (or, where the target is the model's
         own name, passes) and otherwise only logs."""
@@ -562,7 +638,13 @@ class MultiGpuModel(Rule):
 
     def _keras3_weight_files(self, models: set) -> dict:
         """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which
-        the migrated program runs on, refuses any other name for an HDF5 weights file."""
+        the migrated program runs on, refuses any other name for an HDF5 weights file. Not where
+        the module keeps TF1 APIs (`tf.set_random_seed`, `tf.Session`): it runs in TF1 mode on
+        Keras 2, whose `.weights.h5` writer fails on a mirrored variable in graph mode
+        ("DistributedVariable.numpy() is only available when eager execution is enabled"),
+        while `w.h5` is saved (a held-out Kaggle kernel crashed at its `save_weights`)."""
+        if self._uses_tf1_apis():
+            return {}
         changes = {}
         for call in self._weight_files:
             if not (isinstance(call.func.value, cst.Name) and call.func.value.value in models and call.args):
@@ -574,6 +656,15 @@ class MultiGpuModel(Rule):
                 if body.endswith(".h5") and not body.endswith(".weights.h5"):
                     changes[string] = string.with_changes(value=body[:-3] + ".weights.h5" + quote)
         return changes
+
+    def _uses_tf1_apis(self) -> bool:
+        """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,
+        `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2)."""
+        for node in find(self.context.module, cst.Attribute):
+            qualified = self.imports.resolve(node) or ""
+            if qualified.startswith("tensorflow.") and tf1_only(qualified.split(".")[1:]):
+                return True
+        return False
 
     def _first_layer_call(self, body, built: int) -> int:
         """The first statement of the block that the model's construction reads from, through

@@ -2755,6 +2755,93 @@ def test_a_parallel_model_validated_during_fit_is_refused(fit, refused):
         assert "evaluates whole batches only" in findings[0].message
 
 
+KERAS_KERNEL = """
+    import numpy as np
+    import tensorflow as tf
+    from keras.utils import multi_gpu_model
+    SEED
+    model = build_model()
+    GUARD
+    model.compile(optimizer='adam', loss=LOSS)
+    model.fit(x, y, batch_size=32, epochs=2FIT)
+    model.save_weights('weights.h5')
+"""
+
+
+def keras_kernel(seed="np.random.seed(2)", guard="model = multi_gpu_model(model, gpus=2)", loss="'mse'", fit=""):
+    return textwrap.dedent(KERAS_KERNEL).replace("SEED", seed).replace("GUARD", guard).replace(
+        "LOSS", loss).replace("FIT", fit)
+
+
+@pytest.mark.parametrize("guard", [
+    "if N_GPUS > 1:\n    model = multi_gpu_model(model, gpus=N_GPUS, cpu_merge=False)",
+    "if N_GPUS > 1:\n    model = multi_gpu_model(model, gpus=N_GPUS)\nelse:\n    print('one GPU')",
+])
+def test_a_parallel_model_made_only_for_several_gpus_is_rewritten(guard):
+    """Kaggle kernels write `if N_GPUS > 1: model = multi_gpu_model(model, ...)`: on one GPU
+    the program trains the template, which is what a MirroredStrategy over one device does."""
+    result = unsafe_fix(keras_kernel(guard=guard))
+    assert "multi_gpu_model" not in result and "if N_GPUS > 1" not in result
+    assert "with strategy.scope():\n    model = build_model()\n" in result
+    assert "    model.compile(optimizer='adam', loss='mse')\n" in result
+
+
+def test_a_parallel_model_made_under_another_condition_keeps_its_finding():
+    """`if gpus > 1: parallel = multi_gpu_model(model)` without an `else`: `parallel` is unbound
+    on one GPU, and the `if` is no fallback to the template."""
+    findings = [f for f in run_check(keras_kernel(guard="if N_GPUS > 1:\n    parallel = multi_gpu_model(model, gpus=2)"))
+                if f.code == "TFM201"]
+    assert findings and not findings[0].fixable
+
+
+@pytest.mark.parametrize("seed, renamed", [("np.random.seed(2)", True), ("tf.set_random_seed(2)", False)])
+def test_weight_files_are_renamed_for_keras_3_only(seed, renamed):
+    """Keras 3 saves HDF5 weights only as `*.weights.h5`; Keras 2 in TF1 mode (a module that keeps
+    `tf.set_random_seed`) fails on that name for a mirrored model ("DistributedVariable.numpy()
+    is only available when eager execution is enabled": a held-out Kaggle kernel), and saves `w.h5`."""
+    result = unsafe_fix(keras_kernel(seed=seed))
+    assert ("'weights.weights.h5'" in result) is renamed and ("'weights.h5'" in result) is not renamed
+
+
+@pytest.mark.parametrize("seed, fit, refused", [
+    ("tf.set_random_seed(2)", ", class_weight={0: 1.0, 1: 3.0}", True),
+    ("np.random.seed(2)", ", class_weight={0: 1.0, 1: 3.0}", False),  # TF2 Keras takes it
+    ("tf.set_random_seed(2)", ")\nmodel.train_on_batch(x, y", True),
+    ("tf.set_random_seed(2)", "", False),
+])
+def test_what_tf1_mode_keras_refuses_under_a_strategy_is_refused(seed, fit, refused):
+    """TF1-mode Keras raises NotImplementedError for `class_weight` (a held-out toxic-comment
+    kernel) and the `*_on_batch` methods under a distribution strategy."""
+    findings = [f for f in run_check(keras_kernel(seed=seed, fit=fit)) if f.code == "TFM201"]
+    assert findings and findings[0].fixable is not refused
+    if refused:
+        assert "is not supported by TF1-mode Keras under a distribution strategy" in findings[0].message
+
+
+@pytest.mark.parametrize("loss, refused", [
+    ("dice_coef_loss", True),
+    ("'binary_crossentropy'", False),
+    ("mean_loss", False),  # a mean over the batch: the replicas' means average to it
+])
+def test_a_loss_dividing_whole_batch_sums_is_refused(loss, refused):
+    """A U-Net's Dice loss divides sums over the whole batch: the parallel model computed it on
+    the merged outputs, MirroredStrategy per replica (a held-out U-Net trained differently)."""
+    source = keras_kernel(loss=loss) + textwrap.dedent("""
+        def dice_coef(y_true, y_pred):
+            intersection = K.sum(K.flatten(y_true) * K.flatten(y_pred))
+            return (2. * intersection + 1.) / (K.sum(y_true) + K.sum(y_pred) + 1.)
+        def dice_coef_loss(y_true, y_pred):
+            return -dice_coef(y_true, y_pred)
+        def mean_loss(y_true, y_pred):
+            return K.mean(K.square(y_pred - y_true))
+    """)
+    findings = [f for f in run_check(source) if f.code == "TFM201"]
+    assert findings and findings[0].fixable is not refused
+    if refused:
+        line = next(n for n, text in enumerate(source.lstrip("\n").splitlines(), 1) if "return (2. * intersection" in text)
+        assert f"the loss `dice_coef_loss` divides sums over the whole batch (`dice_coef`, line {line})" in findings[0].message
+
+
 def test_an_averaging_helper_imported_relatively_is_read_from_the_package(tmp_path):
     """`from .utils import average_gradients` inside a package: `utils.py` in the trainer's own
     folder; the relative import stays (the fixer removes only absolute imports it can name)."""

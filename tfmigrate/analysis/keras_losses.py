@@ -1,0 +1,67 @@
+"""Keras losses that couple the examples of a batch.
+
+`multi_gpu_model` runs the template on each GPU's slice and concatenates the outputs on the
+CPU: the loss is computed once, on the merged outputs of the whole batch. MirroredStrategy
+computes it on each replica's part and averages the parts. For a loss that is a mean over
+examples the two agree; for one built from sums over the whole batch and divided by another
+(Dice, Jaccard/IoU, Tversky: `2 * K.sum(y_true * y_pred) / (K.sum(y_true) + K.sum(y_pred))`)
+the average of the parts' ratios is another loss (a held-out U-Net trained differently from the
+first step).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tfmigrate.cst.traversal import find
+
+__all__ = ["batch_coupled"]
+
+#: Reductions that, without an axis, sum or average over every element of the batch.
+_REDUCTIONS = {"sum", "mean", "reduce_sum", "reduce_mean"}
+
+
+def batch_coupled(module: cst.Module, name: str) -> tuple[str, cst.BinaryOperation] | None:
+    """Where the module function ``name`` (a loss), or a module function it calls, divides one
+    whole-batch reduction by another: (that function's name, the division); else None."""
+    functions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    seen: set[str] = set()
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        if current in seen or current not in functions:
+            continue
+        seen.add(current)
+        function = functions[current]
+        reduced = _reduced_names(function)
+        for division in find(function.body, cst.BinaryOperation):
+            if isinstance(division.operator, cst.Divide) and all(
+                    _reduces_batch(side, reduced) for side in (division.left, division.right)):
+                return current, division
+        pending += [call.func.value for call in find(function.body, cst.Call) if isinstance(call.func, cst.Name)]
+    return None
+
+
+def _reduced_names(function: cst.FunctionDef) -> set[str]:
+    """The names the function binds to a whole-batch reduction (`intersection = K.sum(a * b)`)."""
+    reduced: set[str] = set()
+    for assign in find(function.body, cst.Assign):
+        if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) and _reduces_batch(assign.value, reduced):
+            reduced.add(assign.targets[0].target.value)
+    return reduced
+
+
+def _reduces_batch(node: cst.CSTNode, reduced: set[str]) -> bool:
+    """Whether ``node`` holds a reduction without an axis (`K.sum(x)`, `tf.reduce_sum(x)`), or a
+    name in ``reduced``."""
+    if any(name.value in reduced for name in find(node, cst.Name)):
+        return True
+    for call in find(node, cst.Call):
+        func = call.func
+        short = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+        positional = [arg for arg in call.args if arg.keyword is None]
+        has_axis = len(positional) > 1 or any(arg.keyword is not None and arg.keyword.value in ("axis", "reduction_indices")
+                                              for arg in call.args)
+        if short in _REDUCTIONS and not has_axis:
+            return True
+    return False
