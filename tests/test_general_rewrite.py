@@ -2755,6 +2755,32 @@ def test_a_parallel_model_validated_during_fit_is_refused(fit, refused):
         assert "evaluates whole batches only" in findings[0].message
 
 
+def test_a_call_that_only_reads_the_settings_does_not_move_with_the_device_list():
+    """ESRGAN-style: `lr_batch.set_shape([FLAGS['batch_size'], ...])` reads the settings the device
+    list reads, but changes nothing they hold. Taken for a call that sets them up (as
+    `parser.add_argument(...)` does), it pulled the iterator and the dataset above the strategy
+    with it, and the loop was refused ("the towers' devices come from TensorFlow code")."""
+    result = fixed("""
+        import tensorflow as tf
+        FLAGS = {'num_gpu': 2, 'batch_size': 8}
+        def train(data):
+            dataset = tf.data.Dataset.from_tensor_slices(data).repeat().batch(FLAGS['batch_size'])
+            x = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+            x.set_shape([FLAGS['batch_size'], 4])
+            opt = tf.train.AdamOptimizer(0.1)
+            parts = tf.split(x, FLAGS['num_gpu'])
+            tower_grads = []
+            for i in range(FLAGS['num_gpu']):
+                with tf.device('/gpu:%d' % i):
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(model(parts[i]))))
+            grads = [(tf.add_n([g for g, _ in gv]) / FLAGS['num_gpu'], gv[0][1]) for gv in zip(*tower_grads)]
+            return opt.apply_gradients(grads)
+    """)
+    assert ("    strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % i for i in range(FLAGS['num_gpu'])])\n"
+            "    with strategy.scope():\n"
+            "        dataset = tf.data.Dataset") in result
+
+
 KERAS_KERNEL = """
     import numpy as np
     import tensorflow as tf

@@ -2622,7 +2622,7 @@ def _device_prelude(rule, region: Region, create: cst.BaseStatement) -> tuple[li
             if builds_graph:
                 raise Refused(f"line {line_of(rule, statement)}: the towers' devices come from TensorFlow code in the "
                               "graph; name the device list before the graph is built")
-        elif not (_call_for_effect(statement) and names_used(statement) & needed and not builds_graph):
+        elif not (_changes_by_call(statement, needed) and not builds_graph):
             continue
         # A call made for its effect on a name the devices read (`parser.add_argument(...)`
         # before `args = parser.parse_args()`) moves up with it, in its place.
@@ -2656,9 +2656,19 @@ def _assigned_attributes(statement: cst.CSTNode) -> set[str]:
     return {code(t.target) for t in find(statement, cst.AssignTarget) if isinstance(t.target, cst.Attribute)}
 
 
-def _call_for_effect(statement: cst.CSTNode) -> bool:
+def _changes_by_call(statement: cst.CSTNode, names: set[str]) -> bool:
+    """Whether ``statement`` is a call made for its effect that may change one of ``names``:
+    a method of it (`parser.add_argument(...)`), or a function given it whole (`add_flags(parser)`).
+    Reading one in an argument (`images.set_shape([FLAGS.batch_size, ...])`) changes nothing."""
     small = single_small(statement)
-    return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return False
+    receiver = small.value.func.value if isinstance(small.value.func, cst.Attribute) else None
+    while isinstance(receiver, (cst.Attribute, cst.Call, cst.Subscript)):
+        receiver = receiver.func if isinstance(receiver, cst.Call) else receiver.value
+    if isinstance(receiver, cst.Name) and receiver.value in names:
+        return True
+    return any(isinstance(arg.value, cst.Name) and arg.value.value in names for arg in small.value.args)
 
 
 # TensorFlow calls that ask the runtime what it has, or log, without building the graph: a
