@@ -29,10 +29,16 @@ __all__ = ["PassedArguments", "check_devices_visible", "constructor_caller", "fu
 def function_caller(rule, region: Region) -> Region | None:
     """Where the towers' results go when the function with the loop returns them to its one
     caller, a function of the module or its top level, which combines them and updates
-    (DeepSpeech's `get_tower_results`): the region around that call, as the loop's region would be. None
-    when the function updates itself, or has no such caller."""
+    (DeepSpeech's `get_tower_results`), or when a method returns them to the one method of its
+    class that calls it (UnFlow's `tower_losses, tower_grads = self._build_towers(opt, shards)`):
+    the region around that call, as the loop's region would be. None when the function updates
+    itself, or has no such caller."""
     owner, module = region.owner, rule.context.module
-    if not isinstance(owner, cst.FunctionDef) or not any(s is owner for s in module.body):
+    if not isinstance(owner, cst.FunctionDef):
+        return None
+    holder = region.parents.get(id(region.parents.get(id(owner))))
+    method = isinstance(holder, cst.ClassDef) and _first_parameter(owner) == "self"
+    if not method and not any(s is owner for s in module.body):
         return None
     filled = left_by_towers(region.loop)
     returned = set().union(*(names_used(r) for r in find(owner, cst.Return) if r.value is not None))
@@ -40,12 +46,15 @@ def function_caller(rule, region: Region) -> Region | None:
     if not filled & returned or any(optimizer_step(c) for line in lines for c in find(line, cst.Call)):
         return None
     name = owner.name.value
-    calls = [c for c in module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
+    if method:
+        calls = [c for c in find(holder, cst.Call) if self_method(c) == name]
+    else:
+        calls = [c for c in module_calls(rule) if isinstance(c.func, cst.Name) and c.func.value == name]
     if len(calls) != 1 or references(module, name) != 2:  # the definition and the one call
         return None  # used elsewhere too, or not here: no one caller to hold the strategy
     statement = enclosing(calls[0], region.parents, cst.SimpleStatementLine)
     caller = enclosing(statement, region.parents, cst.FunctionDef) or module  # (a script's top level)
-    if caller is owner or statement is None:
+    if caller is owner or statement is None or (method and enclosing(caller, region.parents, cst.ClassDef) is not holder):
         return None
     found = loop_region(rule.context, statement, caller, rule.imports)
     found.call = calls[0]
@@ -192,8 +201,8 @@ def passed_arguments(region: Region, caller: Region) -> dict[str, cst.BaseExpres
     if call is None or not isinstance(owner, cst.FunctionDef):
         return {}
     params = list(owner.params.params)
-    if params and params[0].name.value == "self" and owner.name.value == "__init__":
-        params = params[1:]  # `C(...)` passes the rest
+    if params and params[0].name.value == "self" and (owner.name.value == "__init__" or self_method(call)):
+        params = params[1:]  # `C(...)`, `self.m(...)` pass the rest
     positional = [a.value for a in call.args if a.keyword is None and not a.star]
     passed: dict[str, cst.BaseExpression] = {}
     for position, param in enumerate(params):
