@@ -76,12 +76,15 @@ class _Blocks(cst.CSTVisitor):
         return self._where.get(id(statement))
 
     def visit_Try(self, node: cst.Try) -> None:
+        self._guard(node)
+
+    def visit_If(self, node: cst.If) -> None:
+        self._guard(node)  # `if gpus > 1: model = multi_gpu_model(...)`
+
+    def _guard(self, node: cst.Try | cst.If) -> None:
         first, *rest = node.body.body
         if all(_is_call_line(s) for s in rest):  # the call alone, or then a log line
             self.guarded[id(first)] = node
-
-    def visit_If(self, node: cst.If) -> None:
-        self.visit_Try(node)  # type: ignore[arg-type]  # `if gpus > 1: model = multi_gpu_model(...)`
 
     def _record(self, body) -> None:
         for index, statement in enumerate(body):
@@ -167,7 +170,11 @@ class MultiGpuModel(Rule):
         `MirroredStrategy()`, which uses every visible GPU (limit them with
         `CUDA_VISIBLE_DEVICES`). A fallback for fewer GPUs, `try: parallel = multi_gpu_model(...)`
         `except ValueError: parallel = model` (or, where the parallel model takes the template's
-        name, a bare `except: pass`), is what the strategy does anyway and goes with the call.
+        name, a bare `except: pass`), is what the strategy does anyway and goes with the call;
+        so does a parallel model made only for several GPUs (`if gpus > 1: model =
+        multi_gpu_model(model, ...)`, or `... else: parallel = model`). `save_weights('w.h5')`
+        becomes `'w.weights.h5'`, the only HDF5 name Keras 3 takes, except in a module that keeps
+        TF1 APIs: it runs in TF1 mode on Keras 2, whose `.weights.h5` writer fails on a mirrored model.
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -178,7 +185,13 @@ class MultiGpuModel(Rule):
         fix either where the model trains from a Python generator (`fit_generator`) or is
         validated during `fit` (`validation_data=`, `validation_split=`): under a
         distribution strategy TF1-mode Keras trains only from `tf.data` and evaluates whole
-        batches only, where the parallel model took a partial last one.
+        batches only, where the parallel model took a partial last one. In a module that keeps
+        TF1 APIs, no fix where the model trains with `class_weight=`, `train_on_batch` (or the
+        other `*_on_batch` methods), or is compiled with `sample_weight_mode`, `weighted_metrics`
+        or `target_tensors`: TF1-mode Keras raises NotImplementedError for them under a strategy.
+        No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
+        `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
+        MirroredStrategy computes it per replica and averages, another loss.
         Check the result with `tfmigrate verify`.
     """
 
@@ -474,31 +487,9 @@ class MultiGpuModel(Rule):
                 f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
                 f"or build and compile `{model}` under `strategy.scope()` by hand and use it in place of the parallel model"
             )
-        generator_fit = self._generator_fit({model, target})
-        if generator_fit is not None:
-            return None, (
-                f"`{generator_fit}(...)` feeds a Python generator, and Keras's TF1-mode training under a "
-                "distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
-                "`tf.data.Dataset` (`tf.data.Dataset.from_generator(...)`) or run the program as TF2"
-            )
-        validated = self._validated_fit({model, target})
-        if validated is not None:
-            return None, (
-                f"`{validated}(..., validation_...)` validates in batches of the fit's batch size, and under a "
-                "distribution strategy TF1-mode Keras evaluates whole batches only (`The number of samples N is not "
-                "divisible by batch size B`; a run failed) where the parallel model took a partial last one: make "
-                "the validation set a multiple of the batch size and build the model under `strategy.scope()` by "
-                "hand, or run the program as TF2"
-            )
-        unsupported = next((self._tf1_unsupported[m] for m in sorted({model, target} - {None}) if m in self._tf1_unsupported), None)
-        if unsupported is not None and self._uses_tf1_apis():
-            return None, (
-                f"`{unsupported}` is not supported by TF1-mode Keras under a distribution strategy (it raises "
-                "NotImplementedError), and this module runs in TF1 mode (it uses TF1 APIs): move it to TF2 "
-                "APIs first, or train without it")
-        coupled = self._batch_coupled_loss({model, target})
-        if coupled is not None:
-            return None, coupled
+        blocker = self._training_blocker({model, target} - {None})
+        if blocker is not None:
+            return None, blocker
         devices = self._devices(call)
         if devices is False:
             return None, "`gpus` is a list that is not a literal list of GPU ids; pass `devices=[...]` to MirroredStrategy by hand"
@@ -536,6 +527,32 @@ class MultiGpuModel(Rule):
         changes.update(self._keras3_weight_files({model, target}))
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
+
+    def _training_blocker(self, models: set) -> str | None:
+        """Why the way ``models`` train cannot run under the strategy as written; else None."""
+        generator_fit = self._generator_fit(models)
+        if generator_fit is not None:
+            return (
+                f"`{generator_fit}(...)` feeds a Python generator, and Keras's TF1-mode training under a "
+                "distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
+                "`tf.data.Dataset` (`tf.data.Dataset.from_generator(...)`) or run the program as TF2"
+            )
+        validated = self._validated_fit(models)
+        if validated is not None:
+            return (
+                f"`{validated}(..., validation_...)` validates in batches of the fit's batch size, and under a "
+                "distribution strategy TF1-mode Keras evaluates whole batches only (`The number of samples N is not "
+                "divisible by batch size B`; a run failed) where the parallel model took a partial last one: make "
+                "the validation set a multiple of the batch size and build the model under `strategy.scope()` by "
+                "hand, or run the program as TF2"
+            )
+        unsupported = next((self._tf1_unsupported[m] for m in sorted(models - {None}) if m in self._tf1_unsupported), None)
+        if unsupported is not None and self._uses_tf1_apis():
+            return (
+                f"`{unsupported}` is not supported by TF1-mode Keras under a distribution strategy (it raises "
+                "NotImplementedError), and this module runs in TF1 mode (it uses TF1 APIs): move it to TF2 "
+                "APIs first, or train without it")
+        return self._batch_coupled_loss(models)
 
     def _unsupported_under_strategy(self, call: cst.Call, method: str) -> str | None:
         """`model.train_on_batch(...)`, `model.fit(..., class_weight=...)`: what TF1-mode Keras
