@@ -2755,6 +2755,44 @@ def test_a_parallel_model_validated_during_fit_is_refused(fit, refused):
         assert "evaluates whole batches only" in findings[0].message
 
 
+TOWERS_THEN = """
+    import tensorflow as tf
+    class Model(object):
+        def __init__(self, xs, n):
+            self.lr = tf.Variable(0.1, trainable=False)
+            opt = tf.train.AdamOptimizer(self.lr)
+            tower_grads, tower_preds = [], []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    logits = model(xs[i])
+                    tower_preds.append(tf.argmax(logits, 1))
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(logits)))
+            grads = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]
+            self.train_op = opt.apply_gradients(grads)
+            AFTER
+    def train(sess, model, lr):
+        sess.run(model.train_op, FEED)
+"""
+
+
+@pytest.mark.parametrize("after, feed, refusal", [
+    ("pass", "{model.lr: lr}", "line 16: the session feeds `model.lr`, a variable: under MirroredStrategy each replica "
+                               "reads its own copy of it, which the feed does not reach"),
+    ("self.acc = tf.metrics.accuracy(labels, tf.concat(tower_preds, 0))", "None",
+     "line 14: `tf.metrics.accuracy` makes its counters under the strategy scope, outside the replicas"),
+    ("pass", "None", None),
+])
+def test_state_the_replicas_cannot_share_is_refused(after, feed, refusal):
+    """Sketch-RNN feeds its learning-rate variable (`feed = {model.lr: lr}`): a mirrored variable is
+    fed for replica 0 only, and a held-out trainer drifted from step 11. A TF1 metric made after
+    the towers under the scope failed at graph construction (its counters are sync-on-read)."""
+    (finding,) = tower_findings(TOWERS_THEN.replace("AFTER", after).replace("FEED", feed))
+    if refusal is None:
+        assert finding.fixable, finding.refusal
+    else:
+        assert finding.refusal is not None and finding.refusal.startswith(refusal), finding.refusal
+
+
 def test_a_call_that_only_reads_the_settings_does_not_move_with_the_device_list():
     """ESRGAN-style: `lr_batch.set_shape([FLAGS['batch_size'], ...])` reads the settings the device
     list reads, but changes nothing they hold. Taken for a call that sets them up (as

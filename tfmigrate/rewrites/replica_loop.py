@@ -74,7 +74,7 @@ from tfmigrate.cst.callargs import argument, callee_name, method_call, split_arg
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    assignments, blank_lines_unindented, contains, enclosing, find, free_names, fresh_name, module_parents, name_reads,
+    assignments, blank_lines_unindented, contains, enclosing, find, find_own, free_names, fresh_name, module_parents, name_reads,
     names_used, own_nodes, scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.hand_written import kept_caller_update, kept_update, own_optimizer_steps
@@ -1739,11 +1739,49 @@ def _check_training_state(rule, region: Region, update: Update) -> None:
     optimizer = own_optimizer_update(rule, [*update.statements, *update.wrapped])
     if optimizer:
         raise StateRefused(optimizer)
+    _check_metrics_outside(rule, region)
+    fed = rule.context.memo("replica_loop.fed_variable", lambda: _fed_variable(rule))
+    if fed is not None:
+        raise StateRefused(f"line {line_of(rule, fed)}: the session feeds `{code(fed)}`, a variable: under MirroredStrategy "
+                           "each replica reads its own copy of it, which the feed does not reach (the copies would "
+                           "train apart); feed a placeholder (`tf.compat.v1.placeholder_with_default`) instead")
     for _, arg in _global_steps_outside(rule, region, [*update.statements, *update.wrapped]):
         if id(arg) in update.counted:
             continue
         raise StateRefused(f"the global step `{code(arg.value)}` is made outside the code the strategy scope "
                            "would cover, so it would not be a mirrored variable the replicas can update")
+
+
+def _check_metrics_outside(rule, region: Region) -> None:
+    """A TF1 metric (`tf.metrics.accuracy` over the towers' concatenated predictions) made after
+    the towers, under the strategy scope: its counters become sync-on-read variables, which
+    cannot be added to outside the replicas (ValueError at graph construction: a held-out
+    cifar10_estimator-style trainer)."""
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    for node in [owner, *region.reaches]:
+        for call in find_own(node.body if isinstance(node, cst.FunctionDef) else node, cst.Call):
+            if _waits(rule, call) and not contains(region.loop, call):
+                raise StateRefused(f"line {line_of(rule, call)}: `{code(call.func)}` makes its counters under the strategy "
+                                   "scope, outside the replicas, where they become sync-on-read variables that cannot be "
+                                   "updated there; compute the metric in numpy from fetched values, or outside the scope")
+
+
+def _fed_variable(rule) -> cst.BaseExpression | None:
+    """A feed key naming a variable the module makes (sketch-rnn's `feed = {model.lr: lr}` for
+    `self.lr = tf.Variable(...)`): a fed variable is read at the fed value by the towers, but a
+    mirrored one only by replica 0 (a held-out Sketch-RNN trainer drifted from step 11)."""
+    made = {code(target.target) for node in find(rule.context.module, cst.Assign)
+            if isinstance(node.value, cst.Call) and rule.imports.resolve(node.value.func) in _VARIABLE_MAKERS
+            for target in node.targets}
+    attributes = {name.rsplit(".", 1)[1] for name in made if name.startswith("self.")}
+    keys = [element.key for node in find(rule.context.module, cst.Dict) for element in node.elements
+            if isinstance(element, cst.DictElement)]
+    keys += [node.slice[0].slice.value for node in find(rule.context.module, cst.Subscript)
+             if "feed" in code(node.value).lower() and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)]
+    for key in keys:
+        if code(key) in made or (isinstance(key, cst.Attribute) and key.attr.value in attributes):
+            return key
+    return None
 
 
 def _loaded_variables(rule) -> list[cst.Call]:
