@@ -2793,6 +2793,38 @@ def test_state_the_replicas_cannot_share_is_refused(after, feed, refusal):
         assert finding.refusal is not None and finding.refusal.startswith(refusal), finding.refusal
 
 
+JOINED_LOSS = """
+    import tensorflow as tf
+    def build(xs, n):
+        outputs = []
+        for i in range(n):
+            with tf.device('/gpu:%d' % i):
+                with tf.variable_scope('net', reuse=tf.AUTO_REUSE):
+                    outputs.append(tf.layers.dense(xs[i], 4, name='embed'))
+        joined = tf.concat(outputs, 0)
+        AFTER
+        loss = tf.reduce_mean(tf.square(joined * w))
+        return tf.train.AdamOptimizer(0.1).minimize(loss)
+"""
+
+
+@pytest.mark.parametrize("after, refused", [
+    ("w = tf.get_variable('w', initializer=tf.ones([4]))", True),
+    ("with tf.variable_scope('net/embed', reuse=True):\n            w = tf.get_variable('kernel')", False),
+    ("w = tf.Variable(tf.ones([4]), trainable=False)", False),
+])
+def test_a_weight_made_after_the_towers_for_a_joined_loss_is_refused(after, refused):
+    """GE2E: the towers embed, the loss over the joined embeddings has its own weights, made after
+    the loop. Each replica minimising it found no gradient for its copy of them (the loss reads
+    replica 0's), and MirroredStrategy asserted (a held-out speaker-verification trainer). A weight
+    the towers made, got back for an L2 term, is read by every replica: that one works."""
+    (finding,) = tower_findings(JOINED_LOSS.replace("AFTER", after))
+    if refused:
+        assert finding.refusal is not None and "makes a trainable weight after the tower loop" in finding.refusal
+    else:
+        assert finding.fixable, finding.refusal
+
+
 def test_a_call_that_only_reads_the_settings_does_not_move_with_the_device_list():
     """ESRGAN-style: `lr_batch.set_shape([FLAGS['batch_size'], ...])` reads the settings the device
     list reads, but changes nothing they hold. Taken for a call that sets them up (as

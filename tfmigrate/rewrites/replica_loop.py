@@ -70,7 +70,7 @@ from tfmigrate.analysis.training import (
     KNOWN_LIBRARIES, gradient_computation, module_functions, optimizer_step, tensors_read, training_call,
     trains, variable_update,
 )
-from tfmigrate.cst.callargs import argument, callee_name, method_call, split_arguments
+from tfmigrate.cst.callargs import argument, callee_name, is_false, is_true, method_call, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
@@ -1276,6 +1276,8 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
         if any(optimizer_step(call) for call in find(statement, cst.Call)):
             raise Refused(f"line {line_of(rule, statement)}: each tower updates the model itself as well as the "
                           "update after the loop")
+    if any(method_call(call, "minimize") for _, call in steps):
+        _check_no_weights_after(rule, lines)
     update = Update([], note=" (the update after the loop stays; each replica runs its optimizer call)")
     taken: set[str] = set()
     for line in {id(line): line for line, _ in steps}.values():
@@ -1287,6 +1289,39 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
         update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted)
         update.wrapped.append(line)
     return update
+
+
+def _check_no_weights_after(rule, lines) -> None:
+    """A trainable weight made after the tower loop, outside the replicas (GE2E's similarity
+    scale `w = tf.get_variable("w", ...)` over the towers' joined embeddings): the loss reads
+    replica 0's copy only, so the other replicas' `minimize` find no gradient for theirs, and
+    MirroredStrategy wants one from each (an assertion failed in a held-out GE2E trainer)."""
+    for line in lines:
+        for call in find(line, cst.Call):
+            name = rule.imports.resolve(call.func) or ""
+            trainable = argument(call, (), "trainable")
+            makes = name in _VARIABLE_MAKERS or name.startswith(("tensorflow.layers.", "tensorflow.keras.layers."))
+            if makes and not is_false(trainable) and not _reuses(rule, call):
+                raise Refused(f"line {line_of(rule, call)}: `{code(call.func)}` makes a trainable weight after the tower "
+                              "loop, outside the replicas: the loss after the loop reads one replica's copy of it, and "
+                              "the other replicas would have no gradient for theirs; make it in the towers")
+
+
+def _reuses(rule, call: cst.Call) -> bool:
+    """`tf.get_variable("w")` under `tf.variable_scope(..., reuse=True)` (or AUTO_REUSE), or with
+    neither shape nor initializer: a weight the towers made, got back (an L2 term on it)."""
+    if rule.imports.resolve(call.func) == "tensorflow.get_variable" and not any(
+            arg.keyword is None or arg.keyword.value in ("shape", "initializer") for arg in call.args[1:]):
+        return True
+    parents = module_parents(rule.context)
+    node = enclosing(call, parents, cst.With)
+    while node is not None:
+        for item in node.items:
+            reuse = argument(item.item, (), "reuse") if isinstance(item.item, cst.Call) else None
+            if reuse is not None and (is_true(reuse) or code(reuse).endswith("AUTO_REUSE")):
+                return True
+        node = enclosing(node, parents, cst.With)
+    return False
 
 
 def _countable_global_steps(rule, region: Region, line) -> set[int]:
