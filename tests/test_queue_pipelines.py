@@ -926,3 +926,62 @@ def test_dynamic_padding_over_a_sparse_tensor_is_refused():
             return tf.train.batch([parsed_sequence["feats"], parsed_context["labels"]], batch_size, dynamic_pad=True)
         """)
     assert "`dynamic_pad=True` batches what `VarLenFeature` makes, a SparseTensor" in message
+
+
+def test_files_matched_once_are_matched_by_the_dataset():
+    """`string_input_producer(tf.train.match_filenames_once(pattern))`: the names matched once are
+    held in a local variable, which a one-shot iterator cannot capture (a held-out PNG reader
+    failed: "Cannot capture a stateful node"). `tf.io.matching_files`, the op that variable is
+    initialised from, gives the dataset the same names."""
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def images(pattern):
+            queue = tf.train.string_input_producer(tf.train.match_filenames_once(pattern), shuffle=False)
+            _, contents = tf.WholeFileReader().read(queue)
+            image = tf.image.decode_png(contents)
+            return tf.train.batch([image], batch_size=4)
+        """)
+    assert "tf.data.Dataset.from_tensor_slices(tf.io.matching_files(pattern))" in fixed
+    assert "match_filenames_once" not in fixed
+
+
+def test_files_matched_once_under_a_name_are_refused():
+    blocker = _blocker("""
+        import tensorflow as tf
+
+        def images(pattern):
+            files = tf.train.match_filenames_once(pattern)
+            queue = tf.train.string_input_producer(files, shuffle=False)
+            _, contents = tf.WholeFileReader().read(queue)
+            image = tf.image.decode_png(contents)
+            return tf.train.batch([image], batch_size=4)
+        """)
+    assert blocker.startswith("the dataset would read `files`, a `match_filenames_once`")
+
+
+def test_record_fields_set_together_are_written_out_for_the_reader():
+    """cifar10_input's `read_cifar10` written `result.height, result.width, result.depth = 16, 16, 3`:
+    the record size the reader takes is still arithmetic on constants, which the caller's
+    dataset can compute (it was refused as computed inside the function)."""
+    fixed = _fixed("""
+        import tensorflow as tf
+
+        def read_record(filename_queue):
+            class Record(object):
+                pass
+            result = Record()
+            label_bytes = 1
+            result.height, result.width, result.depth = 4, 4, 3
+            record_bytes = label_bytes + result.height * result.width * result.depth
+            reader = tf.FixedLengthRecordReader(record_bytes=record_bytes)
+            result.key, value = reader.read(filename_queue)
+            result.label = tf.decode_raw(value, tf.uint8)[0]
+            return result
+
+        def inputs(filenames):
+            queue = tf.train.string_input_producer(filenames, shuffle=False)
+            record = read_record(queue)
+            return tf.train.batch([record.label], batch_size=4)
+        """)
+    assert "tf.data.FixedLengthRecordDataset(filenames, 1 + 4 * 4 * 3)" in fixed, fixed

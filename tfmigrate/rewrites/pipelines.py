@@ -986,15 +986,14 @@ class _Planner(AcrossFunctions):
         """The dataset over the producer's files, and its shuffle/repeat chain (``keyed``: a
         whole file's name is kept with its contents)."""
         chain: list[str] = []
+        files = self._files(producer.source)
         if dataset_class == WHOLE_FILE:  # one record per file: its contents
-            files = self.code(producer.source)
             if producer.shuffle:
                 chain.append(f".shuffle({self.ref('tensorflow.size')}({files}, out_type={producer.int64}){producer.seed_text})")
             read_file = self.ref("tensorflow.io.read_file")
             chain += [producer.repeat, f".map(lambda filename: (filename, {read_file}(filename)))" if keyed else f".map({read_file})"]
             return f"{self.ref('tensorflow.data.Dataset.from_tensor_slices')}({files})", chain
         dataset = self.ref(f"tensorflow.data.{dataset_class}")
-        files = self.code(producer.source)
         if producer.shuffle or skip:
             # The producer reshuffles the file names every epoch and one reader reads them in turn
             # (a header skipped in each).
@@ -1010,6 +1009,17 @@ class _Planner(AcrossFunctions):
             source_text = f"{dataset}({files}{extra})"
             chain.append(producer.repeat)
         return source_text, chain
+
+    def _files(self, source: cst.BaseExpression) -> str:
+        """The producer's file names as the dataset reads them: `tf.train.match_filenames_once(p)`
+        keeps the names matched once in a local variable, which a one-shot iterator cannot
+        capture (a held-out PNG reader failed); `tf.io.matching_files(p)`, the op that variable
+        is initialised from, gives the same names."""
+        if isinstance(source, cst.Call) and self.rule.call_name(source) == "tensorflow.train.match_filenames_once":
+            pattern = argument(source, ("pattern", "name"), "pattern")
+            if pattern is not None:
+                return f"{self.ref('tensorflow.io.matching_files')}({self.code(pattern)})"
+        return self.code(source)
 
     def _parse_function(self, name, params, parse, returned) -> cst.FunctionDef:
         # `tf.train.batch([image])` gives the batched tensor itself, as a dataset of tensors does.

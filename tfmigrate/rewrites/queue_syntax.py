@@ -46,7 +46,8 @@ WHOLE_FILE = "WholeFile"
 #: `with` blocks a pipeline's statements may run into and out of (see ``_Survey.flat``).
 SCOPES = ("name_scope", "variable_scope", "device")
 #: What a one-shot iterator's dataset cannot hold (see ``_Planner._check_capturable``).
-STATEFUL = ("Variable", "VariableV1", "get_variable", "get_local_variable", "placeholder", "placeholder_with_default")
+STATEFUL = ("Variable", "VariableV1", "get_variable", "get_local_variable", "placeholder", "placeholder_with_default",
+            "match_filenames_once")
 COORDINATOR = "tensorflow.train.Coordinator"
 START_QUEUE_RUNNERS = "tensorflow.train.start_queue_runners"
 
@@ -139,17 +140,30 @@ def portable_settings(body: Sequence[cst.BaseStatement], end: int, code: Callabl
             del settings[known]
 
     for statement in body[:end]:  # in the order they run: the last setting before `end` holds
-        assigned = assignment(statement)
-        if assigned is None:
+        pairs = _assigned_pairs(statement)
+        if pairs is None:
             for bound in scope_bindings(statement):
                 forget(bound)
             continue
-        target = code(assigned[0])
-        value = written_out(assigned[1], settings)
-        forget(target)
-        if _arithmetic(value, local):
-            settings[target] = value
+        values = [written_out(value, settings) for _, value in pairs]  # the right side runs first
+        for (target_node, _), value in zip(pairs, values):
+            target = code(target_node)
+            forget(target)
+            if _arithmetic(value, local):
+                settings[target] = value
     return settings
+
+
+def _assigned_pairs(statement: cst.BaseStatement) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
+    """(target, value) of `x = v`, or of each element of `a.h, a.w = 16, 16`; else None."""
+    assigned = assignment(statement)
+    if assigned is None:
+        return None
+    target, value = assigned
+    if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements) \
+            and not any(isinstance(e, cst.StarredElement) for e in [*target.elements, *value.elements]):
+        return [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+    return [(target, value)]
 
 
 def _arithmetic(node: cst.BaseExpression, local: set[str]) -> bool:
