@@ -775,10 +775,10 @@ def _check_tower_variables(rule, tower) -> None:
     if unhandled:
         call = unhandled[0]
         raise StateRefused(f"line {line_of(rule, call)}: the towers make a moving average (`ExponentialMovingAverage`), "
-                      "each tower its own variables, applied in a form the rewrite does not know (`average = "
-                      "...ExponentialMovingAverage(...)` and `average.apply(tensors)` in one function); under "
-                      "MirroredStrategy replicas after the first can only reuse replica 0's: average after the "
-                      "loop instead (over the mean loss)")
+                           "each tower its own variables, applied in a form the rewrite does not know (`average = "
+                           "...ExponentialMovingAverage(...)` and `average.apply(tensors)` in one function); under "
+                           "MirroredStrategy replicas after the first can only reuse replica 0's: average after the "
+                           "loop instead (over the mean loss)")
 
 
 def _check_variable_updates(rule, tower) -> None:
@@ -797,12 +797,12 @@ def _check_variable_updates(rule, tower) -> None:
             # In a replica a getter receives that replica's copy of each variable (its op named
             # `.../replica_1`): mean-teacher's getter, keyed by `var.op.name`, failed on replica 1.
             raise StateRefused(f"line {line_of(rule, getter)}: a custom getter in the towers sees each replica's own copy of "
-                          "a variable (named `.../replica_1` after the first), where the towers saw one variable")
+                               "a variable (named `.../replica_1` after the first), where the towers saw one variable")
         call = training_call(rule, node, _updates_variable)
         if call is not None and id(call) not in _counted(rule, tower)[1]:
             raise StateRefused(f"line {line_of(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
-                          "under MirroredStrategy each replica would update its own copy of it; update it once "
-                          "after the loop (from the towers' results)")
+                               "under MirroredStrategy each replica would update its own copy of it; update it once "
+                               "after the loop (from the towers' results)")
 
 
 def _counted(rule, tower) -> tuple[dict[int, cst.Call], set[int]]:
