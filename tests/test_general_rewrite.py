@@ -2825,6 +2825,58 @@ def test_a_weight_made_after_the_towers_for_a_joined_loss_is_refused(after, refu
         assert finding.fixable, finding.refusal
 
 
+@pytest.mark.parametrize("after, made, used", [
+    ("scale = {v.op.name: 0.1 for _, v in grads}\n"
+     "            train_op = opt.apply_gradients([(g * scale[v.op.name], v) for g, v in grads])",
+     "grads_and_vars_list = [(g * scale[v.op.name], v) for g, v in grads]\n",
+     "for g, v in grads_and_vars_list if g is not None]"),
+    ("loss = tf.add_n([tf.reduce_mean(o) for o in outputs]) / n\n"
+     "            train_op = tf.train.RMSPropOptimizer(0.01).minimize(loss)",
+     "optimizer = tf.train.RMSPropOptimizer(0.01)\n", "return optimizer.minimize(loss)"),
+])
+def test_what_the_update_after_the_loop_is_made_from_is_made_once_before_the_replicas(after, made, used):
+    """DeepLab-style: `apply_gradients([(accum_by_var[v.op.name], v) for v in conv_trainable])`.
+    Written inside each replica's step, `v.op.name` named that replica's copy
+    (`conv1/weights/replica_1`: a KeyError in a held-out trainer). An optimizer made inline
+    (`tf.train.RMSPropOptimizer(...).minimize(...)`) was made once per replica."""
+    result = fixed(f"""
+        import tensorflow as tf
+        def build(xs, n, opt):
+            tower_grads, outputs = [], []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    outputs.append(model(xs[i]))
+                    tower_grads.append(opt.compute_gradients(tf.reduce_mean(outputs[-1])))
+            grads = [(tf.add_n([g for g, _ in gv]) / n, gv[0][1]) for gv in zip(*tower_grads)]
+            {after}
+            return train_op
+    """)
+    assert made in result and used in result, result
+
+
+def test_lazy_regularization_read_after_the_loop_is_refused():
+    """FaceNet: `tf.get_variable(regularizer=...)` in the towers, `add_n([loss] + get_collection(
+    REGULARIZATION_LOSSES))` after them. Those terms are evaluated where they are read: outside
+    the replicas they read a mirrored weight ("DistributedVariable.handle is not available outside
+    the replica context": a held-out triplet-loss trainer)."""
+    (finding,) = tower_findings("""
+        import tensorflow as tf
+        def embed(x):
+            w = tf.get_variable('w', [4, 4], regularizer=lambda w: 1e-4 * tf.nn.l2_loss(w))
+            return tf.matmul(x, w)
+        def build(xs, n):
+            tower_losses = []
+            for i in range(n):
+                with tf.device('/gpu:%d' % i):
+                    with tf.variable_scope('net', reuse=i > 0):
+                        tower_losses.append(tf.reduce_mean(embed(xs[i])))
+            loss = tf.add_n(tower_losses) / n
+            total = tf.add_n([loss] + tf.get_collection(tf.GraphKeys.REGULARIZATION_LOSSES))
+            return tf.train.AdamOptimizer(0.1).minimize(total)
+    """)
+    assert finding.refusal is not None and "the loss after the tower loop reads the regularization losses" in finding.refusal
+
+
 def test_a_call_that_only_reads_the_settings_does_not_move_with_the_device_list():
     """ESRGAN-style: `lr_batch.set_shape([FLAGS['batch_size'], ...])` reads the settings the device
     list reads, but changes nothing they hold. Taken for a call that sets them up (as

@@ -1456,10 +1456,19 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: Region, call: cst.Ca
     module = rule.context.module
     first = call.args[0].value if call.args else None
     before: list[cst.BaseStatement] = []
+    if isinstance(call.func, cst.Attribute) and isinstance(call.func.value, cst.Call):
+        # `tf.train.RMSPropOptimizer(...).minimize(loss)`: one optimizer, made before the
+        # replicas, as the program made one; an optimizer per replica has slots nobody made.
+        optimizer = fresh_name(module, "optimizer", taken)
+        before.append(cst.parse_statement(f"{optimizer} = {code(call.func.value)}\n"))
+        call = call.with_changes(func=call.func.with_changes(value=cst.Name(optimizer)))
     if method_call(call, "apply_gradients") and first is not None:
-        if _may_be_iterator(region, first):  # each replica walks the pairs: a zip would run dry
+        if _may_be_iterator(region, first) or not isinstance(first, (cst.Name, cst.Attribute)):
+            # Made once, before the replicas, as the program made it: each replica walking a zip
+            # would run it dry, and in a replica `v.op.name` names that replica's copy of `v`.
             pairs = fresh_name(module, "grads_and_vars_list", taken)
-            before.append(cst.parse_statement(f"{pairs} = list({code(first)})\n"))
+            made = code(first) if isinstance(first, (cst.List, cst.ListComp)) else f"list({code(first)})"
+            before.append(cst.parse_statement(f"{pairs} = {made}\n"))
             first = cst.Name(pairs)
         scaled = f"{tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g)"
         share = f"share = [({scaled}, v)\n         for g, v in {code(first)} if g is not None]\n"

@@ -52,6 +52,10 @@ def regularization_blocker(rule) -> str:
         name = node.attr.value if isinstance(node, cst.Attribute) else (rule.imports.resolve(node.func) or "")
         if name.endswith("get_total_loss") and (isinstance(node, cst.Attribute) or _one_towers_total(node)):
             continue  # the call is what counts; one tower's total is each replica's own
+        if isinstance(node, cst.Call) and id(node) in _after_loop_reads(rule) and _lazy_regularization(rule):
+            return (f"line {line_of(rule, node)}: the loss after the tower loop reads the regularization losses, which "
+                    "`tf.get_variable(regularizer=...)` makes to be evaluated where they are read: outside the replicas "
+                    "they read a mirrored weight, which fails; add them to each tower's loss instead")
         if isinstance(node, cst.Call) and (_one_towers_regularization(rule, node) or id(node) in _handled_reads(rule)):
             scoped.append(node)
             continue
@@ -89,17 +93,28 @@ def _handled_reads(rule) -> frozenset[int]:
     0's reaching the terms once, as the legacy update did."""
 
     def compute() -> frozenset[int]:
-        found: set[int] = set()
+        found: set[int] = set(_after_loop_reads(rule))
         for tower in module_tower_loops(rule.context):
             found |= {id(call) for call in every_towers_regularization(rule, tower.loop)}
             found |= {id(call) for reads in helpers_regularization(rule, tower.loop).values() for call in reads}
+        return frozenset(found)
+
+    return rule.context.memo("replica_loop.handled_reads", compute)
+
+
+def _after_loop_reads(rule) -> frozenset[int]:
+    """The ids of the reads of every term in the code right after a tower loop."""
+
+    def compute() -> frozenset[int]:
+        found: set[int] = set()
+        for tower in module_tower_loops(rule.context):
             if tower.owner is not None:
                 following = loop_region(rule.context, tower.loop, tower.owner, rule.imports).following
                 found |= {id(call) for call in find(cst.IndentedBlock(body=statement_lines(following)), cst.Call)
                           if _reads_every_term(rule, call)}
         return frozenset(found)
 
-    return rule.context.memo("replica_loop.handled_reads", compute)
+    return rule.context.memo("tower_regularization.after_loop_reads", compute)
 
 
 def _one_towers_regularization(rule, call: cst.Call) -> bool:
