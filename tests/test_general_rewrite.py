@@ -2684,7 +2684,10 @@ def test_an_update_in_a_method_the_class_user_calls_runs_under_the_strategy_kept
     assert ("    def train(self, steps):\n"
             "        # The towers were built under this strategy (in the constructor); their update runs under it too.\n"
             "        with self.strategy.scope():\n") in result
-    assert "                return tf.train.AdamOptimizer(1e-3, beta1=0.5).minimize(self.d_loss)\n" in result
+    # One optimizer, made before the replicas as the program made one (not one per replica).
+    assert ("            optimizer = tf.train.AdamOptimizer(1e-3, beta1=0.5)\n\n"
+            "            def minimize_share():\n"
+            "                return optimizer.minimize(self.d_loss)\n") in result
 
 
 def test_a_graph_reset_after_plain_python_stays_above_the_strategy():
@@ -3631,7 +3634,7 @@ def test_an_update_method_returning_its_op_counts_a_step_made_outside_once_after
     assert "        self.strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % i for i in range(self.num_gpus)])" in out
     assert "# The towers were built under this strategy (in `build`); their update runs under it too." in out
     # The replicas apply without the step (not a mirrored variable); the returned op counts it once.
-    assert "return tf.train.MomentumOptimizer(lr, 0.9).apply_gradients(share)\n" in out
+    assert "optimizer = tf.train.MomentumOptimizer(lr, 0.9)\n" in out and "return optimizer.apply_gradients(share)\n" in out
     assert ("with tf.control_dependencies([update_op]):\n"
             "                update_op = global_step.assign_add(1).op\n\n"
             "            return update_op\n") in out
