@@ -406,6 +406,19 @@ def single_small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
     return None
 
 
+def assigned_pairs(statement: cst.CSTNode) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
+    """(target, value) of `x = v`, or of each element of `a.h, a.w = 16, 16` (a tuple of targets
+    given a tuple of values, none starred); None for any other statement."""
+    small = single_small(statement)
+    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+        return None
+    target, value = small.targets[0].target, small.value
+    if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements) \
+            and not any(isinstance(e, cst.StarredElement) for e in [*target.elements, *value.elements]):
+        return [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
+    return [(target, value)]
+
+
 # Nodes that open their own scope: names bound inside them are not the loop body's.
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 _SCOPE_TYPES = concrete_types(_SCOPES)

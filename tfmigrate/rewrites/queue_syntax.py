@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 import libcst as cst
 
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import names_used, scope_bindings, single_small
+from tfmigrate.cst.traversal import assigned_pairs, names_used, scope_bindings, single_small
 from tfmigrate.cst.walker import visit_read_only
 from tfmigrate.rewrites.refusal import Refused
 
@@ -140,7 +140,7 @@ def portable_settings(body: Sequence[cst.BaseStatement], end: int, code: Callabl
             del settings[known]
 
     for statement in body[:end]:  # in the order they run: the last setting before `end` holds
-        pairs = _assigned_pairs(statement)
+        pairs = assigned_pairs(statement)
         if pairs is None:
             for bound in scope_bindings(statement):
                 forget(bound)
@@ -152,18 +152,6 @@ def portable_settings(body: Sequence[cst.BaseStatement], end: int, code: Callabl
             if _arithmetic(value, local):
                 settings[target] = value
     return settings
-
-
-def _assigned_pairs(statement: cst.BaseStatement) -> list[tuple[cst.BaseExpression, cst.BaseExpression]] | None:
-    """(target, value) of `x = v`, or of each element of `a.h, a.w = 16, 16`; else None."""
-    assigned = assignment(statement)
-    if assigned is None:
-        return None
-    target, value = assigned
-    if isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements) \
-            and not any(isinstance(e, cst.StarredElement) for e in [*target.elements, *value.elements]):
-        return [(t.value, v.value) for t, v in zip(target.elements, value.elements)]
-    return [(target, value)]
 
 
 def _arithmetic(node: cst.BaseExpression, local: set[str]) -> bool:

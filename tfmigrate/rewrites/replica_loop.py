@@ -74,7 +74,7 @@ from tfmigrate.cst.callargs import argument, callee_name, is_false, is_true, met
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.flow import reads_first
 from tfmigrate.cst.traversal import (
-    assignments, blank_lines_unindented, contains, enclosing, find, find_own, free_names, fresh_name, module_parents, name_reads,
+    assigned_pairs, assignments, blank_lines_unindented, contains, enclosing, find, find_own, free_names, fresh_name, module_parents, name_reads,
     names_used, own_nodes, scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.hand_written import kept_caller_update, kept_update, own_optimizer_steps
@@ -1164,18 +1164,12 @@ def _empty_list_init_of(statement: cst.CSTNode, name: str) -> bool:
 def _without_list(statement: cst.CSTNode, name: str):
     """``statement`` without the empty list it binds to ``name``: REMOVE for `<name> = []`, the
     others' bindings for `tower_grads, tower_losses = [], []`; None where it binds no such list."""
-    small = single_small(statement)
-    if not (isinstance(small, cst.Assign) and len(small.targets) == 1):
+    pairs = [(code(target), value) for target, value in assigned_pairs(statement) or ()]
+    if not any(target == name and isinstance(value, cst.List) and not value.elements for target, value in pairs):
         return None
-    target, value = small.targets[0].target, small.value
-    if code(target) == name:
-        return cst.RemovalSentinel.REMOVE if isinstance(value, cst.List) and not value.elements else None
-    if not (isinstance(target, cst.Tuple) and isinstance(value, cst.Tuple) and len(target.elements) == len(value.elements)):
-        return None
-    pairs = [(code(t.value), code(v.value)) for t, v in zip(target.elements, value.elements)]
-    if (name, "[]") not in pairs or any(isinstance(e, cst.StarredElement) for e in target.elements):
-        return None
-    kept = [pair for pair in pairs if pair[0] != name]
+    kept = [(target, code(value)) for target, value in pairs if target != name]
+    if not kept:
+        return cst.RemovalSentinel.REMOVE
     line = f"{', '.join(t for t, _ in kept)} = {', '.join(v for _, v in kept)}\n"
     return cst.parse_statement(line).with_changes(leading_lines=statement.leading_lines,
                                                   trailing_whitespace=statement.trailing_whitespace)
@@ -1814,9 +1808,7 @@ def _fed_variable(rule) -> cst.BaseExpression | None:
     """A feed key naming a variable the module makes (sketch-rnn's `feed = {model.lr: lr}` for
     `self.lr = tf.Variable(...)`): a fed variable is read at the fed value by the towers, but a
     mirrored one only by replica 0 (a held-out Sketch-RNN trainer drifted from step 11)."""
-    made = {code(target.target) for node in find(rule.context.module, cst.Assign)
-            if isinstance(node.value, cst.Call) and rule.imports.resolve(node.value.func) in _VARIABLE_MAKERS
-            for target in node.targets}
+    made = _made_variables(rule)
     attributes = {name.rsplit(".", 1)[1] for name in made if name.startswith("self.")}
     keys = [element.key for node in find(rule.context.module, cst.Dict) for element in node.elements
             if isinstance(element, cst.DictElement)]
@@ -1835,10 +1827,17 @@ def _loaded_variables(rule) -> list[cst.Call]:
     loads = [call for call in module_calls(rule) if method_call(call, "load") and 1 <= len(call.args) <= 2]
     if not loads:
         return []
-    made = {code(target.target) for node in find(rule.context.module, cst.Assign)
-            if isinstance(node.value, cst.Call) and rule.imports.resolve(node.value.func) in _VARIABLE_MAKERS
-            for target in node.targets}
+    made = _made_variables(rule)
     return [call for call in loads if code(call.func.value) in made or _loads_in_session(call)]
+
+
+def _made_variables(rule) -> set[str]:
+    """What the module binds to a variable it makes (`tf.Variable`, `tf.get_variable`), as code:
+    `kl_weight`, `self.lr`."""
+    return rule.context.memo("replica_loop.made_variables", lambda: {
+        code(target.target) for node in find(rule.context.module, cst.Assign)
+        if isinstance(node.value, cst.Call) and rule.imports.resolve(node.value.func) in _VARIABLE_MAKERS
+        for target in node.targets})
 
 
 def _loads_per_copy(rule, region: Region, strategy: str) -> dict:
