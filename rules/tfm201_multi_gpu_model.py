@@ -676,12 +676,17 @@ class MultiGpuModel(Rule):
 
     def _uses_tf1_apis(self) -> bool:
         """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,
-        `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2)."""
-        for node in find(self.context.module, cst.Attribute):
-            qualified = self.imports.resolve(node) or ""
-            if qualified.startswith("tensorflow.") and tf1_only(qualified.split(".")[1:]):
-                return True
-        return False
+        `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2). Asked
+        for the refusals and the weight files of each call: worked out once per module."""
+
+        def compute() -> bool:
+            for node in find(self.context.module, cst.Attribute):
+                qualified = self.imports.resolve(node) or ""
+                if qualified.startswith("tensorflow.") and tf1_only(qualified.split(".")[1:]):
+                    return True
+            return False
+
+        return self.context.memo("tfm201.uses_tf1_apis", compute)
 
     def _first_layer_call(self, body, built: int) -> int:
         """The first statement of the block that the model's construction reads from, through

@@ -69,13 +69,13 @@ def _shown(value) -> str:
 
 
 def _batch_in_order(shuffling, in_order, from_program):
-    taken = set(inspect.signature(in_order).parameters)
+    signature, taken = inspect.signature(shuffling), set(inspect.signature(in_order).parameters)
 
     @functools.wraps(shuffling)
     def batch(*args, **kwargs):
-        bound = inspect.signature(shuffling).bind(*args, **kwargs)
         if not from_program():
             return shuffling(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
         buffer = bound.arguments.get("min_after_dequeue")
         TURNED_OFF.append(f"{shuffling.__name__}(min_after_dequeue={_shown(buffer)})")
         return in_order(**{k: v for k, v in bound.arguments.items() if k in taken})
@@ -84,9 +84,11 @@ def _batch_in_order(shuffling, in_order, from_program):
 
 
 def _producer_in_order(producer, from_program):
+    signature = inspect.signature(producer)
+
     @functools.wraps(producer)
     def produce(*args, **kwargs):
-        bound = inspect.signature(producer).bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         if from_program() and bound.arguments["shuffle"]:
             TURNED_OFF.append(f"{producer.__name__}(shuffle=True)")
