@@ -97,3 +97,14 @@ def callee_name(call: cst.Call, receivers: Sequence[str] = ("self", "cls"), plai
 def method_call(call: cst.CSTNode, method: str) -> bool:
     """Whether ``call`` calls a method named ``method`` (`opt.minimize(...)`)."""
     return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
+
+
+def with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
+    """``call`` with `<keyword>=<value>` added as its last argument."""
+    args = list(call.args)
+    if args:
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    added = cst.Arg(keyword=cst.Name(keyword), value=cst.parse_expression(value),
+                    equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                          whitespace_after=cst.SimpleWhitespace("")))
+    return call.with_changes(args=[*args, added])

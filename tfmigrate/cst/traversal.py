@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-from typing import Iterator
+from typing import Callable, Iterator
 
 import libcst as cst
 
@@ -145,12 +145,23 @@ def fresh_name(module: cst.Module | None, name: str, taken: set[str] | None = No
     not in ``taken`` (to which it is then added); with no module, the first not in ``taken``."""
     taken = taken if taken is not None else set()
     used = name_nodes(module) if module is not None else {}
-    candidate, n = name, 1
-    while candidate in taken or candidate in used:
-        n += 1
-        candidate = f"{name}_{n}"
+    candidate = first_free(lambda candidate: candidate in taken or candidate in used, name)
     taken.add(candidate)
     return candidate
+
+
+def first_free(taken: cst.Module | Callable[[str], bool], *candidates: str) -> str:
+    """The first of ``candidates`` that is not taken (by a module: a name it uses; or as
+    ``taken(name)`` says), else the last one numbered: ``name_2``, ``name_3``..."""
+    if isinstance(taken, cst.Module):
+        taken = name_nodes(taken).__contains__
+    free = next((candidate for candidate in candidates if not taken(candidate)), None)
+    if free is not None:
+        return free
+    k = 2
+    while taken(f"{candidates[-1]}_{k}"):
+        k += 1
+    return f"{candidates[-1]}_{k}"
 
 
 def parents_of(root: cst.CSTNode) -> dict[int, cst.CSTNode]:

@@ -79,7 +79,7 @@ import libcst as cst
 
 from tfmigrate.analysis.devices import device_scope_arg, device_scopes, mentions_gpu, tower_group
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import children, find, module_parents, names_used, walk
+from tfmigrate.cst.traversal import children, find, first_free, module_parents, names_used, walk
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, assigned_name, comment_lines, device_helpers, devices_argument, loop_index,
     method_call, TfNames, only_call, place_scope, ReplaceById, references, tf_root,
@@ -146,7 +146,7 @@ def plan_helper(rule, helper: cst.FunctionDef) -> Edit:
     # --- the rewrite ------------------------------------------------------------------
     rewrite = _Rewrite(rule, step, result, output=result, step_names=("replica_step", f"{name}_step"))
     # The index is local to the replica function: it only must not hide a name the inputs read.
-    index = _fresh(lambda candidate: candidate in names_used(call), "i", "replica", "replica_index")
+    index = first_free(lambda candidate: candidate in names_used(call), "i", "replica", "replica_index")
     split = rewrite.tf(SPLIT)
     inputs = [f"{code(a.keyword)}={split}({code(a.value)}, {rewrite.replicas})[{index}]" for a in keywords]
     forward = f"{result} = {code(fn)}({', '.join(inputs)})"
@@ -399,7 +399,7 @@ def _replica_output(inline: _Inline, local: set) -> tuple[str, list[cst.BaseStat
     if isinstance(appended, cst.Name) and appended.value in local:
         output, assign = appended.value, []
     else:
-        output = result if result not in names_used(loop) else _fresh(
+        output = result if result not in names_used(loop) else first_free(
             lambda n: n in names_used(loop), f"replica_{result}", "replica_output")
         assign = [cst.parse_statement(f"{output} = {code(appended)}\n")]
     return output, assign
@@ -674,18 +674,15 @@ class _Rewrite:
         self.module = rule.context.module
         self.parents = module_parents(rule.context)
         self.tf = TfNames(rule)
-        self.strategy = _fresh(self.taken, "strategy", "mirrored_strategy")
-        self.name = _fresh(self.taken, *step_names)
+        self.strategy = first_free(self.module, "strategy", "mirrored_strategy")
+        self.name = first_free(self.module, *step_names)
         self.replicas = f"{self.strategy}.num_replicas_in_sync"
         self.head: list[cst.BaseStatement] = []  # an optimizer built inline, built once
         self.optimizer = step.optimizer
         if isinstance(step.optimizer, cst.Call):
-            name = _fresh(self.taken, "opt", "optimizer", "mirrored_optimizer")
+            name = first_free(self.module, "opt", "optimizer", "mirrored_optimizer")
             self.head.append(cst.parse_statement(f"{name} = {code(step.optimizer)}\n"))
             self.optimizer = cst.Name(name)
-
-    def taken(self, candidate: str) -> bool:
-        return references(self.module, candidate) > 0
 
     def training_tail(self, depth: int) -> list[cst.BaseStatement]:
         """`train_op = opt.minimize(<the replica's loss> [/ N], ...)` and the return of the output."""
@@ -852,14 +849,3 @@ def _depth(statement, parents) -> int:
             depth += 1
         node = parents.get(id(node))
     return depth
-
-
-def _fresh(taken, *candidates: str) -> str:
-    for candidate in candidates:
-        if not taken(candidate):
-            return candidate
-    base = candidates[-1]
-    k = 2
-    while taken(f"{base}_{k}"):
-        k += 1
-    return f"{base}_{k}"

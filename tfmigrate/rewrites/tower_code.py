@@ -230,3 +230,16 @@ class Update:
     wrapped: list = field(default_factory=list)  # statements after the loop whose optimizer call each replica runs
     after_run: list = field(default_factory=list)  # statements right after the strategy runs the replica function
     counted: set = field(default_factory=set)  # ids of `global_step=` arguments now counted once after the update
+
+
+def replica_code(rule, towers: list) -> list[cst.CSTNode]:
+    """What the replicas run: each loop's body and the functions (and own methods) it reaches
+    (found once per group of loops: several checks and edits ask)."""
+
+    def compute() -> list[cst.CSTNode]:
+        replicas = []
+        for tower in towers:
+            replicas += [tower.loop.body, *functions_called(rule, [tower.loop.body], class_methods(rule, tower.loop))]
+        return replicas
+
+    return rule.context.memo(("replica_loop.replica_code", tuple(id(tower.loop) for tower in towers)), compute)

@@ -14,6 +14,10 @@ the line. Two spellings are recognised:
   (`model/conv2d`, `model/conv2d_4`), so each tower trained its own weights;
 - a TF1 layer function called by every tower, in the loop or a function of the module it
   calls, with nothing asking for reuse (`tf.layers.dense(x, 8)` makes `dense`, then `dense_1`).
+
+For the rest of the rewrite it also finds the variables a replica sees differently from a
+tower: the module's `tf.Variable` calls that leave `trainable` to its default
+(:func:`variable_calls`), and the reads of a variable's op name (:func:`variable_op_names`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from tfmigrate.cst.callargs import argument
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import find, module_parents, names_used
 from tfmigrate.rewrites.refusal import Refused
-from tfmigrate.rewrites.tower_code import line_of
+from tfmigrate.rewrites.tower_code import line_of, module_calls, replica_code
 
 __all__ = ["check_variable_copies"]
 
@@ -141,3 +145,52 @@ def _function(rule, call: cst.Call) -> cst.FunctionDef | None:
 def _variable_scopes(rule, node: cst.CSTNode) -> list[cst.Call]:
     return [item.item for w in find(node, cst.With) for item in w.items
             if isinstance(item.item, cst.Call) and rule.imports.resolve(item.item.func) == _VARIABLE_SCOPE]
+
+
+_VARIABLE_LISTS = {f"tensorflow.{name}" for name in (
+    "trainable_variables", "global_variables", "all_variables", "model_variables", "local_variables", "get_collection")}
+
+
+def variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
+    """`v.op.name` of a variable the towers walk (`[v for v in tf.trainable_variables() if
+    v.op.name in ('fc3/kernel', ...)]`, a weight-decay filter in the tower's loss) read as
+    `v.name.split(':')[0]`: the same name in the legacy program, but in a replica after the
+    first a mirrored variable's op is its own copy's, `fc3/kernel/replica_1`, where its name
+    stays `fc3/kernel:0` (the filter selected nothing there and `tf.add_n([])` failed, a ResNet
+    trainer class probe). Outside the replicas the op is replica 0's: left as written."""
+    key = ("replica_loop.op_names", tuple(id(tower.loop) for tower in towers))
+    return rule.context.memo(key, lambda: _find_variable_op_names(rule, towers))
+
+
+def _find_variable_op_names(rule, towers: list) -> dict[int, tuple[cst.Attribute, cst.BaseExpression]]:
+    found = {}
+    for node in [n for body in replica_code(rule, towers) for n in find(body, cst.CompFor, cst.For)]:
+        if not isinstance(node.target, cst.Name):
+            continue
+        if not (isinstance(node.iter, cst.Call) and rule.imports.resolve(node.iter.func) in _VARIABLE_LISTS):
+            continue
+        variable = node.target.value
+        scope = module_parents(rule.context).get(id(node)) if isinstance(node, cst.CompFor) else node.body
+        for read in find(scope, cst.Attribute):
+            if (read.attr.value == "name" and isinstance(read.value, cst.Attribute) and read.value.attr.value == "op"
+                    and isinstance(read.value.value, cst.Name) and read.value.value.value == variable):
+                found[id(read)] = (read, cst.parse_expression(f"{variable}.name.split(':')[0]"))
+    return found
+
+
+def variable_calls(rule) -> dict[int, cst.Call]:
+    """The module's `tf.Variable(...)` calls that leave `trainable` to its default, by id.
+
+    TF1's default (None) means trainable. Under MirroredStrategy in graph mode, a compat.v1
+    `tf.Variable` left at None puts its per-replica copies (`w:0`, `w/replica_1:0`) in the
+    TRAINABLE_VARIABLES collection instead of the one mirrored variable (checked on TF 2.21):
+    a replica minimising a loss made of every tower's then differentiates by every copy and
+    the update counts each gradient N times. Said explicitly, the collection holds the
+    mirrored variable, and the legacy program means the same."""
+    return rule.context.memo("replica_loop.variable_calls", lambda: {
+        id(call): call for call in module_calls(rule)
+        if rule.imports.resolve(call.func) in ("tensorflow.Variable", "tensorflow.compat.v1.Variable")
+        and not any(arg.keyword is not None and arg.keyword.value in ("trainable", "synchronization") for arg in call.args)
+        and call.args and not any(arg.star for arg in call.args)
+        and sum(1 for arg in call.args if arg.keyword is None) < 2  # Variable(initial_value, trainable, ...)
+    })

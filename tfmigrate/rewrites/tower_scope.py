@@ -1,0 +1,513 @@
+"""Where the strategy is made and what it is made from (part of :mod:`.replica_loop`).
+
+- The devices: the list the towers ran on, read from the loop (`range(N)`, a device list, a
+  zip of devices and batch pieces). A list of objects of the module's own classes (device
+  setters) is refused: MirroredStrategy takes device names.
+- The towers' functions: a function only the loop calls loses its device scope.
+- The scope: at module level, the run of statements that builds the graph goes under
+  `with strategy.scope():`, and the plain statements the device list reads move above the
+  strategy with it.
+- Settings: where the strategy is made above the code that binds the device count from a
+  setting (`n_gpus = FLAGS.n_gpus`), or in a caller of the towers' function, the list reads
+  the setting itself.
+- Cleanup: the averaging helper and device functions only the loop used go with it.
+"""
+
+from __future__ import annotations
+
+
+import libcst as cst
+
+from tfmigrate.analysis.devices import DEVICE_SPECS, is_device_function, ops_device
+from tfmigrate.cst.callargs import callee_name, split_arguments
+from tfmigrate.cst.codegen import code
+from tfmigrate.cst.traversal import (
+    assignments, blank_lines_unindented, contains, find, free_names, name_reads, names_used, scope_bindings,
+    single_small, target_names, walk,
+)
+from tfmigrate.rewrites.mirrored import ReplaceById, device_helpers, devices_argument, references, strategy_scope_owner
+from tfmigrate.rewrites.refusal import Refused
+from tfmigrate.rewrites.tower_body import ReplicaBody, assigns_to, indexable, is_enumerate_index, is_range_index
+from tfmigrate.rewrites.tower_callers import PassedArguments
+from tfmigrate.rewrites.tower_code import (
+    Region, Update, index_of, line_of, module_calls, simple_statements, single_binding,
+)
+from tfmigrate.rewrites.tower_variables import variable_calls
+
+
+def strategy_devices(rule, tower) -> str:
+    """The strategy's device list: the towers' own device expression for each loop value."""
+    loop, imports = tower.loop, rule.imports
+    if not tower.scopes:
+        raise Refused("cannot tell the towers' devices")
+    device = _body_value(loop, _in_loop_terms(tower, tower.scopes[0].device))  # `setter = ...; with tf.device(setter):`
+    if isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
+        device = cst.parse_expression(f"{code(device)}.to_string()")
+    elif is_device_function(device, imports):
+        # A device function: `assign_to_device('/gpu:%d' % i, ...)`, `replica_device_setter(worker_device=...)`.
+        device = ops_device(device, imports)
+        if device is None:
+            raise Refused(f"cannot tell the towers' devices from `{code(tower.scopes[0].device)}`")
+        if is_range_index(loop, device):  # `assign_to_gpu(i, ps_device)`: the GPU's number, not its name
+            return devices_argument(loop)
+        if is_enumerate_index(loop, device):  # the same over `enumerate(zip(*splits))` (finetune-transformer-lm)
+            count = _pieces_count(rule, tower, loop.iter, device)
+            if count is None:
+                raise Refused(f"cannot tell how many GPUs `{code(tower.scopes[0].device)}` numbers from `{code(loop.iter)}`")
+            return f"['/gpu:%d' % k for k in range({code(count)})]"
+    targets = names_used(loop.target)
+    device = _body_value(loop, device)
+    body_bound = set().union(*(scope_bindings(s) for s in loop.body.body))
+    if names_used(device) & (body_bound - targets):
+        return devices_argument(loop)  # computed in the body (a device setter): the loop's own count
+    if (isinstance(device, cst.Subscript) and len(device.slice) == 1 and code(device.slice[0].slice) == code(loop.target)
+            and code(loop.iter) == f"range(len({code(device.value)}))"):
+        return code(device.value)  # `for i in range(len(devices)): device = devices[i]`
+    if code(device) == code(loop.target):
+        return indexable(loop.iter) if not isinstance(loop.iter, cst.Call) else f"list({code(loop.iter)})"
+    if (isinstance(loop.iter, cst.Call) and code(loop.iter.func) == "enumerate" and isinstance(loop.target, cst.Tuple)
+            and code(loop.target.elements[1].value) == code(device)):
+        return code(loop.iter.args[0].value)
+    zipped = _zipped_devices(loop, device)
+    if zipped is not None:  # `for i, (device, x) in enumerate(zip(DEVICES, x_parts))`
+        return zipped
+    count = _pieces_count(rule, tower, loop.iter, device)
+    if count is not None:  # `for i, (x, y) in enumerate(zip(x_splits, y_splits))`: one device per piece
+        index = code(loop.target.elements[0].value)
+        return f"[{code(device)} for {index} in range({code(count)})]"
+    return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def check_device_names(rule, devices: str) -> None:
+    """The strategy takes device names. A device list the module fills with objects of its own
+    classes (tf_cnn_benchmarks' `get_devices()`: a `ParamServerDeviceSetter` per GPU, a device
+    function) is refused: passed on, MirroredStrategy failed on the first ("Unknown attribute
+    ... while parsing the device spec")."""
+    module = rule.context.module
+    classes = {s.name.value for s in module.body if isinstance(s, cst.ClassDef)}
+    makers = [node for node in assignments(rule.context).get(devices, []) if isinstance(node.value, cst.Call)]
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for function in find(module, cst.FunctionDef) if makers else []:
+        functions.setdefault(function.name.value, []).append(function)
+    for node in makers:
+        func = node.value.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else ""
+        for function in functions.get(name, []):
+            for returned in find(function, cst.Return):
+                value = returned.value
+                items = [value.elt] if isinstance(value, cst.ListComp) else (
+                    [e.value for e in value.elements] if isinstance(value, cst.List) else [])
+                made = next((callee_name(i) for i in items if isinstance(i, cst.Call) and callee_name(i) in classes), None)
+                if made is not None:
+                    raise Refused(f"line {line_of(rule, node)}: the towers' devices `{devices}` come from "
+                                  f"`{code(func)}()`, which makes `{made}` objects (device functions), not device "
+                                  "names: MirroredStrategy needs the devices' names (those they place the towers on)")
+
+
+def _zipped_devices(loop: cst.For, device: cst.BaseExpression) -> str | None:
+    """The device list a loop over `zip(DEVICES, pieces)` (or `enumerate` of it) takes its
+    device from: that argument of the zip, when the device is its element's name."""
+    target, iterable = loop.target, loop.iter
+    if (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
+            and isinstance(target, cst.Tuple) and len(target.elements) == 2):
+        target, iterable = target.elements[1].value, iterable.args[0].value
+    if not (isinstance(iterable, cst.Call) and code(iterable.func) == "zip" and isinstance(target, cst.Tuple)
+            and len(target.elements) == len(iterable.args) and not any(a.star or a.keyword for a in iterable.args)):
+        return None
+    for element, zipped in zip(target.elements, iterable.args):
+        if isinstance(element.value, cst.Name) and isinstance(device, cst.Name) and element.value.value == device.value:
+            return indexable(zipped.value)
+    return None
+
+
+def _pieces_count(rule, tower, iterable: cst.BaseExpression, device: cst.BaseExpression) -> cst.BaseExpression | None:
+    """How many pieces `enumerate(<pieces>)` walks, when the device reads only the index and
+    the pieces are a batch cut with `tf.split(x, n)` (or a zip of such cuts, a comprehension
+    over them, or a literal list): ``n``. The strategy is made before the graph, so it must
+    not read the pieces."""
+    if not (isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and len(iterable.args) == 1
+            and isinstance(tower.loop.target, cst.Tuple) and len(tower.loop.target.elements) == 2):
+        return None
+    if names_used(device) & names_used(tower.loop.target.elements[1].value):
+        return None
+    owner = tower.owner if tower.owner is not None else rule.context.module
+    pieces = [iterable.args[0].value]
+    while pieces:
+        node = pieces.pop(0)
+        if isinstance(node, cst.Call) and code(node.func) == "zip" and rule.imports.resolve(node.func) is None:
+            pieces += [a.value for a in node.args if not a.star]
+            # `zip(*[tf.split(x, n) for x in xs])`: as many as each zipped list has (also through a
+            # name bound to the comprehension: `xs = (tf.split(x, n) for x in xs)`, `zip(*xs)`)
+            starred = [single_binding(owner, a.value) if isinstance(a.value, cst.Name) else a.value
+                       for a in node.args if a.star == "*"]
+            pieces += [value.elt for value in starred if isinstance(value, (cst.ListComp, cst.GeneratorExp))]
+        elif (isinstance(node, (cst.ListComp, cst.GeneratorExp)) and node.for_in.inner_for_in is None
+              and not node.for_in.ifs):
+            pieces.append(node.for_in.iter)  # one piece per element it walks (Show-and-Tell's dict per shard)
+        elif isinstance(node, (cst.List, cst.Tuple)) and not any(isinstance(e, cst.StarredElement) for e in node.elements):
+            return cst.Integer(str(len(node.elements)))
+        elif isinstance(node, cst.Call) and rule.imports.resolve(node.func) == "tensorflow.split":
+            count = split_arguments(node)[1]
+            if count is not None and not isinstance(count, (cst.List, cst.Tuple)):
+                return count
+        elif isinstance(node, cst.Name) and single_binding(owner, node) is not None:
+            pieces.append(single_binding(owner, node))
+    return None
+
+
+def tower_functions(rule, tower) -> dict[int, cst.CSTNode]:
+    """The tower functions the loop calls (`build_tower(i, ...)` opening `tf.device('/gpu:%d' %
+    gpu_id)` on its parameter) without their device scopes: the strategy places each replica.
+    Only functions that the tower loop alone calls: any other caller would lose its placement."""
+    changes = {}
+    for function in tower.via:
+        name = function.name.value
+        outside = next((call for call in module_calls(rule) if _calls(call, name) and not contains(tower.loop, call)), None)
+        if outside is not None:
+            raise Refused(f"the towers are built by `{name}`, which line {line_of(rule, outside)} also calls outside the "
+                          "tower loop: its device scope cannot go (that call would lose its placement)")
+        scopes = {id(scope.with_node) for scope in tower.scopes if contains(function, scope.with_node)}
+        replica = ReplicaBody(scopes, {}, rule.imports, set(), variables=frozenset(variable_calls(rule)))
+        changes[id(function)] = function.visit(replica)
+    return changes
+
+
+def _calls(call: cst.Call, name: str) -> bool:
+    """`name(...)` or `<object>.name(...)`."""
+    func = call.func
+    return (isinstance(func, cst.Name) and func.value == name) or (isinstance(func, cst.Attribute) and func.attr.value == name)
+
+
+def _in_loop_terms(tower, device: cst.BaseExpression) -> cst.BaseExpression:
+    """A tower function's device expression with its parameters replaced by what the loop's call
+    passes (`'/gpu:%d' % gpu_id` of `build_tower(i, ...)` is `'/gpu:%d' % i`)."""
+    function = next((f for f in tower.via if contains(f, device)), None)
+    if function is None:
+        return device
+    call = next(c for c in find(tower.loop.body, cst.Call) if _calls(c, function.name.value))
+    params = [p.name.value for p in function.params.params]
+    if isinstance(call.func, cst.Attribute) and params[:1] == ["self"]:
+        params = params[1:]
+    passed: dict[str, cst.BaseExpression] = {}
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            break
+        if arg.keyword is not None:
+            passed[arg.keyword.value] = arg.value
+        elif position < len(params):
+            passed[params[position]] = arg.value
+    receiver = call.func.value if isinstance(call.func, cst.Attribute) else None
+    if isinstance(receiver, cst.Name) and params != [p.name.value for p in function.params.params]:
+        passed["self"] = receiver  # `self.build_tower(i)`: the method's `self` is the caller's receiver
+    unbound = names_used(device) & ({p.name.value for p in find(function.params, cst.Param)} - set(passed))
+    if unbound:
+        raise Refused(f"cannot tell the towers' devices from `{code(device)}`: `{sorted(unbound)[0]}` is not passed by the loop")
+    return device.visit(PassedArguments(passed))
+
+
+def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression:
+    """A device named in the body (`device = DEVICES[i]`, first statements) is its value."""
+    if not isinstance(device, cst.Name):
+        return device
+    for statement in loop.body.body:
+        small = single_small(statement)
+        if isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == device.value:
+            return small.value
+        if device.value in scope_bindings(statement):
+            break
+    return device
+
+
+def module_run(rule, region: Region) -> list[cst.BaseStatement]:
+    """At module level with no `with` that opens the graph: the run of statements around the
+    loop, in its own block, that the strategy scope covers (up to the nearest import, definition,
+    docstring or `if __name__ == '__main__':`). The block is the module or the body of a module
+    level `if` (`if __name__ == '__main__':`), which runs once. A module level `with` runs once
+    too (`with tf.variable_scope(tf.get_variable_scope()):` around the loop): it goes under the
+    scope whole, with the code around it. Empty elsewhere."""
+    module = rule.context.module
+    if strategy_scope_owner(region.loop, region.parents, rule.imports) is not module:
+        return []
+    unit = node = region.loop  # the statement of the block that holds the loop
+    while node is not module:
+        node = region.parents[id(node)]
+        if isinstance(node, cst.With):
+            unit = node
+        elif not isinstance(node, (cst.If, cst.Else, cst.IndentedBlock, cst.Module)):
+            raise Refused(f"line {line_of(rule, node)}: the tower loop is inside a block at module level that may run "
+                          "more than once: move it into a function so the graph can be built under strategy.scope()")
+    block = region.parents[id(unit)]
+    body = list(block.body)
+    at = index_of(body, unit)
+    start, end = at, at
+    while start > 0 and _plain_module_statement(body[start - 1]):
+        start -= 1
+    while end + 1 < len(body) and _plain_module_statement(body[end + 1]):
+        end += 1
+    return body[start:end + 1]
+
+
+def _plain_module_statement(statement: cst.BaseStatement) -> bool:
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return False
+    if isinstance(statement, cst.If) and "__name__" in code(statement.test):
+        return False
+    small = single_small(statement)
+    return not (isinstance(small, (cst.Import, cst.ImportFrom))
+                or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))))
+
+
+def module_scope(rule, region: Region, region_changes: dict, creates: list, scope_item: cst.WithItem) -> dict:
+    """The module run around the loop under `with strategy.scope():`, the strategy made before it."""
+    run = module_run(rule, region)
+    statements: list[cst.BaseStatement] = []
+    for statement in run:
+        change = region_changes.get(id(statement))
+        if change is cst.RemovalSentinel.REMOVE:
+            continue
+        if isinstance(change, cst.FlattenSentinel):
+            statements += list(change.nodes)
+        else:
+            statements.append(change or statement.visit(ReplaceById(region_changes)))
+    statements = [blank_lines_unindented(s) for s in statements]
+    statements[0] = statements[0].with_changes(leading_lines=[])
+    creates[0] = creates[0].with_changes(leading_lines=run[0].leading_lines)
+    scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=statements))
+    changes: dict = {run[0]: cst.FlattenSentinel([*creates, scoped])}
+    changes.update((statement, cst.RemovalSentinel.REMOVE) for statement in run[1:])
+    return changes
+
+
+def device_prelude(rule, region: Region, create: cst.BaseStatement) -> tuple[list, list]:
+    """The statements before the loop that the strategy's device list reads (`devices = [...]`):
+    they move up with the strategy, above the scope, which is only safe for plain Python.
+    Returns (the statements that move, what takes their place above the strategy: the same,
+    reading settings where they read names set later, see :func:`_inline_settings`)."""
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else module_run(rule, region)
+    # Not the comprehension's own `i`; `self` is a parameter: its attributes are followed instead.
+    needed = free_names(create) - {"tf", "self"}
+    needed_attributes = _self_attributes(create)  # `self.devices`, set in `__init__` above the loop
+    prelude, moved = [], []
+    for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
+        builds_graph = any(_builds_graph(rule, n) for n in find(statement, cst.Name, cst.Attribute))
+        if scope_bindings(statement) & needed or _assigned_attributes(statement) & needed_attributes:
+            if builds_graph:
+                raise Refused(f"line {line_of(rule, statement)}: the towers' devices come from TensorFlow code in the "
+                              "graph; name the device list before the graph is built")
+        elif not (_changes_by_call(statement, needed) and not builds_graph):
+            continue
+        # A call made for its effect on a name the devices read (`parser.add_argument(...)`
+        # before `args = parser.parse_args()`) moves up with it, in its place.
+        prelude.insert(0, statement)
+        inlined = _inline_settings(rule, region, statement)
+        moved.insert(0, inlined)
+        needed |= free_names(inlined) - {"self"}
+        needed_attributes |= _self_attributes(inlined)
+    _check_bound_before(rule, owner, [create, *moved], prelude, block)
+    declarations = _declarations(prelude, block)
+    return declarations + prelude, declarations + moved
+
+
+def _declarations(prelude: list[cst.BaseStatement], block) -> list[cst.BaseStatement]:
+    """The `global`/`nonlocal` statements of ``block`` for names ``prelude`` binds (DeepSpeech's
+    `global available_devices` above the device list): they move up first, as Python wants a
+    declaration before any use of the name."""
+    bound = set().union(set(), *(scope_bindings(statement) for statement in prelude))
+    moved = {id(statement) for statement in prelude}
+    return [statement for statement in block if id(statement) not in moved
+            and isinstance(single_small(statement), (cst.Global, cst.Nonlocal))
+            and {item.name.value for item in single_small(statement).names} & bound]
+
+
+def _self_attributes(node: cst.CSTNode) -> set[str]:
+    """The `self.x` an expression or statement reads (or writes)."""
+    return {code(n) for n in find(node, cst.Attribute) if isinstance(n.value, cst.Name) and n.value.value == "self"}
+
+
+def _assigned_attributes(statement: cst.CSTNode) -> set[str]:
+    return {code(t.target) for t in find(statement, cst.AssignTarget) if isinstance(t.target, cst.Attribute)}
+
+
+def _changes_by_call(statement: cst.CSTNode, names: set[str]) -> bool:
+    """Whether ``statement`` is a call made for its effect that may change one of ``names``:
+    a method of it (`parser.add_argument(...)`), or a function given it whole (`add_flags(parser)`).
+    Reading one in an argument (`images.set_shape([FLAGS.batch_size, ...])`) changes nothing."""
+    small = single_small(statement)
+    if not (isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)):
+        return False
+    receiver = small.value.func.value if isinstance(small.value.func, cst.Attribute) else None
+    while isinstance(receiver, (cst.Attribute, cst.Call, cst.Subscript)):
+        receiver = receiver.func if isinstance(receiver, cst.Call) else receiver.value
+    if isinstance(receiver, cst.Name) and receiver.value in names:
+        return True
+    return any(isinstance(arg.value, cst.Name) and arg.value.value in names for arg in small.value.args)
+
+
+# TensorFlow calls that ask the runtime what it has, or log, without building the graph: a
+# device list made with them can be worked out above the strategy.
+_DEVICE_QUERIES = ("tensorflow.python.client.device_lib", "tensorflow.config", "tensorflow.test.is_gpu_available",
+                   "tensorflow.test.gpu_device_name", "tensorflow.test.is_built_with_cuda", "tensorflow.logging",
+                   "tensorflow.compat.v1.logging", "tensorflow.get_logger",
+                   # Command-line settings (`FLAGS = tf.app.flags.FLAGS`; DeepSpeech's device list
+                   # from `FLAGS.num_gpus`) build nothing in a graph either.
+                   "tensorflow.app.flags", "tensorflow.flags", "tensorflow.compat.v1.app.flags",
+                   "tensorflow.compat.v1.flags")
+
+
+def _builds_graph(rule, node: cst.CSTNode) -> bool:
+    name = rule.imports.resolve(node) or ""
+    return name.startswith("tensorflow") and not name.startswith(_DEVICE_QUERIES)
+
+
+def settings_inlined(rule, region: Region, devices: str) -> str:
+    """The device list, reading `FLAGS.n_gpus` itself where it read `n_gpus` set from it by
+    `n_gpus = FLAGS.n_gpus` inside the code the scope covers (BERT-GPU's `if FLAGS.do_train:`
+    block): the strategy is made above that code (see :func:`_inline_settings`)."""
+    return code(_inline_settings(rule, region, cst.parse_expression(devices)))
+
+
+def _inline_settings(rule, region: Region, node: cst.CSTNode) -> cst.CSTNode:
+    """``node`` reading the value of each name the loop's function binds once, inside a block,
+    by a plain assignment, to a plain reading of settings (:func:`_plain_setting`) that reads
+    nothing the function binds but its parameters it never rebinds (`hp = self._hparams` inside
+    Tacotron-2's `with tf.device(split_device):`): it has the same value in both places. A name
+    bound by a statement of the block the strategy scope covers stays: that statement moves up
+    (:func:`device_prelude`), as it does at module level."""
+    owner = region.owner
+    if not isinstance(owner, cst.FunctionDef):
+        return node
+    scope_owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    movable = {id(s) for s in [*owner.body.body, *(scope_owner.body.body if isinstance(scope_owner, cst.With) else ())]}
+    statements = [s for s in simple_statements(owner) if id(s) not in movable]
+    bound_in_body = scope_bindings(owner)
+    bound_in_owner = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
+    other_binders = _other_binders(owner)
+    values: dict[str, cst.BaseExpression] = {}
+    for name in (free_names(node) & bound_in_owner) - other_binders:
+        if any(name in scope_bindings(s) for s in simple_statements(owner) if id(s) in movable):
+            continue
+        value = _plain_binding(statements, name)
+        if value is not None and not names_used(value) & bound_in_body:
+            values[name] = value
+    return _read_as(node, values)
+
+
+def callee_settings_inlined(region: Region, devices: str) -> str:
+    """The device list, for a strategy its caller makes, reading the value of each name the
+    towers' function binds once, by a plain assignment, to a plain setting computed from its
+    parameters it never rebinds and the module's names (`devices = ['/gpu:0', '/gpu:1',
+    '/gpu:2', '/gpu:3'][:num_gpus]` in a `build_towers(opt, tensors, num_gpus)`), and that
+    nothing changes in place: the same value in the caller, where the parameters read what the
+    call passes (:class:`tfmigrate.rewrites.tower_callers.PassedArguments`)."""
+    owner = region.owner
+    node = cst.parse_expression(devices)
+    bound_in_body = scope_bindings(owner.body)
+    other_binders = _other_binders(owner)
+    parameters = {p.name.value for p in find(owner.params, cst.Param)}
+    values: dict[str, cst.BaseExpression] = {}
+    for name in (free_names(node) & bound_in_body) - other_binders:
+        value = _plain_binding(simple_statements(owner), name, comprehensions=True)
+        if value is None:
+            continue
+        reads = free_names(value)
+        # (a comprehension's own name that a parameter also has would read the caller's argument)
+        if not reads & bound_in_body and not (names_used(value) - reads) & parameters \
+                and not _changed_in_place(owner, name):
+            values[name] = value
+    return code(_read_as(node, values)) if values else devices
+
+
+def _plain_binding(statements: list, name: str, comprehensions: bool = False) -> cst.BaseExpression | None:
+    """The value the one statement of ``statements`` that binds ``name`` gives it, when that is
+    a plain assignment (`name = value`) of a plain setting (:func:`_plain_setting`)."""
+    bindings = [s for s in statements if name in scope_bindings(s)]
+    small = single_small(bindings[0]) if len(bindings) == 1 else None
+    return small.value if assigns_to(small, name) and _plain_setting(small.value, comprehensions) else None
+
+
+def _read_as(node: cst.CSTNode, values: dict[str, cst.BaseExpression]) -> cst.CSTNode:
+    """``node`` with each read of a name in ``values`` replaced by its value."""
+    reads = {id(read): values[read.value] for read in name_reads(node) if read.value in values}
+    return node.visit(ReplaceById(reads)) if reads else node
+
+
+def _other_binders(owner: cst.CSTNode) -> set[str]:
+    """Names ``owner`` binds other than by a plain assignment (loop targets, `as` names, `+=`,
+    `:=`): not settings."""
+    return set().union(set(), *(target_names(n.target) for n in find(owner, cst.For, cst.AugAssign, cst.NamedExpr)),
+                       *(target_names(n.name) for n in find(owner, cst.AsName)))
+
+
+def _changed_in_place(scope: cst.CSTNode, name: str) -> bool:
+    """Whether code in ``scope`` may change the object ``name`` holds without rebinding the name:
+    an attribute of it used (`devices.append(...)`), an item of it assigned or deleted."""
+    if any(type(n.value) is cst.Name and n.value.value == name for n in find(scope, cst.Attribute)):
+        return True
+    targets = [t.target for t in find(scope, cst.AssignTarget, cst.AugAssign)]
+    for statement in find(scope, cst.Del):
+        target = statement.target
+        targets += [e.value for e in target.elements] if isinstance(target, cst.Tuple) else [target]
+    return any(isinstance(t, cst.Subscript) and type(t.value) is cst.Name and t.value.value == name for t in targets)
+
+
+# Calls that only read a setting: `len(cfgs.GPU_GROUP.strip().split(','))` (FPN_Tensorflow).
+_PLAIN_FUNCTIONS = {"len", "int", "str", "list", "tuple", "range", "sorted"}
+
+
+_PLAIN_METHODS = {"split", "strip", "lstrip", "rstrip", "lower", "upper", "replace"}
+
+
+def _plain_setting(value: cst.BaseExpression, comprehensions: bool = False) -> bool:
+    """Names, attributes, literals and calls of ``_PLAIN_FUNCTIONS`` or string methods on them
+    (`'/gpu:{}'.format(k)` on a literal); with ``comprehensions``, also list comprehensions of
+    those (`['/gpu:%d' % k for k in range(n_gpus)]`)."""
+    for node in walk(value):
+        if type(node) is cst.Call:
+            func = node.func
+            if not ((type(func) is cst.Name and func.value in _PLAIN_FUNCTIONS)
+                    or (type(func) is cst.Attribute and func.attr.value in _PLAIN_METHODS)
+                    or (type(func) is cst.Attribute and func.attr.value == "format" and type(func.value) is cst.SimpleString)):
+                return False
+        elif type(node) is cst.ListComp and comprehensions:
+            continue
+        elif isinstance(node, (cst.Lambda, cst.BaseComp, cst.NamedExpr, cst.Await, cst.Yield)):
+            return False
+    return True
+
+
+def _check_bound_before(rule, owner: cst.CSTNode, above: list, prelude: list, block: list) -> None:
+    """The strategy is made before what its scope covers: the device list, and the statements
+    that move ``above`` it, must not read a name that code there binds (`n_gpus = FLAGS.n_gpus`
+    inside an `if` above the loop)."""
+    block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else block
+    moved = {id(s) for s in prelude}
+    covered = [s for s in block if id(s) not in moved]
+    read = set().union(*(free_names(s) for s in above)) - set().union(set(), *(scope_bindings(s) for s in above[1:]))
+    late = read & set().union(*(scope_bindings(s) for s in covered))
+    if late:
+        # The line that binds it: a simple statement inside what is covered, else the compound
+        # statement itself (`for name in ...`, `with ... as name`: az05's tf_cnn_benchmarks).
+        binding = next((s for s in simple_statements(owner) if scope_bindings(s) & late and id(s) not in moved),
+                       next(s for s in covered if scope_bindings(s) & late))
+        raise Refused(f"line {line_of(rule, binding)}: the towers' devices read "
+                      f"{', '.join(f'`{n}`' for n in sorted(late))}, set inside the code the strategy scope must "
+                      "cover; set it before that code (or at the top of the function)")
+
+
+def remove_unused_helpers(changes: dict, tower, module: cst.Module, update: Update) -> None:
+    """The averaging helper and device functions only the loop used go with it."""
+    removed = [scope.device for scope in tower.scopes]
+    names = [name for name, _ in device_helpers(tower, module)]
+    if update.helper:
+        names.append(update.helper)
+    definitions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
+    for name in names:
+        definition = definitions.get(name)
+        if definition is None or definition in changes:  # rebuilt with the strategy scope
+            continue
+        inside = sum(references(node, name) for node in removed)
+        if name == update.helper:
+            inside += 1  # its one call went with the averaging statement
+        if references(module, name) - 1 - inside == 0:
+            changes[definition] = cst.RemovalSentinel.REMOVE
