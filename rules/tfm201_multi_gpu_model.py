@@ -172,7 +172,8 @@ class MultiGpuModel(Rule):
         `except ValueError: parallel = model` (or, where the parallel model takes the template's
         name, a bare `except: pass`), is what the strategy does anyway and goes with the call;
         so does a parallel model made only for several GPUs (`if gpus > 1: model =
-        multi_gpu_model(model, ...)`, or `... else: parallel = model`). `save_weights('w.h5')`
+        multi_gpu_model(model, ...)`, or `... else: parallel = model`), and such a `try` inside
+        such an `if`. `save_weights('w.h5')`
         becomes `'w.weights.h5'`, the only HDF5 name Keras 3 takes, except in a module that keeps
         TF1 APIs: it runs in TF1 mode on Keras 2, whose `.weights.h5` writer fails on a mirrored model.
         The `multi_gpu_model` import is removed once unused (inside a
@@ -352,6 +353,34 @@ class MultiGpuModel(Rule):
             model.fit(x, y, batch_size=64)
             """,
         ),
+        # The same `try` only where several GPUs are asked for (a Kaggle k-fold kernel): each
+        # guard falls back to the template, so both go; the `try`'s log line stays.
+        Invalid(
+            """
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+            model = get_model(X.shape[1])
+            if args.gpus > 1:
+                try:
+                    model = multi_gpu_model(model, gpus=args.gpus)
+                    print('Training using {} GPUs..'.format(args.gpus))
+                except ValueError:
+                    print('Training using single GPU or CPU..')
+            model.compile(loss='mse', optimizer='adam')
+            model.fit(x, y, batch_size=64)
+            """,
+            line=6,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            strategy = tf.distribute.MirroredStrategy()
+            with strategy.scope():
+                model = get_model(X.shape[1])
+                print('Training using {} GPUs..'.format(args.gpus))
+                model.compile(loss='mse', optimizer='adam')
+            model.fit(x, y, batch_size=64)
+            """,
+        ),
     ]
 
     def __init__(self, context) -> None:
@@ -468,9 +497,9 @@ class MultiGpuModel(Rule):
         if id(call) not in blocks.of_call:
             return None, "the call is not in a statement block"
         body, index = blocks.of_call[id(call)]
-        guard = blocks.guarded.get(id(body[index]))
-        if guard is not None and self._falls_back_to_template(guard, target, model) and blocks.where(guard):
-            # `try: p = multi_gpu_model(m) except ValueError: p = m`; `if gpus > 1: m = multi_gpu_model(m)`
+        guards = self._fallback_guards(body[index], target, model, blocks)
+        guard = guards[-1] if guards else None
+        if guard is not None:
             body, index = blocks.where(guard)
         built = self._construction(body, index, model)
         if built is not None:
@@ -509,7 +538,8 @@ class MultiGpuModel(Rule):
         if line is guard:  # the fallback (`except`, `else`) is what the strategy does: the template itself
             if target != model:
                 moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
-            moved += guard.body.body[1:]  # what the `try` logged after the call (`print('Training on GPUs')`)
+            for each in guards:  # what the `try` logged after the call (`print('Training on GPUs')`)
+                moved += each.body.body[1:]
         elif target != model:
             moved.append(line.deep_replace(call, cst.Name(model)))
         moved += list(body[index + 1:last + 1])
@@ -611,6 +641,19 @@ class MultiGpuModel(Rule):
                 if inner and all((_single_assign(s) or ("",))[0] == model for s in inner[:1]):
                     return position
         return None
+
+    def _fallback_guards(self, statement: cst.BaseStatement, target: str | None, model: str,
+                         blocks: _Blocks) -> list[cst.Try | cst.If]:
+        """The guards around the call's statement, innermost first, each the only statement of
+        the next, whose fallback is the template (`try: p = multi_gpu_model(m) except ValueError:
+        p = m`; `if gpus > 1: m = multi_gpu_model(m)`; a Kaggle kernel's `try` inside `if gpus > 1:`):
+        with fewer GPUs the program trains the template, which a MirroredStrategy does anyway."""
+        guards: list[cst.Try | cst.If] = []
+        guard = blocks.guarded.get(id(statement))
+        while guard is not None and self._falls_back_to_template(guard, target, model) and blocks.where(guard):
+            guards.append(guard)
+            guard = blocks.guarded.get(id(guard))
+        return guards
 
     def _falls_back_to_template(self, guard: cst.Try | cst.If, target: str | None, model: str) -> bool:
         if isinstance(guard, cst.If):
