@@ -91,6 +91,77 @@ def test_fixed_functional_keras_program_runs_to_the_end_on_keras_3_and_trains_th
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
 
+def test_a_kaggle_kfold_kernel_guarding_its_parallel_model_twice_trains_the_same(tmp_path):
+    """`if args.gpus > 1: try: model = multi_gpu_model(...) except ValueError: ...` in each fold:
+    both guards go, the model is built under a strategy made per fold, and the folds train as
+    the parallel model did (the held-out predictions end on a partial batch)."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_kfold_predict.py", tmp_path)
+    text = fixed.read_text()
+    assert "if args.gpus > 1" not in text and "except ValueError" not in text
+    assert ("    strategy = tf.distribute.MirroredStrategy()\n    with strategy.scope():\n"
+            "        model = build_model(X.shape[1])\n") in text
+    status, report = run_verify(legacy, fixed, tmp_path)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert len(report["new"]["steps"]) == 18  # 2 folds of 3 epochs of 3 batches: every step compared
+
+
+TF1_MODE_KERAS = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+tf.compat.v1.disable_v2_behavior()
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras as keras
+
+class Losses(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.seen = []
+    def on_batch_end(self, batch, logs=None):
+        self.seen.append(float(logs["loss"]))
+
+def train(model, rows):
+    x = np.random.RandomState(0).rand(rows, 8).astype("float32")
+    y = np.random.RandomState(1).rand(rows, 1).astype("float32")
+    losses = Losses()
+    model.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0, callbacks=[losses])
+    return losses.seen
+
+def build():
+    init = keras.initializers.glorot_uniform
+    model = keras.Sequential([keras.layers.Dense(16, activation="relu", input_shape=(8,), kernel_initializer=init(seed=1)),
+                              keras.layers.Dense(1, kernel_initializer=init(seed=2))])
+    model.compile(keras.optimizers.legacy.SGD(0.1), "mse")
+    return model
+
+rows = int(sys.argv[1])
+plain = train(build(), rows)
+with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+    mirrored = build()
+print(json.dumps([plain, train(mirrored, rows)]))
+"""
+
+
+@pytest.mark.parametrize("rows, same", [(96, True), (101, False)])
+def test_tf1_mode_keras_under_a_strategy_trains_a_partial_batch_differently(rows, same, tmp_path):
+    """Why TFM201 refuses a module that keeps TF1 APIs: in TF1 mode (v2 behaviour off, Keras 2's
+    graph-mode loop), Keras under MirroredStrategy trains a partial last batch as another loss and
+    carries the rest of an epoch into the next, running fewer steps. With whole batches only it
+    trains as one device does (what the parallel model did)."""
+    script = tmp_path / "tf1_mode_keras.py"
+    script.write_text(TF1_MODE_KERAS)
+    result = _run(script, str(rows), TF_USE_LEGACY_KERAS="1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    plain, mirrored = _last_json(result.stdout)
+    assert len(plain) == 3 * -(-rows // 32)
+    if same:
+        assert mirrored == pytest.approx(plain, rel=1e-5)
+    else:
+        assert len(mirrored) < len(plain) and mirrored[3] != pytest.approx(plain[3], rel=1e-3)
+
+
 @pytest.mark.parametrize("name", [
     "fix_queue_tfrecord.py", "fix_queue_slices.py", "fix_queue_files_by_position.py", "fix_queue_enqueue_many.py",
     "fix_queue_rows_gathered.py", "fix_queue_reader_function.py", "fix_queue_examples_function.py",

@@ -2945,28 +2945,28 @@ def test_a_parallel_model_made_under_another_condition_keeps_its_finding():
     assert findings and not findings[0].fixable
 
 
-@pytest.mark.parametrize("seed, renamed", [("np.random.seed(2)", True), ("tf.set_random_seed(2)", False)])
-def test_weight_files_are_renamed_for_keras_3_only(seed, renamed):
-    """Keras 3 saves HDF5 weights only as `*.weights.h5`; Keras 2 in TF1 mode (a module that keeps
-    `tf.set_random_seed`) fails on that name for a mirrored model ("DistributedVariable.numpy()
-    is only available when eager execution is enabled": a held-out Kaggle kernel), and saves `w.h5`."""
-    result = unsafe_fix(keras_kernel(seed=seed))
-    assert ("'weights.weights.h5'" in result) is renamed and ("'weights.h5'" in result) is not renamed
+def test_weight_files_are_renamed_for_keras_3():
+    """Keras 3 saves HDF5 weights only as `*.weights.h5`."""
+    result = unsafe_fix(keras_kernel(seed="np.random.seed(2)"))
+    assert "'weights.weights.h5'" in result and "'weights.h5'" not in result
 
 
-@pytest.mark.parametrize("seed, fit, refused", [
-    ("tf.set_random_seed(2)", ", class_weight={0: 1.0, 1: 3.0}", True),
-    ("np.random.seed(2)", ", class_weight={0: 1.0, 1: 3.0}", False),  # TF2 Keras takes it
-    ("tf.set_random_seed(2)", ")\nmodel.train_on_batch(x, y", True),
-    ("tf.set_random_seed(2)", "", False),
+@pytest.mark.parametrize("seed, fit, refusal", [
+    ("tf.set_random_seed(2)", ", class_weight={0: 1.0, 1: 3.0}", "is not supported by TF1-mode Keras"),
+    ("np.random.seed(2)", ", class_weight={0: 1.0, 1: 3.0}", None),  # TF2 Keras takes it
+    ("tf.set_random_seed(2)", ")\nmodel.train_on_batch(x, y", "is not supported by TF1-mode Keras"),
+    ("tf.set_random_seed(2)", "", "runs in TF1 mode, where Keras under a distribution strategy trains a partial"),
+    ("np.random.seed(2)", "", None),
 ])
-def test_what_tf1_mode_keras_refuses_under_a_strategy_is_refused(seed, fit, refused):
+def test_a_module_keeping_tf1_apis_is_refused_with_the_reason(seed, fit, refusal):
     """TF1-mode Keras raises NotImplementedError for `class_weight` (a held-out toxic-comment
-    kernel) and the `*_on_batch` methods under a distribution strategy."""
+    kernel) and the `*_on_batch` methods under a distribution strategy, and trains a partial
+    last batch differently (tests/test_fix_runs.py shows it): a module that keeps TF1 APIs
+    runs in TF1 mode."""
     findings = [f for f in run_check(keras_kernel(seed=seed, fit=fit)) if f.code == "TFM201"]
-    assert findings and findings[0].fixable is not refused
-    if refused:
-        assert "is not supported by TF1-mode Keras under a distribution strategy" in findings[0].message
+    assert findings and findings[0].fixable is (refusal is None)
+    if refusal is not None:
+        assert refusal in findings[0].message
 
 
 @pytest.mark.parametrize("loss, refused", [
