@@ -40,6 +40,7 @@ REWRITTEN = [
     "general_hand_written_adam", "general_tower_loss_ema", "general_bert_adamw_optimizer",
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
+    "general_variables_above_model_fn",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -3746,3 +3747,51 @@ def test_towers_that_compute_gradients_for_an_update_made_elsewhere_say_so():
     (finding,) = tower_findings(source)
     assert not finding.fixable
     assert finding.refusal.startswith("line 14: the towers train through `tf.gradients`"), finding.refusal
+
+
+MODULE_SCRIPT = """
+    import tensorflow as tf
+    N = 2
+    x_ph = tf.placeholder(tf.float32, [8, 3])
+    W = tf.Variable(tf.zeros([3, 1]), name='W')
+
+
+    def model(x):
+        return tf.matmul(x, W)
+
+
+    opt = tf.train.GradientDescentOptimizer(0.1)
+    tower_grads = []
+    parts = tf.split(x_ph, N)
+    for k in range(N):
+        with tf.device(DEVICE):
+            grads = opt.compute_gradients(tf.reduce_mean(model(parts[k])), var_list=[W])
+            tower_grads.append([tf.clip_by_value(g, -1.0, 1.0) for g, _ in grads])
+    averaged = [tf.add_n(list(gs)) / N for gs in zip(*tower_grads)]
+    train_op = opt.apply_gradients(list(zip(averaged, [W])))
+"""
+
+
+def test_variables_made_above_the_model_function_come_under_the_scope():
+    """A "Reading data"-style script makes its weights at module level above `def model(x)`:
+    made outside the scope they were plain variables, and a replica's update failed ("destinations
+    must be ... a tf.Variable"; a held-out CSV regression). The scope now reaches up to them."""
+    result = fixed(MODULE_SCRIPT.replace("DEVICE", "'/gpu:%d' % k"))
+    assert "with strategy.scope():\n    x_ph = tf.placeholder" in result
+    assert "\n    W = tf.Variable(tf.zeros([3, 1]), name='W', trainable=True)\n" in result
+    assert "\n    def model(x):\n" in result and result.index("strategy = ") < result.index("    W = tf.Variable")
+
+
+def test_a_device_spec_string_names_the_towers_devices():
+    """`tf.DeviceSpec(device_type='GPU', device_index=k).to_string()` is a device name already (a
+    held-out PPO learner was refused: "cannot tell the towers' devices")."""
+    result = fixed(MODULE_SCRIPT.replace("DEVICE", "tf.DeviceSpec(device_type='GPU', device_index=k).to_string()"))
+    assert ("MirroredStrategy(devices=[tf.DeviceSpec(device_type='GPU', device_index=k).to_string() "
+            "for k in range(N)])") in result
+
+
+def test_a_listed_gradient_list_is_not_listed_twice():
+    """`apply_gradients(list(zip(grads, tvars)))` is made once before the replicas as it is."""
+    result = fixed(MODULE_SCRIPT.replace("DEVICE", "'/gpu:%d' % k"))
+    assert "grads_and_vars_list = list(zip(averaged, [W]))\n" in result and "list(list(" not in result
+

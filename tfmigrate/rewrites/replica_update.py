@@ -757,7 +757,9 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: Region, call: cst.Ca
             # Made once, before the replicas, as the program made it: each replica walking a zip
             # would run it dry, and in a replica `v.op.name` names that replica's copy of `v`.
             pairs = fresh_name(module, "grads_and_vars_list", taken)
-            made = code(first) if isinstance(first, (cst.List, cst.ListComp)) else f"list({code(first)})"
+            listed = isinstance(first, (cst.List, cst.ListComp)) or (
+                isinstance(first, cst.Call) and code(first.func) == "list")  # `list(zip(grads, tvars))`
+            made = code(first) if listed else f"list({code(first)})"
             before.append(cst.parse_statement(f"{pairs} = {made}\n"))
             first = cst.Name(pairs)
         scaled = f"{tf('tensorflow.math.scalar_mul')}(1.0 / {strategy}.num_replicas_in_sync, g)"

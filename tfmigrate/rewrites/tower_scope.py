@@ -28,6 +28,7 @@ from tfmigrate.cst.traversal import (
 from tfmigrate.rewrites.mirrored import ReplaceById, device_helpers, devices_argument, references, strategy_scope_owner
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rewrites.tower_body import ReplicaBody, assigns_to, indexable, is_enumerate_index, is_range_index
+from tfmigrate.rewrites.tower_checks import VARIABLE_MAKERS
 from tfmigrate.rewrites.tower_callers import PassedArguments
 from tfmigrate.rewrites.tower_code import (
     Region, Update, index_of, line_of, module_calls, simple_statements, single_binding,
@@ -43,6 +44,8 @@ def strategy_devices(rule, tower) -> str:
     device = _body_value(loop, _in_loop_terms(tower, tower.scopes[0].device))  # `setter = ...; with tf.device(setter):`
     if isinstance(device, cst.Call) and imports.resolve(device.func) in DEVICE_SPECS:
         device = cst.parse_expression(f"{code(device)}.to_string()")
+    elif _spec_string(device, imports):
+        pass  # `tf.DeviceSpec(device_type='GPU', device_index=k).to_string()`: a device name already
     elif is_device_function(device, imports):
         # A device function: `assign_to_device('/gpu:%d' % i, ...)`, `replica_device_setter(worker_device=...)`.
         device = ops_device(device, imports)
@@ -76,6 +79,12 @@ def strategy_devices(rule, tower) -> str:
         index = code(loop.target.elements[0].value)
         return f"[{code(device)} for {index} in range({code(count)})]"
     return f"[{code(device)} for {code(loop.target)} in {code(loop.iter)}]"
+
+
+def _spec_string(device: cst.BaseExpression, imports) -> bool:
+    """`tf.DeviceSpec(...).to_string()`: the name of the device the spec describes."""
+    return (isinstance(device, cst.Call) and isinstance(device.func, cst.Attribute) and device.func.attr.value == "to_string"
+            and isinstance(device.func.value, cst.Call) and imports.resolve(device.func.value.func) in DEVICE_SPECS)
 
 
 def check_device_names(rule, devices: str) -> None:
@@ -244,12 +253,32 @@ def module_run(rule, region: Region) -> list[cst.BaseStatement]:
         start -= 1
     while end + 1 < len(body) and _plain_module_statement(body[end + 1]):
         end += 1
+    # Variables made further up, above the module's function definitions (`W1 = tf.Variable(...)`,
+    # then `def model(x): ...`, then the towers) must be made under the scope too, or the update
+    # applies to plain variables in a replica (a "Reading data" how-to script failed so): the run
+    # then reaches up to the first of them, the definitions between with it (a `def` under a
+    # `with` is the same def).
+    above = start
+    while above > 0 and _plain_module_statement(body[above - 1], definitions=True):
+        above -= 1
+    first = next((i for i in range(above, start) if _makes_variables(rule, body[i])), None)
+    if first is not None:
+        start = first
+        while start > 0 and _plain_module_statement(body[start - 1]):
+            start -= 1
     return body[start:end + 1]
 
 
-def _plain_module_statement(statement: cst.BaseStatement) -> bool:
+def _makes_variables(rule, statement: cst.BaseStatement) -> bool:
+    """A statement that makes a TF1 variable when it runs (not a definition, whose body runs later)."""
     if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
         return False
+    return any(rule.imports.resolve(call.func) in VARIABLE_MAKERS for call in find(statement, cst.Call))
+
+
+def _plain_module_statement(statement: cst.BaseStatement, definitions: bool = False) -> bool:
+    if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+        return definitions
     if isinstance(statement, cst.If) and "__name__" in code(statement.test):
         return False
     small = single_small(statement)
