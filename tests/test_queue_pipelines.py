@@ -237,6 +237,23 @@ def test_a_reader_function_given_the_queue_decodes_the_dataset_s_records():
     assert "TFRecordReader" not in fixed and "reader.read" not in fixed
 
 
+def test_a_batch_of_what_a_reader_function_returns_says_to_name_it_and_named_is_rewritten():
+    """`tf.train.batch(read_csv(filename_queue), ...)` (the Titanic CSV example): the batched
+    tensors are a call; named first (`row = read_csv(filename_queue)`), the pipeline is rewritten
+    (a held-out program so changed by hand matched its original)."""
+    inline = READER_FUNCTION.replace(
+        "        image, label = read_and_decode(filename_queue)\n        return tf.train.batch([image, label], batch_size=32)",
+        "        return tf.train.batch(read_and_decode(filename_queue), batch_size=32)")
+    assert "batch(read_and_decode(filename_queue)" in inline
+    assert _blocker(textwrap.dedent(inline)).startswith(
+        "the batched tensors are what `read_and_decode(...)` returns: name them first (`row = read_and_decode(...)`")
+    named = inline.replace("return tf.train.batch(read_and_decode(filename_queue), batch_size=32)",
+                           "row = read_and_decode(filename_queue)\n        return tf.train.batch(row, batch_size=32)")
+    fixed = _fixed(named)
+    assert "        row = read_and_decode(serialized_example)\n        return row\n" in fixed
+    assert "string_input_producer" not in fixed and "tf.train.batch" not in fixed
+
+
 def test_a_reader_method_called_on_self_is_rewritten_too():
     fixed = _fixed("""
         import tensorflow as tf

@@ -123,6 +123,10 @@ def batched_tensors(tensors: cst.BaseExpression | None,
             return nodes, True
     if isinstance(tensors, cst.Name):
         return [tensors], False
+    if isinstance(tensors, cst.Call):  # `tf.train.batch(read_csv(filename_queue), ...)`
+        called = f"{short_name(tensors.func) or 'the call'}(...)"
+        raise Blocked(f"the batched tensors are what `{called}` returns: name them first "
+                      f"(`row = {called}`, then batch `row`), which the fix can then rewrite")
     raise Blocked("the batched tensors are not a list of names (`[image, label]`)")
 
 
