@@ -182,18 +182,18 @@ class MultiGpuModel(Rule):
         model made in another function, a call inside an expression such as a list or a
         `return`): the variables must be created under the scope, and only the code that
         creates the model can do that. The message then says where to put the scope. No
-        fix either where the model trains from a Python generator (`fit_generator`) or is
-        validated during `fit` (`validation_data=`, `validation_split=`): under a
-        distribution strategy TF1-mode Keras trains only from `tf.data` and evaluates whole
-        batches only, where the parallel model took a partial last one. No fix in a module that
+        fix either where the model trains from a Python generator (`fit_generator`): under a
+        distribution strategy TF1-mode Keras trains only from `tf.data`. No fix in a module that
         keeps TF1 APIs (`tf.set_random_seed`, `tf.Session`): it runs in TF1 mode, where Keras
-        under a strategy raises NotImplementedError for `class_weight=`, the `*_on_batch`
-        methods and compile's `sample_weight_mode`, `weighted_metrics` and `target_tensors`,
-        and trains a partial last batch as another loss, carrying the rest of the epoch into
-        the next (101 samples in batches of 32 for 3 epochs ran 10 steps for 12): move the
-        module to TF2 APIs first. (In TF2 the last partial batch of an epoch differs too, far
-        less: each replica averages its own unequal part where the parallel model averaged the
-        merged batch; whole batches train the same.)
+        under a strategy validates and evaluates whole batches only (`validation_data=` of 96
+        samples in batches of 30 failed), raises NotImplementedError for `class_weight=`, the
+        `*_on_batch` methods and compile's `sample_weight_mode`, `weighted_metrics` and
+        `target_tensors`, and trains a partial last batch as another loss, carrying the rest of
+        the epoch into the next (101 samples in batches of 32 for 3 epochs ran 10 steps for 12):
+        move the module to TF2 APIs first (`tf.random.set_seed`). In TF2, validation takes a
+        partial batch; the last partial training batch of an epoch differs slightly (each
+        replica averages its own unequal part where the parallel model averaged the merged
+        batch); whole batches train the same.
         No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
         `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
         MirroredStrategy computes it per replica and averages, another loss.
@@ -571,7 +571,7 @@ class MultiGpuModel(Rule):
                 "distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
                 "`tf.data.Dataset` (`tf.data.Dataset.from_generator(...)`) or run the program as TF2"
             )
-        validated = self._validated_fit(models)
+        validated = self._validated_fit(models) if self._uses_tf1_apis() else None
         if validated is not None:
             return (
                 f"`{validated}(..., validation_...)` validates in batches of the fit's batch size, and under a "

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, unsafe_fix
 
 pytestmark = pytest.mark.tensorflow
 pytest.importorskip("tensorflow")
@@ -105,6 +105,42 @@ def test_a_kaggle_kfold_kernel_guarding_its_parallel_model_twice_trains_the_same
     status, report = run_verify(legacy, fixed, tmp_path)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
     assert len(report["new"]["steps"]) == 18  # 2 folds of 3 epochs of 3 batches: every step compared
+
+
+TF2_ERA_KERAS = """
+import numpy as np
+import tensorflow as tf
+from tensorflow.keras.utils import multi_gpu_model
+
+np.random.seed(1)
+tf.random.set_seed(1)
+rng = np.random.RandomState(3)
+x = rng.normal(size=(256, 4)).astype('float32')
+y = (x @ rng.normal(size=(4, 1))).astype('float32')
+x_val, y_val = x[:50], y[:50]
+
+init = tf.keras.initializers.GlorotUniform
+model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation='relu', input_shape=(4,), kernel_initializer=init(seed=1)),
+                             tf.keras.layers.Dense(1, kernel_initializer=init(seed=2))])
+parallel = multi_gpu_model(model, gpus=2)
+parallel.compile(optimizer=tf.keras.optimizers.SGD(learning_rate=0.05), loss='mse')
+parallel.fit(x, y, batch_size=32, epochs=3, shuffle=False, validation_data=(x_val, y_val), verbose=0)
+"""
+
+
+def test_a_tf2_era_keras_program_validating_a_partial_batch_is_fixed_and_trains_the_same(tmp_path):
+    """TF 2.0-2.3 Keras (`tf.random.set_seed` and `multi_gpu_model`): verify runs it as TF2 with
+    `multi_gpu_model` restored, and its fix (validation on 50 samples in batches of 32 included,
+    which TF2's Keras takes under a strategy) trains as it did."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = tmp_path / "era.py", tmp_path / "era_fixed.py"
+    legacy.write_text(TF2_ERA_KERAS)
+    fixed.write_text(unsafe_fix(TF2_ERA_KERAS))
+    assert "with strategy.scope():" in fixed.read_text() and "multi_gpu_model" not in fixed.read_text()
+    status, report = run_verify(legacy, fixed, tmp_path, steps=24)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert "multi_gpu_model restored" in report["old"]["mode"] and len(report["old"]["steps"]) == 24
 
 
 TF1_MODE_KERAS = """

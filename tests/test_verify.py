@@ -104,6 +104,25 @@ def test_detect_legacy_programs():
     assert not detect("from keras.layers import Dense\n").legacy
 
 
+TF2_ERA = """
+import tensorflow as tf
+from tensorflow.keras.utils import multi_gpu_model
+SEED
+parallel = multi_gpu_model(model, gpus=2)
+"""
+
+
+@pytest.mark.parametrize("seed, tf2_era", [("tf.random.set_seed(1)", True), ("tf.set_random_seed(1)", False),
+                                           ("np.random.seed(1)", False)])
+def test_a_tf2_era_keras_program_runs_as_tf2_with_multi_gpu_model_restored(seed, tf2_era):
+    """TF 2.0-2.3 had both `multi_gpu_model` and `tf.random.set_seed`: such a program runs as TF2
+    with Keras 2 (in TF1 mode its `tf.random.set_seed` does not exist: a held-out round failed
+    to verify against itself). With a TF1 API, or neither, it runs in TF1 mode as before."""
+    detection = detect(TF2_ERA.replace("SEED", seed))
+    assert detection.multi_gpu_tf2 is tf2_era and detection.legacy is not tf2_era
+    assert detection.keras2 is tf2_era and detection.keras
+
+
 @pytest.mark.parametrize("source, keras2", [
     ("import tensorflow.compat.v1 as tf\ny = tf.layers.dense(x, 2)\n", True),
     ("from tensorflow.compat import v1\ncell = v1.nn.rnn_cell.GRUCell(8)\n", True),

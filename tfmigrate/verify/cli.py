@@ -73,6 +73,8 @@ def _side(outcome: RunOutcome, detection) -> dict:
     mode = "legacy TF1 (compat.v1, v2 off)" if outcome.spec.legacy else "as written (TF2)"
     if outcome.spec.keras and outcome.spec.legacy:
         mode += ", Keras 2"
+    elif outcome.spec.multi_gpu_tf2:
+        mode += ", Keras 2 with multi_gpu_model restored"
     elif outcome.spec.keras2 and not outcome.spec.legacy:
         mode += ", Keras 2 for its tf.compat.v1 layers"
     return {
@@ -181,6 +183,7 @@ def _run_both(job: _Job) -> List[RunOutcome]:
                 load_weights=weights if label == "NEW" else None,
                 loss_regex=settings["loss_regex"], program_args=list(settings["program_args"]),
                 keras2=job.detections[index].keras2, in_order=settings["in_order"],
+                multi_gpu_tf2=job.detections[index].multi_gpu_tf2 and not job.flags[index],
             )
             outcome = _run_one(job, spec)
             outcomes.append(outcome)

@@ -27,6 +27,10 @@ class Detection:
     #: `v1.nn.rnn_cell.GRUCell`): TensorFlow 2.16+ builds them from Keras 2 only (with Keras 3
     #: they raise "not available with Keras 3"), so it runs with `TF_USE_LEGACY_KERAS=1`.
     keras2: bool = False
+    #: A Keras program of TF 2.0-2.3, which had both `multi_gpu_model` and TF2's `tf.random.set_seed`
+    #: (no TF1-only API): it runs as TF2, with Keras 2 (``tf_keras``) and `multi_gpu_model`
+    #: restored. In TF1 mode its `tf.random.set_seed` does not exist.
+    multi_gpu_tf2: bool = False
 
 
 def _keras_backed(parts: list[str]) -> bool:
@@ -67,7 +71,7 @@ def detect(source: str) -> Detection:
     tf_aliases: set[str] = set()       # names bound to the top-level tensorflow module
     v1_aliases: set[str] = set()       # names bound to tensorflow.compat.v1
     reasons: list[str] = []
-    keras = keras2 = False
+    keras = keras2 = tf2_seed = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -107,9 +111,13 @@ def detect(source: str) -> Detection:
             keras2 = True
         if parts[0] not in tf_aliases or len(parts) < 2:
             continue
+        if parts[1:] == ["random", "set_seed"]:
+            tf2_seed = True
         if tf1_only(parts[1:]):
             reasons.append(name)
     if any(isinstance(n, ast.Name) and n.id == "multi_gpu_model" for n in ast.walk(tree)):
         reasons.append("multi_gpu_model")
     unique = list(dict.fromkeys(reasons))
+    if tf2_seed and unique and all("multi_gpu_model" in reason for reason in unique):
+        return Detection(False, keras, unique, keras2=True, multi_gpu_tf2=True)
     return Detection(bool(unique), keras, unique, keras2=keras2)

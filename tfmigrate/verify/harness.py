@@ -330,11 +330,16 @@ def install_tf1_shim(tf, keras_module) -> None:
     """``import tensorflow`` in the program's own files gives compat.v1 (v2 behaviour is off);
     ``import keras`` gives Keras 2 (``tf_keras``) with ``multi_gpu_model`` restored as above.
     Library code keeps the real modules: the switch looks at the importing file."""
-    tf1 = make_tf1_module(tf)
+    install_import_shim(make_tf1_module(tf), keras_module)
+
+
+def install_import_shim(tf1, keras_module) -> None:
+    """The import switch of :func:`install_tf1_shim`; with ``tf1`` None, ``import tensorflow``
+    stays TF2 and only Keras is switched (a TF 2.0-2.3 program's `multi_gpu_model`)."""
     real_import = builtins.__import__
 
     keras_proxy, submodules = (make_keras2_modules(keras_module) if keras_module is not None else (None, {}))
-    if keras_proxy is not None:
+    if keras_proxy is not None and tf1 is not None:
         tf1.keras = keras_proxy  # `tf.keras.utils.multi_gpu_model(...)` too
 
     def keras_target(name):
@@ -342,7 +347,7 @@ def install_tf1_shim(tf, keras_module) -> None:
 
     def shim_import(name, globals=None, locals=None, fromlist=(), level=0):
         if level == 0 and _is_user_code(globals):
-            if name == "tensorflow":
+            if name == "tensorflow" and tf1 is not None:
                 return tf1
             if name.startswith("tensorflow.contrib"):
                 raise LegacyAPIError(
@@ -1084,6 +1089,7 @@ def parse_args(argv):
     parser.add_argument("--legacy", action="store_true")
     parser.add_argument("--keras", action="store_true")
     parser.add_argument("--keras2", action="store_true")  # TF1 layers through tf.compat.v1 (see detect.py)
+    parser.add_argument("--restore-multi-gpu-model", action="store_true")  # a TF 2.0-2.3 Keras program (detect.py)
     parser.add_argument("--dump-weights")
     parser.add_argument("--load-weights")
     parser.add_argument("--loss-regex")
@@ -1138,6 +1144,8 @@ def _set_up(state: State, result: dict) -> None:
         install_device_rewrite(tf, args.devices)
     if args.legacy:
         _enter_legacy_mode(tf, args)
+    elif args.restore_multi_gpu_model:
+        _restore_multi_gpu_model()
     if args.in_order:
         from tfmigrate.verify import in_order
 
@@ -1178,6 +1186,16 @@ def _enter_legacy_mode(tf, args) -> None:
     install_tf1_shim(tf, keras_module)
     say("legacy mode: `import tensorflow` is tensorflow.compat.v1 with v2 behaviour disabled"
         + ("; Keras is Keras 2 (tf_keras)" if args.keras else ""))
+
+
+def _restore_multi_gpu_model() -> None:
+    """A TF 2.0-2.3 Keras program: TF2 as it is, Keras 2 (``tf_keras``) with `multi_gpu_model`
+    back (as the template model, see :func:`multi_gpu_model`) for `import keras` and `tf.keras`."""
+    import tf_keras
+
+    tf_keras.utils.multi_gpu_model = multi_gpu_model
+    install_import_shim(None, tf_keras)
+    say("TF2 as written; Keras is Keras 2 (tf_keras) with multi_gpu_model restored (a TF 2.0-2.3 program)")
 
 
 def _install_capture(tf, state: State) -> None:

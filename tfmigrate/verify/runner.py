@@ -34,6 +34,7 @@ class RunSpec:
     loss_regex: Optional[str] = None
     program_args: list = field(default_factory=list)
     keras2: bool = False         # TF1 layers through tf.compat.v1: run with Keras 2 (see detect.Detection)
+    multi_gpu_tf2: bool = False  # a TF 2.0-2.3 Keras program: multi_gpu_model restored in TF2 (see detect.Detection)
     in_order: bool = False       # input pipelines read in order (see in_order.py)
 
 
@@ -75,6 +76,8 @@ def harness_command(spec: RunSpec, out: Path) -> list[str]:
         command.append("--keras")
     if spec.keras2:
         command.append("--keras2")
+    if spec.multi_gpu_tf2:
+        command.append("--restore-multi-gpu-model")
     if spec.dump_weights:
         command += ["--dump-weights", str(spec.dump_weights)]
     if spec.load_weights:
