@@ -4,7 +4,7 @@ import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_helper
 from tfmigrate.analysis.keras_losses import batch_coupled
-from tfmigrate.cst.callargs import argument, has_star_args
+from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.traversal import blank_lines_unindented, find, single_small
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -59,6 +59,17 @@ def _is_call_line(statement: cst.BaseStatement) -> bool:
     """A line that is one call (`print(...)`, `logger.info(...)`)."""
     small = single_small(statement)
     return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
+
+
+def _weights_h5_renamed(value: cst.BaseExpression) -> dict:
+    """Each string literal in ``value`` naming an HDF5 file `*.h5`, as `*.weights.h5`."""
+    changes = {}
+    for string in find(value, cst.SimpleString):
+        quote = string.value[-3:] if string.value[-3:] in ('"""', "'''") else string.value[-1]
+        body = string.value[:-len(quote)]
+        if body.endswith(".h5") and not body.endswith(".weights.h5"):
+            changes[string] = string.with_changes(value=body[:-3] + ".weights.h5" + quote)
+    return changes
 
 
 class _Blocks(cst.CSTVisitor):
@@ -174,7 +185,8 @@ class MultiGpuModel(Rule):
         so does a parallel model made only for several GPUs (`if gpus > 1: model =
         multi_gpu_model(model, ...)`, or `... else: parallel = model`), and such a `try` inside
         such an `if`. `save_weights('w.h5')` becomes `'w.weights.h5'`, the only HDF5 name
-        Keras 3 takes.
+        Keras 3 takes for weights, and so does the file of a `ModelCheckpoint(...,
+        save_weights_only=True)` (or of a subclass of it).
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -397,6 +409,7 @@ class MultiGpuModel(Rule):
         self._names: set[str] = set()  # every Name in the module (to pick a free `strategy`)
         self._imports: dict[str, list[ImportItem]] = {}  # bound name -> the imports binding it
         self._weight_files: list[cst.Call] = []  # `x.save_weights(...)` / `x.load_weights(...)` calls
+        self._checkpoints: list[cst.Call] = []  # `ModelCheckpoint(..., save_weights_only=True)` (or a subclass's)
         self._helpers: dict[str, cst.FunctionDef] = {}  # hand-written `make_parallel` helpers of the module
         self._helper_calls: list[cst.Call] = []  # calls of a module function by name (a helper's, maybe)
 
@@ -448,6 +461,9 @@ class MultiGpuModel(Rule):
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in ("save_weights", "load_weights"):
             self._weight_files.append(node)
+        if any(arg.keyword is not None and arg.keyword.value == "save_weights_only" and is_true(arg.value)
+               for arg in node.args):
+            self._checkpoints.append(node)
         if isinstance(func, cst.Attribute) and func.attr.value in FIT_METHODS and isinstance(func.value, cst.Name):
             batch = argument(node, FIT_PARAMS[func.attr.value], "batch_size")
             if batch is not None:
@@ -711,20 +727,29 @@ class MultiGpuModel(Rule):
 
     def _keras3_weight_files(self, models: set) -> dict:
         """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which
-        the migrated program runs on, refuses any other name for an HDF5 weights file. (A module
-        that keeps TF1 APIs, whose Keras 2 would fail on that name for a mirrored model in graph
-        mode, is not fixed: see :meth:`_training_blocker`.)"""
+        the migrated program runs on, refuses any other name for an HDF5 weights file; so does its
+        `ModelCheckpoint(..., save_weights_only=True)` (or a subclass of the module's, which saves
+        the template: a held-out U-Net's failed at its construction), whose file the program then
+        loads by the same name. (A module that keeps TF1 APIs, whose Keras 2 would fail on that
+        name for a mirrored model in graph mode, is not fixed: see :meth:`_training_blocker`.)"""
         changes = {}
         for call in self._weight_files:
-            if not (isinstance(call.func.value, cst.Name) and call.func.value.value in models and call.args):
-                continue
-            for string in find(call.args[0].value, cst.SimpleString):
-                value = string.value
-                quote = value[-3:] if value[-3:] in ('"""', "'''") else value[-1]
-                body = value[:-len(quote)]
-                if body.endswith(".h5") and not body.endswith(".weights.h5"):
-                    changes[string] = string.with_changes(value=body[:-3] + ".weights.h5" + quote)
+            if isinstance(call.func.value, cst.Name) and call.func.value.value in models and call.args:
+                changes.update(_weights_h5_renamed(call.args[0].value))
+        for call in self._checkpoints:
+            if self._is_checkpoint(call):
+                for arg in call.args:
+                    if arg.keyword is None or arg.keyword.value == "filepath":
+                        changes.update(_weights_h5_renamed(arg.value))
         return changes
+
+    def _is_checkpoint(self, call: cst.Call) -> bool:
+        """A call of Keras's `ModelCheckpoint`, or of a class of the module derived from it."""
+        name = self._code(call.func).rsplit(".", 1)[-1]
+        if name == "ModelCheckpoint":
+            return True
+        return any(c.name.value == name and any(self._code(b.value).rsplit(".", 1)[-1] == "ModelCheckpoint" for b in c.bases)
+                   for c in find(self.context.module, cst.ClassDef))
 
     def _uses_tf1_apis(self) -> bool:
         """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,

@@ -2955,6 +2955,22 @@ def test_weight_files_are_renamed_for_keras_3():
     assert "'weights.weights.h5'" in result and "'weights.h5'" not in result
 
 
+@pytest.mark.parametrize("weights_only, renamed", [(True, True), (False, False)])
+def test_a_weights_checkpoint_file_is_renamed_for_keras_3_with_its_load(weights_only, renamed):
+    """Keras 3's `ModelCheckpoint(..., save_weights_only=True)` takes only a `*.weights.h5` name
+    (a held-out U-Net's checkpoint, a subclass of it, failed at its construction); the program
+    loads the file it wrote by the same name. A whole-model checkpoint keeps `.h5`."""
+    kernel = keras_kernel().replace(
+        "model.fit(x, y, batch_size=32, epochs=2)",
+        "ckpt = ModelCheckpoint(os.path.join(out, 'best.h5'), save_weights_only=WEIGHTS_ONLY)\n"
+        "model.fit(x, y, batch_size=32, epochs=2, callbacks=[ckpt])").replace("WEIGHTS_ONLY", str(weights_only))
+    assert "callbacks=[ckpt]" in kernel
+    result = unsafe_fix(kernel)
+    assert "with strategy.scope():" in result
+    assert ("os.path.join(out, 'best.weights.h5')" in result) is renamed
+    assert ("os.path.join(out, 'best.h5')" in result) is not renamed
+
+
 @pytest.mark.parametrize("seed, fit, refusal", [
     ("tf.set_random_seed(2)", ", class_weight={0: 1.0, 1: 3.0}", "is not supported by TF1-mode Keras"),
     ("np.random.seed(2)", ", class_weight={0: 1.0, 1: 3.0}", None),  # TF2 Keras takes it
