@@ -31,15 +31,25 @@ USES = ("fit", "fit_generator", "evaluate", "evaluate_generator", "predict", "pr
         "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")
 
 
+def _dotted(node: cst.BaseExpression) -> str | None:
+    """`model`, `self.template`: a name or an attribute of one, as written; else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr.value}" if base is not None else None
+    return None
+
+
 def _single_assign(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
-    """``name = value`` as the only statement of a line: (name, value)."""
+    """``name = value`` (or ``self.name = value``) as the only statement of a line: (name, value)."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
     small = statement.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name):
-        return small.targets[0].target.value, small.value
-    if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name) and small.value is not None:
-        return small.target.value, small.value
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and _dotted(small.targets[0].target) is not None:
+        return _dotted(small.targets[0].target), small.value
+    if isinstance(small, cst.AnnAssign) and _dotted(small.target) is not None and small.value is not None:
+        return _dotted(small.target), small.value
     return None
 
 
@@ -50,8 +60,8 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
     small = statement.body[0]
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
         func = small.value.func
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
-            return func.value.value, func.attr.value
+        if isinstance(func, cst.Attribute) and _dotted(func.value) is not None:
+            return _dotted(func.value), func.attr.value
     return None
 
 
@@ -70,6 +80,11 @@ def _weights_h5_renamed(value: cst.BaseExpression) -> dict:
         if body.endswith(".h5") and not body.endswith(".weights.h5"):
             changes[string] = string.with_changes(value=body[:-3] + ".weights.h5" + quote)
     return changes
+
+
+def _references(node: cst.CSTNode) -> set[str]:
+    """The names and dotted attributes of names (`self.parallel`) ``node`` mentions."""
+    return {dotted for n in find(node, cst.Name, cst.Attribute) if (dotted := _dotted(n)) is not None}
 
 
 class _Blocks(cst.CSTVisitor):
@@ -169,7 +184,8 @@ class MultiGpuModel(Rule):
     fix_notes = """
         Unsafe. For `parallel = multi_gpu_model(model, gpus=N)` (any import path, `gpus` by
         keyword or position, `cpu_merge`/`cpu_relocation` dropped) where `model` is assigned
-        earlier *in the same block*: `strategy = tf.distribute.MirroredStrategy()` is inserted
+        earlier *in the same block* (or `self.parallel = multi_gpu_model(self.template, ...)` in a
+        method): `strategy = tf.distribute.MirroredStrategy()` is inserted
         before that assignment, and everything from the assignment down to the
         `parallel.compile(...)` (or `model.compile(...)`) that follows moves, comments
         included, under `with strategy.scope():`. The parallel name is bound to the template
@@ -369,6 +385,34 @@ class MultiGpuModel(Rule):
             model.fit(x, y, batch_size=64)
             """,
         ),
+        # A trainer class keeping the template and the parallel model on `self`.
+        Invalid(
+            """
+            import tensorflow as tf
+            from keras.utils import multi_gpu_model
+            class Trainer:
+                def __init__(self):
+                    self.template = build_model()
+                    self.parallel = multi_gpu_model(self.template, gpus=2)
+                    self.parallel.compile(loss='mse', optimizer='adam')
+                def train(self, x, y):
+                    self.parallel.fit(x, y, batch_size=64)
+            """,
+            line=6,
+            unsafe=True,
+            fixed="""
+            import tensorflow as tf
+            class Trainer:
+                def __init__(self):
+                    strategy = tf.distribute.MirroredStrategy()
+                    with strategy.scope():
+                        self.template = build_model()
+                        self.parallel = self.template
+                        self.parallel.compile(loss='mse', optimizer='adam')
+                def train(self, x, y):
+                    self.parallel.fit(x, y, batch_size=64)
+            """,
+        ),
         # The same `try` only where several GPUs are asked for (a Kaggle k-fold kernel): each
         # guard falls back to the template, so both go; the `try`'s log line stays.
         Invalid(
@@ -444,9 +488,9 @@ class MultiGpuModel(Rule):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if isinstance(node.value, cst.Call) and len(node.targets) == 1:
-            target = node.targets[0].target
-            if isinstance(target, cst.Name):
-                self._assigned[id(node.value)] = target.value
+            target = _dotted(node.targets[0].target)
+            if target is not None:
+                self._assigned[id(node.value)] = target
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if keras_parallel_helper(self.context, node):
@@ -464,16 +508,17 @@ class MultiGpuModel(Rule):
         if any(arg.keyword is not None and arg.keyword.value == "save_weights_only" and is_true(arg.value)
                for arg in node.args):
             self._checkpoints.append(node)
-        if isinstance(func, cst.Attribute) and func.attr.value in FIT_METHODS and isinstance(func.value, cst.Name):
+        receiver = _dotted(func.value) if isinstance(func, cst.Attribute) else None  # `model`, `self.parallel`
+        if receiver is not None and func.attr.value in FIT_METHODS:
             batch = argument(node, FIT_PARAMS[func.attr.value], "batch_size")
             if batch is not None:
-                self._fit_batch.setdefault(func.value.value, self._code(batch))
+                self._fit_batch.setdefault(receiver, self._code(batch))
             if any(a.keyword is not None and a.keyword.value in ("validation_data", "validation_split") for a in node.args):
-                self._validated.setdefault(func.value.value, self._code(func))
-        if isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name):
+                self._validated.setdefault(receiver, self._code(func))
+        if receiver is not None:
             unsupported = self._unsupported_under_strategy(node, func.attr.value)
             if unsupported is not None:
-                self._tf1_unsupported.setdefault(func.value.value, unsupported)
+                self._tf1_unsupported.setdefault(receiver, unsupported)
 
     def leave_Module(self, original_node: cst.Module) -> None:
         helped = [call for call in self._helper_calls if call.func.value in self._helpers]  # type: ignore[attr-defined]
@@ -511,9 +556,9 @@ class MultiGpuModel(Rule):
     # --- the fix ------------------------------------------------------------------------
     def _edit(self, call: cst.Call, target: str | None, blocks: _Blocks) -> tuple[Edit | None, str | None]:
         template = argument(call, PARAMS, "model")
-        if has_star_args(call) or not isinstance(template, cst.Name):
+        model = _dotted(template) if template is not None else None
+        if has_star_args(call) or model is None:
             return None, "pass the template model by name (`multi_gpu_model(model, gpus=N)`)"
-        model = template.value
         if id(call) not in blocks.of_call:
             return None, "the call is not in a statement block"
         body, index = blocks.of_call[id(call)]
@@ -561,7 +606,7 @@ class MultiGpuModel(Rule):
             for each in guards:  # what the `try` logged after the call (`print('Training on GPUs')`)
                 moved += each.body.body[1:]
         elif target != model:
-            moved.append(line.deep_replace(call, cst.Name(model)))
+            moved.append(line.deep_replace(call, cst.parse_expression(model)))
         moved += list(body[index + 1:last + 1])
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
         create = cst.parse_statement(
@@ -734,13 +779,26 @@ class MultiGpuModel(Rule):
         name for a mirrored model in graph mode, is not fixed: see :meth:`_training_blocker`.)"""
         changes = {}
         for call in self._weight_files:
-            if isinstance(call.func.value, cst.Name) and call.func.value.value in models and call.args:
+            if _dotted(call.func.value) in models and call.args:
                 changes.update(_weights_h5_renamed(call.args[0].value))
+                changes.update(self._bound_file_renamed(call.args[0].value))
         for call in self._checkpoints:
             if self._is_checkpoint(call):
                 for arg in call.args:
                     if arg.keyword is None or arg.keyword.value == "filepath":
                         changes.update(_weights_h5_renamed(arg.value))
+        return changes
+
+    def _bound_file_renamed(self, value: cst.BaseExpression) -> dict:
+        """A weights file named through a name or attribute (`save_weights(self.weights_file)`):
+        its `.h5` literals where the module binds it (`self.weights_file = os.path.join(d, 'w.h5')`)."""
+        name = _dotted(value)
+        if name is None:
+            return {}
+        changes = {}
+        for assign in find(self.context.module, cst.Assign):
+            if any(_dotted(t.target) == name for t in assign.targets):
+                changes.update(_weights_h5_renamed(assign.value))
         return changes
 
     def _is_checkpoint(self, call: cst.Call) -> bool:
@@ -796,7 +854,7 @@ class MultiGpuModel(Rule):
                 return position
             if not isinstance(body[position], cst.SimpleStatementLine) or (called and called[1] in USES):
                 break
-            if any(name in names for name in self._names_in(body[position])) and called is None:
+            if names & _references(body[position]) and called is None:
                 break
         return index
 

@@ -107,6 +107,23 @@ def test_a_kaggle_kfold_kernel_guarding_its_parallel_model_twice_trains_the_same
     assert len(report["new"]["steps"]) == 18  # 2 folds of 3 epochs of 3 batches: every step compared
 
 
+def test_a_trainer_class_keeping_its_models_on_self_is_fixed_runs_to_the_end_and_trains_the_same(tmp_path):
+    """`self.parallel = multi_gpu_model(self.template, ...)` in `__init__`: the template is built
+    and compiled under the scope there; the weights file the class names through an attribute
+    (`self.weights_file = ...'template.h5'`) becomes `.weights.h5`, so the program ends on Keras 3."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_trainer_class.py", tmp_path)
+    text = fixed.read_text()
+    assert "            self.template = build_template(config)\n            self.parallel = self.template\n" in text
+    assert '"template.weights.h5"' in text
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["accuracy"] > 0.5
+    status, report = run_verify(legacy, fixed, tmp_path, steps=18)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
 TF2_ERA_KERAS = """
 import numpy as np
 import tensorflow as tf
