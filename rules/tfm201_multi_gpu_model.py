@@ -202,7 +202,10 @@ class MultiGpuModel(Rule):
         multi_gpu_model(model, ...)`, or `... else: parallel = model`), and such a `try` inside
         such an `if`. `save_weights('w.h5')` becomes `'w.weights.h5'`, the only HDF5 name
         Keras 3 takes for weights, and so does the file of a `ModelCheckpoint(...,
-        save_weights_only=True)` (or of a subclass of it).
+        save_weights_only=True)` (or of a subclass of it). A callback of the module that swaps
+        in the template (`self.model = self.original_model`, the widely copied
+        `ModelCheckpointMGPU`) sets it with `self.set_model(...)`: Keras 3's `Callback.model`
+        cannot be assigned.
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -620,6 +623,7 @@ class MultiGpuModel(Rule):
         for statement in body[built + 1:last + 1]:
             changes[statement] = cst.RemovalSentinel.REMOVE
         changes.update(self._keras3_weight_files({model, target}))
+        changes.update(self._callback_models_set())
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
 
@@ -799,6 +803,23 @@ class MultiGpuModel(Rule):
         for assign in find(self.context.module, cst.Assign):
             if any(_dotted(t.target) == name for t in assign.targets):
                 changes.update(_weights_h5_renamed(assign.value))
+        return changes
+
+    def _callback_models_set(self) -> dict:
+        """`self.model = self.original_model` in a callback class of the module (the widely copied
+        `ModelCheckpointMGPU`, which saved the template rather than the parallel model) ->
+        `self.set_model(self.original_model)`: Keras 3's `Callback.model` is a read-only property
+        (a held-out U-Net failed there), and `set_model` sets it in Keras 2 and 3. The template
+        is now the model `fit` trains, so the checkpoint saves the same model either way."""
+        changes = {}
+        for cls in find(self.context.module, cst.ClassDef):
+            if not any(self._code(b.value).rsplit(".", 1)[-1] in ("ModelCheckpoint", "Callback") for b in cls.bases):
+                continue
+            for line in find(cls.body, cst.SimpleStatementLine):
+                small = single_small(line)
+                if (isinstance(small, cst.Assign) and len(small.targets) == 1
+                        and _dotted(small.targets[0].target) == "self.model"):
+                    changes[small] = cst.Expr(cst.parse_expression(f"self.set_model({self._code(small.value)})"))
         return changes
 
     def _is_checkpoint(self, call: cst.Call) -> bool:

@@ -2971,6 +2971,26 @@ def test_a_weights_checkpoint_file_is_renamed_for_keras_3_with_its_load(weights_
     assert ("os.path.join(out, 'best.h5')" in result) is not renamed
 
 
+def test_a_callback_that_swaps_in_the_template_sets_it_through_set_model():
+    """The widely copied `ModelCheckpointMGPU` sets `self.model = self.original_model` (to save
+    the template, not the parallel model): Keras 3's `Callback.model` has no setter (a held-out
+    U-Net failed there). `set_model` sets it in Keras 2 and 3; the template is what `fit` trains."""
+    kernel = keras_kernel().replace("model = build_model()\n", textwrap.dedent("""\
+        class ModelCheckpointMGPU(ModelCheckpoint):
+            def __init__(self, original_model, filepath, **kwargs):
+                self.original_model = original_model
+                super(ModelCheckpointMGPU, self).__init__(filepath, **kwargs)
+            def on_epoch_end(self, epoch, logs=None):
+                self.model = self.original_model
+                super(ModelCheckpointMGPU, self).on_epoch_end(epoch, logs)
+        model = build_model()
+    """))
+    assert "self.model = self.original_model" in kernel
+    result = unsafe_fix(kernel)
+    assert "        self.set_model(self.original_model)\n" in result and "self.model = " not in result
+    assert "with strategy.scope():" in result
+
+
 @pytest.mark.parametrize("seed, fit, refusal", [
     ("tf.set_random_seed(2)", ", class_weight={0: 1.0, 1: 3.0}", "is not supported by TF1-mode Keras"),
     ("np.random.seed(2)", ", class_weight={0: 1.0, 1: 3.0}", None),  # TF2 Keras takes it
