@@ -724,6 +724,17 @@ def test_a_device_list_the_tower_function_makes_from_its_parameters_is_made_agai
     assert f"strategy = tf.distribute.MirroredStrategy(devices={devices})" in out
 
 
+def test_a_device_list_bound_in_a_tuple_assignment_is_made_again_by_the_caller():
+    """`mc, n = self.model_config, self.config.num_gpus` (an im2txt-style trainer's method): the
+    setting is one element of a tuple assignment (a held-out trainer was refused: "the towers'
+    devices (`n`) are computed inside `_build_graph`")."""
+    source = LOCAL_DEVICES.replace("        gpus = MADE\n", "        scale, gpus = 1.0, ['/gpu:%d' % k for k in range(n_gpus)]\n")
+    assert "scale, gpus = 1.0" in source
+    out = fixed(source)
+    assert ("strategy = tf.distribute.MirroredStrategy(devices=[['/gpu:%d' % k for k in range(len(DEVICES))][i] "
+            "for i in range(len(DEVICES))])") in out
+
+
 @pytest.mark.parametrize("made, after", [
     ("list(DEVICES)", "        gpus.append('/gpu:2')\n"),  # changed after it is made
     ("['/gpu:%d' % n_gpus for n_gpus in range(4)]", ""),  # the comprehension's own `n_gpus`

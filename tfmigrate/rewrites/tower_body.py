@@ -231,14 +231,14 @@ def _device_bindings(tower, loop: cst.For) -> list[cst.BaseStatement]:
         if not isinstance(scope.device, cst.Name):
             continue
         name = scope.device.value
-        binding = [s for s in loop.body.body if assigns_to(single_small(s), name)]
+        binding = [s for s in loop.body.body if _assigns_to(single_small(s), name)]
         reads = sum(1 for node in walk(loop.body) if type(node) is cst.Name and node.value == name)
         if len(binding) == 1 and reads == 2 and binding[0] not in found:
             found.append(binding[0])
     return found
 
 
-def assigns_to(small: cst.CSTNode | None, name: str) -> bool:
+def _assigns_to(small: cst.CSTNode | None, name: str) -> bool:
     """`<name> = ...`, one target."""
     return isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == name
 

@@ -22,12 +22,12 @@ from tfmigrate.analysis.devices import DEVICE_SPECS, is_device_function, ops_dev
 from tfmigrate.cst.callargs import callee_name, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    assignments, blank_lines_unindented, contains, find, free_names, name_reads, names_used, scope_bindings,
-    single_small, target_names, walk,
+    assigned_pairs, assignments, blank_lines_unindented, contains, find, free_names, name_reads, names_used,
+    scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.mirrored import ReplaceById, device_helpers, devices_argument, references, strategy_scope_owner
 from tfmigrate.rewrites.refusal import Refused
-from tfmigrate.rewrites.tower_body import ReplicaBody, assigns_to, indexable, is_enumerate_index, is_range_index
+from tfmigrate.rewrites.tower_body import ReplicaBody, indexable, is_enumerate_index, is_range_index
 from tfmigrate.rewrites.tower_checks import VARIABLE_MAKERS
 from tfmigrate.rewrites.tower_callers import PassedArguments
 from tfmigrate.rewrites.tower_code import (
@@ -449,10 +449,12 @@ def callee_settings_inlined(region: Region, devices: str) -> str:
 
 def _plain_binding(statements: list, name: str, comprehensions: bool = False) -> cst.BaseExpression | None:
     """The value the one statement of ``statements`` that binds ``name`` gives it, when that is
-    a plain assignment (`name = value`) of a plain setting (:func:`_plain_setting`)."""
+    a plain assignment (`name = value`, or one of `mc, n = self.model_config, self.config.num_gpus`)
+    of a plain setting (:func:`_plain_setting`)."""
     bindings = [s for s in statements if name in scope_bindings(s)]
-    small = single_small(bindings[0]) if len(bindings) == 1 else None
-    return small.value if assigns_to(small, name) and _plain_setting(small.value, comprehensions) else None
+    pairs = (assigned_pairs(bindings[0]) or []) if len(bindings) == 1 else []
+    value = next((v for t, v in pairs if isinstance(t, cst.Name) and t.value == name), None)
+    return value if value is not None and _plain_setting(value, comprehensions) else None
 
 
 def _read_as(node: cst.CSTNode, values: dict[str, cst.BaseExpression]) -> cst.CSTNode:
