@@ -230,10 +230,11 @@ def _body_value(loop: cst.For, device: cst.BaseExpression) -> cst.BaseExpression
 def module_run(rule, region: Region) -> list[cst.BaseStatement]:
     """At module level with no `with` that opens the graph: the run of statements around the
     loop, in its own block, that the strategy scope covers (up to the nearest import, definition,
-    docstring or `if __name__ == '__main__':`). The block is the module or the body of a module
-    level `if` (`if __name__ == '__main__':`), which runs once. A module level `with` runs once
-    too (`with tf.variable_scope(tf.get_variable_scope()):` around the loop): it goes under the
-    scope whole, with the code around it. Empty elsewhere."""
+    docstring or `if __name__ == '__main__':`; over definitions, up to the variables the module
+    makes above them, which must be made under the scope). The block is the module or the body
+    of a module level `if` (`if __name__ == '__main__':`), which runs once. A module level `with`
+    runs once too (`with tf.variable_scope(tf.get_variable_scope()):` around the loop): it goes
+    under the scope whole, with the code around it. Empty elsewhere."""
     module = rule.context.module
     if strategy_scope_owner(region.loop, region.parents, rule.imports) is not module:
         return []
