@@ -3,6 +3,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.devices import tower_loop_at
+from tfmigrate.analysis.training import uses_estimators
 from tfmigrate.rule import DEVICE_SCOPE, FixSafety, Invalid, Rule
 
 ESTIMATORS = {
@@ -27,7 +28,8 @@ class EstimatorTowers(Rule):
     what_it_finds = """
         An Estimator `model_fn` that contains a tower loop (TFM101): a function passed as
         `model_fn=` to `tf.estimator.Estimator` (or `tf.contrib.learn.Estimator`), or one with
-        the `model_fn` signature (`features`, `labels`, `mode`[, `params`]), whose body loops
+        the `model_fn` signature (`features`, `labels`, `mode`[, `params`]) in a module that uses
+        the Estimator API (elsewhere such a function is a Session program's own), whose body loops
         over the GPUs and opens one `tf.device` per tower (the shape of the TF1 CIFAR-10
         Estimator example, with `local_device_setter` and a `GreedyLoadBalancingStrategy`).
         The finding is at the `def` of the `model_fn`; the loop itself is TFM101.
@@ -142,7 +144,9 @@ class EstimatorTowers(Rule):
     def leave_Module(self, original_node: cst.Module) -> None:
         for function, loops in self.towers.values():
             params = {p.name.value for p in function.params.params}
-            if not (_MODEL_FN_PARAMS <= params or function.name.value in self.passed):
+            # The signature alone makes a model_fn only in a module that uses Estimators (a Session
+            # program's own `model_fn(features, labels, mode, params)` is a plain function).
+            if not ((_MODEL_FN_PARAMS <= params and uses_estimators(self)) or function.name.value in self.passed):
                 continue
             lines = ", ".join(str(self.position(loop).start.line) for loop in loops)
             self.report(

@@ -3845,3 +3845,33 @@ def test_a_listed_gradient_list_is_not_listed_twice():
     result = fixed(MODULE_SCRIPT.replace("DEVICE", "'/gpu:%d' % k"))
     assert "grads_and_vars_list = list(zip(averaged, [W]))\n" in result and "list(list(" not in result
 
+
+SESSION_MODEL_FN = """
+    import tensorflow as tf
+
+    def model_fn(features, labels, mode, params):
+        opt = tf.train.GradientDescentOptimizer(0.1)
+        xs, ys = tf.split(features['x'], 2), tf.split(labels, 2)
+        tower_grads = []
+        for i in range(2):
+            with tf.device('/gpu:%d' % i):
+                loss = tf.reduce_mean(tf.square(tf.layers.dense(xs[i], 1, name='out', reuse=i > 0) - ys[i]))
+                tower_grads.append(opt.compute_gradients(loss))
+        grads = [(tf.add_n([g for g, _ in gv]) / 2, gv[0][1]) for gv in zip(*tower_grads)]
+        return opt.apply_gradients(grads)
+
+    train_op = model_fn({'x': x}, y, 'train', {})
+"""
+
+
+@pytest.mark.parametrize("estimator, fixable", [("", True), ("est = tf.estimator.Estimator(model_fn=model_fn)\n", False)])
+def test_a_session_programs_own_model_fn_is_not_an_estimators(estimator, fixable):
+    """`model_fn(features, labels, mode, params)` called by a Session program (a held-out wide &
+    deep script without tf.estimator) was refused as an Estimator model_fn (TFM107); only a
+    module that uses the Estimator API has one."""
+    source = textwrap.dedent(SESSION_MODEL_FN) + estimator
+    findings = run_check(source)
+    (tower,) = [f for f in findings if f.code == "TFM101"]
+    assert tower.fixable is fixable
+    assert any(f.code == "TFM107" for f in findings) is not fixable
+

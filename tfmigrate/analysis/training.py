@@ -310,3 +310,22 @@ def trains(rule, call: cst.Call) -> bool:
     name = code(call.func).rsplit(".", 1)[-1]
     return (any(method_call(call, m) for m in _TRAINING_METHODS) or name == "optimize_loss" or name.endswith("Optimizer")
             or rule.imports.resolve(call.func) in {"tensorflow.gradients", "tensorflow.GradientTape"})
+
+
+#: Where the Estimator API lives (TF1's `tf.estimator`, `tf.contrib.learn`, TPUEstimator, the
+#: `tensorflow_estimator` package).
+ESTIMATOR_MODULES = ("tensorflow.estimator", "tensorflow.contrib.learn", "tensorflow.contrib.tpu",
+                     "tensorflow.python.estimator", "tensorflow_estimator")
+
+
+def uses_estimators(rule) -> bool:
+    """Whether the module reads the Estimator API anywhere: a function with a `model_fn`'s
+    signature (`features`, `labels`, `mode`) is an Estimator's only then; a Session program's
+    own `model_fn(features, labels, mode, params)` is a plain function (found once per module)."""
+
+    def compute() -> bool:
+        return any((rule.imports.resolve(node) or "").startswith(ESTIMATOR_MODULES)
+                   for node in find(rule.context.module, cst.Attribute, cst.Name))
+
+    return rule.context.memo("training.uses_estimators", compute)
+

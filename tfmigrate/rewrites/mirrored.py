@@ -52,7 +52,7 @@ from tfmigrate.analysis.devices import (
 )
 from tfmigrate.analysis.optimizers import hand_written_update
 from tfmigrate.analysis.project_imports import project_function
-from tfmigrate.analysis.training import optimizer_step
+from tfmigrate.analysis.training import optimizer_step, uses_estimators
 from tfmigrate.cst.callargs import argument, is_none, method_call
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
@@ -457,7 +457,8 @@ def check_tower(rule, tower, tower_functions: bool = False, grouped: bool = Fals
     if len(group) > 1 and not grouped:
         raise Refused(f"the towers are built across {len(group)} loops; merge them into one loop first")
     owner = tower.owner
-    if isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}:
+    if (isinstance(owner, cst.FunctionDef) and {"features", "mode"} <= {p.name.value for p in owner.params.params}
+            and uses_estimators(rule)):
         raise Refused("the loop is inside an Estimator model_fn (TFM107): Estimators are gone from TF 2.16")
     _check_collection_scopes(rule, tower.loop)
     if not grouped:
