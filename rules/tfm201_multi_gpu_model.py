@@ -5,6 +5,7 @@ import libcst as cst
 from tfmigrate.analysis.batch_splits import keras_parallel_helper
 from tfmigrate.analysis.keras_losses import batch_coupled
 from tfmigrate.cst.callargs import argument, has_star_args, is_true
+from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, find, single_small
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -31,25 +32,15 @@ USES = ("fit", "fit_generator", "evaluate", "evaluate_generator", "predict", "pr
         "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")
 
 
-def _dotted(node: cst.BaseExpression) -> str | None:
-    """`model`, `self.template`: a name or an attribute of one, as written; else None."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr.value}" if base is not None else None
-    return None
-
-
 def _single_assign(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
     """``name = value`` (or ``self.name = value``) as the only statement of a line: (name, value)."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
     small = statement.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and _dotted(small.targets[0].target) is not None:
-        return _dotted(small.targets[0].target), small.value
-    if isinstance(small, cst.AnnAssign) and _dotted(small.target) is not None and small.value is not None:
-        return _dotted(small.target), small.value
+    if isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted_name(small.targets[0].target) is not None:
+        return dotted_name(small.targets[0].target), small.value
+    if isinstance(small, cst.AnnAssign) and dotted_name(small.target) is not None and small.value is not None:
+        return dotted_name(small.target), small.value
     return None
 
 
@@ -60,8 +51,8 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
     small = statement.body[0]
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
         func = small.value.func
-        if isinstance(func, cst.Attribute) and _dotted(func.value) is not None:
-            return _dotted(func.value), func.attr.value
+        if isinstance(func, cst.Attribute) and dotted_name(func.value) is not None:
+            return dotted_name(func.value), func.attr.value
     return None
 
 
@@ -82,9 +73,14 @@ def _weights_h5_renamed(value: cst.BaseExpression) -> dict:
     return changes
 
 
+def _derives(cls: cst.ClassDef, bases: tuple[str, ...]) -> bool:
+    """Whether ``cls`` names one of ``bases`` among its bases (`ModelCheckpoint`, `keras.callbacks.Callback`)."""
+    return any((dotted_name(base.value) or "").rsplit(".", 1)[-1] in bases for base in cls.bases)
+
+
 def _references(node: cst.CSTNode) -> set[str]:
     """The names and dotted attributes of names (`self.parallel`) ``node`` mentions."""
-    return {dotted for n in find(node, cst.Name, cst.Attribute) if (dotted := _dotted(n)) is not None}
+    return {dotted for n in find(node, cst.Name, cst.Attribute) if (dotted := dotted_name(n)) is not None}
 
 
 class _Blocks(cst.CSTVisitor):
@@ -491,7 +487,7 @@ class MultiGpuModel(Rule):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         if isinstance(node.value, cst.Call) and len(node.targets) == 1:
-            target = _dotted(node.targets[0].target)
+            target = dotted_name(node.targets[0].target)
             if target is not None:
                 self._assigned[id(node.value)] = target
 
@@ -511,7 +507,7 @@ class MultiGpuModel(Rule):
         if any(arg.keyword is not None and arg.keyword.value == "save_weights_only" and is_true(arg.value)
                for arg in node.args):
             self._checkpoints.append(node)
-        receiver = _dotted(func.value) if isinstance(func, cst.Attribute) else None  # `model`, `self.parallel`
+        receiver = dotted_name(func.value) if isinstance(func, cst.Attribute) else None  # `model`, `self.parallel`
         if receiver is not None and func.attr.value in FIT_METHODS:
             batch = argument(node, FIT_PARAMS[func.attr.value], "batch_size")
             if batch is not None:
@@ -559,7 +555,7 @@ class MultiGpuModel(Rule):
     # --- the fix ------------------------------------------------------------------------
     def _edit(self, call: cst.Call, target: str | None, blocks: _Blocks) -> tuple[Edit | None, str | None]:
         template = argument(call, PARAMS, "model")
-        model = _dotted(template) if template is not None else None
+        model = dotted_name(template) if template is not None else None
         if has_star_args(call) or model is None:
             return None, "pass the template model by name (`multi_gpu_model(model, gpus=N)`)"
         if id(call) not in blocks.of_call:
@@ -783,7 +779,7 @@ class MultiGpuModel(Rule):
         name for a mirrored model in graph mode, is not fixed: see :meth:`_training_blocker`.)"""
         changes = {}
         for call in self._weight_files:
-            if _dotted(call.func.value) in models and call.args:
+            if dotted_name(call.func.value) in models and call.args:
                 changes.update(_weights_h5_renamed(call.args[0].value))
                 changes.update(self._bound_file_renamed(call.args[0].value))
         for call in self._checkpoints:
@@ -796,12 +792,12 @@ class MultiGpuModel(Rule):
     def _bound_file_renamed(self, value: cst.BaseExpression) -> dict:
         """A weights file named through a name or attribute (`save_weights(self.weights_file)`):
         its `.h5` literals where the module binds it (`self.weights_file = os.path.join(d, 'w.h5')`)."""
-        name = _dotted(value)
+        name = dotted_name(value)
         if name is None:
             return {}
         changes = {}
         for assign in find(self.context.module, cst.Assign):
-            if any(_dotted(t.target) == name for t in assign.targets):
+            if any(dotted_name(t.target) == name for t in assign.targets):
                 changes.update(_weights_h5_renamed(assign.value))
         return changes
 
@@ -813,12 +809,12 @@ class MultiGpuModel(Rule):
         is now the model `fit` trains, so the checkpoint saves the same model either way."""
         changes = {}
         for cls in find(self.context.module, cst.ClassDef):
-            if not any(self._code(b.value).rsplit(".", 1)[-1] in ("ModelCheckpoint", "Callback") for b in cls.bases):
+            if not _derives(cls, ("ModelCheckpoint", "Callback")):
                 continue
             for line in find(cls.body, cst.SimpleStatementLine):
                 small = single_small(line)
                 if (isinstance(small, cst.Assign) and len(small.targets) == 1
-                        and _dotted(small.targets[0].target) == "self.model"):
+                        and dotted_name(small.targets[0].target) == "self.model"):
                     changes[small] = cst.Expr(cst.parse_expression(f"self.set_model({self._code(small.value)})"))
         return changes
 
@@ -827,7 +823,7 @@ class MultiGpuModel(Rule):
         name = self._code(call.func).rsplit(".", 1)[-1]
         if name == "ModelCheckpoint":
             return True
-        return any(c.name.value == name and any(self._code(b.value).rsplit(".", 1)[-1] == "ModelCheckpoint" for b in c.bases)
+        return any(c.name.value == name and _derives(c, ("ModelCheckpoint",))
                    for c in find(self.context.module, cst.ClassDef))
 
     def _uses_tf1_apis(self) -> bool:
