@@ -3,10 +3,12 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_helper
+from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import batch_coupled
 from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import blank_lines_unindented, find, single_small
+from tfmigrate.cst.traversal import blank_lines_unindented, find
+from tfmigrate.rewrites.keras3_leftovers import callback_models_set, weight_file_renames
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
 from tfmigrate.cst.walker import visit_read_only
@@ -32,18 +34,6 @@ USES = ("fit", "fit_generator", "evaluate", "evaluate_generator", "predict", "pr
         "train_on_batch", "test_on_batch", "predict_on_batch", "save", "save_weights")
 
 
-def _single_assign(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
-    """``name = value`` (or ``self.name = value``) as the only statement of a line: (name, value)."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-        return None
-    small = statement.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1 and dotted_name(small.targets[0].target) is not None:
-        return dotted_name(small.targets[0].target), small.value
-    if isinstance(small, cst.AnnAssign) and dotted_name(small.target) is not None and small.value is not None:
-        return dotted_name(small.target), small.value
-    return None
-
-
 def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
     """``obj.method(...)`` as the only statement of a line: (obj, method)."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
@@ -56,79 +46,9 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
     return None
 
 
-def _is_call_line(statement: cst.BaseStatement) -> bool:
-    """A line that is one call (`print(...)`, `logger.info(...)`)."""
-    small = single_small(statement)
-    return isinstance(small, cst.Expr) and isinstance(small.value, cst.Call)
-
-
-def _weights_h5_renamed(value: cst.BaseExpression) -> dict:
-    """Each string literal in ``value`` naming an HDF5 file `*.h5`, as `*.weights.h5`."""
-    changes = {}
-    for string in find(value, cst.SimpleString):
-        quote = string.value[-3:] if string.value[-3:] in ('"""', "'''") else string.value[-1]
-        body = string.value[:-len(quote)]
-        if body.endswith(".h5") and not body.endswith(".weights.h5"):
-            changes[string] = string.with_changes(value=body[:-3] + ".weights.h5" + quote)
-    return changes
-
-
-def _derives(cls: cst.ClassDef, bases: tuple[str, ...]) -> bool:
-    """Whether ``cls`` names one of ``bases`` among its bases (`ModelCheckpoint`, `keras.callbacks.Callback`)."""
-    return any((dotted_name(base.value) or "").rsplit(".", 1)[-1] in bases for base in cls.bases)
-
-
 def _references(node: cst.CSTNode) -> set[str]:
     """The names and dotted attributes of names (`self.parallel`) ``node`` mentions."""
     return {dotted for n in find(node, cst.Name, cst.Attribute) if (dotted := dotted_name(n)) is not None}
-
-
-class _Blocks(cst.CSTVisitor):
-    """For every call: the statement it is in, as (the statements of its block, index)."""
-
-    def __init__(self) -> None:
-        self.of_call: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
-        # id(the one statement of a `try:` or `if:` body) -> the try or if
-        self.guarded: dict[int, cst.Try | cst.If] = {}
-        self._where: dict[int, tuple[tuple[cst.BaseStatement, ...], int]] = {}
-        self._stack: list[tuple[tuple[cst.BaseStatement, ...], int]] = []
-
-    def where(self, statement: cst.BaseStatement) -> tuple[tuple[cst.BaseStatement, ...], int] | None:
-        """The statements of the block ``statement`` is in, and its index there."""
-        return self._where.get(id(statement))
-
-    def visit_Try(self, node: cst.Try) -> None:
-        self._guard(node)
-
-    def visit_If(self, node: cst.If) -> None:
-        self._guard(node)  # `if gpus > 1: model = multi_gpu_model(...)`
-
-    def _guard(self, node: cst.Try | cst.If) -> None:
-        first, *rest = node.body.body
-        if all(_is_call_line(s) for s in rest):  # the call alone, or then a log line
-            self.guarded[id(first)] = node
-
-    def _record(self, body) -> None:
-        for index, statement in enumerate(body):
-            self._where[id(statement)] = (tuple(body), index)
-
-    def visit_Module(self, node: cst.Module) -> None:
-        self._record(node.body)
-
-    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
-        self._record(node.body)
-
-    def on_visit(self, node: cst.CSTNode) -> bool:
-        if id(node) in self._where:
-            self._stack.append(self._where[id(node)])
-        if isinstance(node, cst.Call) and self._stack:
-            self.of_call[id(node)] = self._stack[-1]
-        return super().on_visit(node)
-
-    def on_leave(self, original_node: cst.CSTNode) -> None:
-        if id(original_node) in self._where:
-            self._stack.pop()
-        super().on_leave(original_node)
 
 
 class MultiGpuModel(Rule):
@@ -523,7 +443,7 @@ class MultiGpuModel(Rule):
         helped = [call for call in self._helper_calls if call.func.value in self._helpers]  # type: ignore[attr-defined]
         if not self._calls and not helped:
             return
-        blocks = _Blocks()
+        blocks = StatementBlocks()
         visit_read_only(original_node, blocks)
         for call, target in self._calls:
             edit, blocker = self._edit(call, target, blocks)
@@ -534,7 +454,7 @@ class MultiGpuModel(Rule):
         for call in helped:
             self._report_helper_call(call, helped, blocks)
 
-    def _report_helper_call(self, call: cst.Call, helped: list[cst.Call], blocks: _Blocks) -> None:
+    def _report_helper_call(self, call: cst.Call, helped: list[cst.Call], blocks: StatementBlocks) -> None:
         """`model = make_parallel(model, 2)`, a hand-written helper that does what `multi_gpu_model`
         does (TFM105 finds its slicing): the same fix, and the helper goes with its one call."""
         name = call.func.value  # type: ignore[attr-defined]
@@ -553,7 +473,7 @@ class MultiGpuModel(Rule):
         self.report(call, message, edit=edit)
 
     # --- the fix ------------------------------------------------------------------------
-    def _edit(self, call: cst.Call, target: str | None, blocks: _Blocks) -> tuple[Edit | None, str | None]:
+    def _edit(self, call: cst.Call, target: str | None, blocks: StatementBlocks) -> tuple[Edit | None, str | None]:
         template = argument(call, PARAMS, "model")
         model = dotted_name(template) if template is not None else None
         if has_star_args(call) or model is None:
@@ -561,7 +481,7 @@ class MultiGpuModel(Rule):
         if id(call) not in blocks.of_call:
             return None, "the call is not in a statement block"
         body, index = blocks.of_call[id(call)]
-        guards = self._fallback_guards(body[index], target, model, blocks)
+        guards = fallback_guards(self.context.module, blocks, body[index], target, model)
         guard = guards[-1] if guards else None
         if guard is not None:
             body, index = blocks.where(guard)
@@ -574,7 +494,7 @@ class MultiGpuModel(Rule):
                 f"`strategy = tf.distribute.MirroredStrategy()` where `{model}` is built, build and "
                 f"compile it under `with strategy.scope():`, and use `{model}` in place of the parallel model"
             )
-        assigned = _single_assign(body[index]) if body[index] is not guard else (target, call)
+        assigned = single_assign(body[index]) if body[index] is not guard else (target, call)
         if assigned is None or assigned[1] is not call:
             return None, (
                 f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
@@ -618,8 +538,8 @@ class MultiGpuModel(Rule):
         changes: dict = {first: cst.FlattenSentinel([create, scope])}
         for statement in body[built + 1:last + 1]:
             changes[statement] = cst.RemovalSentinel.REMOVE
-        changes.update(self._keras3_weight_files({model, target}))
-        changes.update(self._callback_models_set())
+        changes.update(weight_file_renames(self.context.module, self._weight_files, self._checkpoints, {model, target}))
+        changes.update(callback_models_set(self.context.module))
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
 
@@ -707,124 +627,14 @@ class MultiGpuModel(Rule):
         """Index of the statement that builds ``model``, before ``index`` in the same block."""
         for position in range(index - 1, -1, -1):
             statement = body[position]
-            assigned = _single_assign(statement)
+            assigned = single_assign(statement)
             if assigned is not None and assigned[0] == model:
                 return position
             if isinstance(statement, cst.With) and self._is_cpu_device_scope(statement):
                 inner = cst.ensure_type(statement.body, cst.IndentedBlock).body
-                if inner and all((_single_assign(s) or ("",))[0] == model for s in inner[:1]):
+                if inner and all((single_assign(s) or ("",))[0] == model for s in inner[:1]):
                     return position
         return None
-
-    def _fallback_guards(self, statement: cst.BaseStatement, target: str | None, model: str,
-                         blocks: _Blocks) -> list[cst.Try | cst.If]:
-        """The guards around the call's statement, innermost first, each the only statement of
-        the next, whose fallback is the template (`try: p = multi_gpu_model(m) except ValueError:
-        p = m`; `if gpus > 1: m = multi_gpu_model(m)`; a Kaggle kernel's `try` inside `if gpus > 1:`):
-        with fewer GPUs the program trains the template, which a MirroredStrategy does anyway."""
-        guards: list[cst.Try | cst.If] = []
-        guard = blocks.guarded.get(id(statement))
-        while guard is not None and self._falls_back_to_template(guard, target, model) and blocks.where(guard):
-            guards.append(guard)
-            guard = blocks.guarded.get(id(guard))
-        return guards
-
-    def _falls_back_to_template(self, guard: cst.Try | cst.If, target: str | None, model: str) -> bool:
-        if isinstance(guard, cst.If):
-            return self._otherwise_template(guard, target, model)
-        return self._excepts_to_template(guard, target, model)
-
-    def _otherwise_template(self, guard: cst.If, target: str | None, model: str) -> bool:
-        """`if gpus > 1: target = multi_gpu_model(model, ...)` whose `else` (if any) sets `target =
-        model` and otherwise only logs: with one GPU the program trains the template, which is
-        what a MirroredStrategy over one device does; with more, what the parallel model did.
-        Without an `else`, only where the parallel model takes the template's name."""
-        if target is None or isinstance(guard.orelse, cst.If):
-            return False
-        if guard.orelse is None:
-            return target == model
-        statements = guard.orelse.body.body
-        assigns = [_single_assign(s) for s in statements]
-        sets_template = any(a is not None and a[0] == target and self._code(a[1]) == model for a in assigns)
-        return (sets_template or target == model) and all(
-            (a is not None and a[0] == target and self._code(a[1]) == model) or _is_call_line(s)
-            for a, s in zip(assigns, statements))
-
-    def _excepts_to_template(self, guard: cst.Try, target: str | None, model: str) -> bool:
-        """`try: target = multi_gpu_model(model, ...)` whose every `except` (ValueError, Exception
-        or bare: fewer GPUs than asked) sets `target = model` (or, where the target is the model's
-        own name, passes) and otherwise only logs."""
-        if target is None or guard.orelse is not None or guard.finalbody is not None or not guard.handlers:
-            return False
-        for handler in guard.handlers:
-            caught = self._code(handler.type) if handler.type is not None else "Exception"
-            if not any(name in caught for name in ("ValueError", "Exception")):
-                return False
-            statements = handler.body.body
-            assigns = [_single_assign(s) for s in statements]
-            # `try: model = multi_gpu_model(model) except: pass` keeps the template under its own name.
-            kept = target == model and all(isinstance(single_small(s), cst.Pass) or _is_call_line(s) for s in statements)
-            if not kept and not any(a is not None and a[0] == target and self._code(a[1]) == model for a in assigns):
-                return False
-            if not kept and not all(a is not None or _is_call_line(s) for a, s in zip(assigns, statements)):
-                return False
-        return True
-
-    def _keras3_weight_files(self, models: set) -> dict:
-        """`model.save_weights('w.h5')` / `load_weights('w.h5')` -> 'w.weights.h5': Keras 3, which
-        the migrated program runs on, refuses any other name for an HDF5 weights file; so does its
-        `ModelCheckpoint(..., save_weights_only=True)` (or a subclass of the module's, which saves
-        the template: a held-out U-Net's failed at its construction), whose file the program then
-        loads by the same name. (A module that keeps TF1 APIs, whose Keras 2 would fail on that
-        name for a mirrored model in graph mode, is not fixed: see :meth:`_training_blocker`.)"""
-        changes = {}
-        for call in self._weight_files:
-            if dotted_name(call.func.value) in models and call.args:
-                changes.update(_weights_h5_renamed(call.args[0].value))
-                changes.update(self._bound_file_renamed(call.args[0].value))
-        for call in self._checkpoints:
-            if self._is_checkpoint(call):
-                for arg in call.args:
-                    if arg.keyword is None or arg.keyword.value == "filepath":
-                        changes.update(_weights_h5_renamed(arg.value))
-        return changes
-
-    def _bound_file_renamed(self, value: cst.BaseExpression) -> dict:
-        """A weights file named through a name or attribute (`save_weights(self.weights_file)`):
-        its `.h5` literals where the module binds it (`self.weights_file = os.path.join(d, 'w.h5')`)."""
-        name = dotted_name(value)
-        if name is None:
-            return {}
-        changes = {}
-        for assign in find(self.context.module, cst.Assign):
-            if any(dotted_name(t.target) == name for t in assign.targets):
-                changes.update(_weights_h5_renamed(assign.value))
-        return changes
-
-    def _callback_models_set(self) -> dict:
-        """`self.model = self.original_model` in a callback class of the module (the widely copied
-        `ModelCheckpointMGPU`, which saved the template rather than the parallel model) ->
-        `self.set_model(self.original_model)`: Keras 3's `Callback.model` is a read-only property
-        (a held-out U-Net failed there), and `set_model` sets it in Keras 2 and 3. The template
-        is now the model `fit` trains, so the checkpoint saves the same model either way."""
-        changes = {}
-        for cls in find(self.context.module, cst.ClassDef):
-            if not _derives(cls, ("ModelCheckpoint", "Callback")):
-                continue
-            for line in find(cls.body, cst.SimpleStatementLine):
-                small = single_small(line)
-                if (isinstance(small, cst.Assign) and len(small.targets) == 1
-                        and dotted_name(small.targets[0].target) == "self.model"):
-                    changes[small] = cst.Expr(cst.parse_expression(f"self.set_model({self._code(small.value)})"))
-        return changes
-
-    def _is_checkpoint(self, call: cst.Call) -> bool:
-        """A call of Keras's `ModelCheckpoint`, or of a class of the module derived from it."""
-        name = self._code(call.func).rsplit(".", 1)[-1]
-        if name == "ModelCheckpoint":
-            return True
-        return any(c.name.value == name and _derives(c, ("ModelCheckpoint",))
-                   for c in find(self.context.module, cst.ClassDef))
 
     def _uses_tf1_apis(self) -> bool:
         """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,
@@ -847,7 +657,7 @@ class MultiGpuModel(Rule):
         needed = self._names_in(body[built])
         first = built
         for position in range(built - 1, -1, -1):
-            assigned = _single_assign(body[position])
+            assigned = single_assign(body[position])
             if assigned is not None and assigned[0] in needed:
                 needed |= self._names_in(assigned[1])
                 first = position
