@@ -356,6 +356,7 @@ from keras.layers import Input
 from keras.layers.core import Dense, Lambda
 from keras.layers.merge import concatenate
 from keras.models import Model
+from keras.utils import np_utils
 from keras.utils.np_utils import to_categorical
 
 
@@ -371,13 +372,14 @@ model = Model(inputs, outputs)
 model.compile(optimizer='sgd', loss='categorical_crossentropy')
 x = np.random.RandomState(0).normal(size=(64, 4)).astype(np.float32)
 model.fit(x, to_categorical(np.arange(64) % 3, 3), batch_size=16, epochs=2, shuffle=False, verbose=0)
+assert np_utils.to_categorical([1], 2).tolist() == [[0.0, 1.0]]
 '''
 
 
 @pytest.mark.tensorflow
 def test_keras_2_0_module_paths_import(tf_available, tmp_path):
     """`keras.layers.core`, `keras.layers.merge`, `keras.engine.topology`, `keras.utils.np_utils`
-    (Keras 2.0-2.2, the `make_parallel` gists): tf_keras has none of them; each is the package
+    (also imported as `from keras.utils import np_utils`; Keras 2.0-2.2, the `make_parallel` gists): tf_keras has none of them; each is the package
     above it (a ModuleNotFoundError stopped the run)."""
     from tests.conftest import run_verify
 

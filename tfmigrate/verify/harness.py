@@ -289,6 +289,10 @@ class _Overlay(types.ModuleType):
         return getattr(self._base, name)
 
 
+_KERAS2_UTILS_SUBMODULES = ("np_utils", "generic_utils", "data_utils", "io_utils", "vis_utils", "layer_utils",
+                            "conv_utils")
+
+
 def make_keras2_modules(tf_keras):
     """``keras`` as a Keras 2.x program knew it: tf_keras, with the optimizers that work in graph
     mode (``keras.optimizers.legacy``, which were *the* optimizers before Keras 2.11) and
@@ -297,6 +301,9 @@ def make_keras2_modules(tf_keras):
     optimizer_names = {n: getattr(legacy, n) for n in dir(legacy) if not n.startswith("_")}
     optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)
     utils = _Overlay("keras.utils", {"multi_gpu_model": multi_gpu_model}, tf_keras.utils)
+    # Keras 2.0-2.2's utility submodules (`from keras.utils import np_utils`): what they held is in
+    # `keras.utils` itself.
+    utils._first.update({name: utils for name in _KERAS2_UTILS_SUBMODULES})
     # Keras 2.0-2.2's `keras.engine` (`from keras.engine.topology import Layer`): layers and models.
     engine = _Overlay("keras.engine", {"Model": tf_keras.Model, "Sequential": tf_keras.Sequential,
                                        "Network": tf_keras.Model, "Container": tf_keras.Model}, tf_keras.layers)
