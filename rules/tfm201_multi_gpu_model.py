@@ -8,7 +8,10 @@ from tfmigrate.analysis.keras_losses import batch_coupled
 from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, find
-from tfmigrate.rewrites.keras3_leftovers import callback_models_set, weight_file_renames
+from tfmigrate.rewrites.keras3_leftovers import (
+    callback_models_set, derives, generator_methods, learning_rate_reads, made_within, model_keywords, module_paths,
+    optimizer_arguments, weight_file_renames,
+)
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
 from tfmigrate.cst.walker import visit_read_only
@@ -509,6 +512,9 @@ class MultiGpuModel(Rule):
         strategy = next((n for n in ("strategy", "mirrored_strategy") if n not in self._names), None)
         if strategy is None:
             return None, "the names `strategy` and `mirrored_strategy` are both taken"
+        keras3, keras3_imports, blocker = self._keras3_changes({model, target})
+        if blocker is not None:
+            return None, blocker
         last = self._compile_index(body, index, model, target)
         moved: list[cst.BaseStatement] = []
         first = body[built]
@@ -527,6 +533,7 @@ class MultiGpuModel(Rule):
         elif target != model:
             moved.append(line.deep_replace(call, cst.parse_expression(model)))
         moved += list(body[index + 1:last + 1])
+        moved = [made_within(statement, keras3) for statement in moved]
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
         create = cst.parse_statement(
             f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n"
@@ -538,19 +545,40 @@ class MultiGpuModel(Rule):
         changes: dict = {first: cst.FlattenSentinel([create, scope])}
         for statement in body[built + 1:last + 1]:
             changes[statement] = cst.RemovalSentinel.REMOVE
-        changes.update(weight_file_renames(self.context.module, self._weight_files, self._checkpoints, {model, target}))
-        changes.update(callback_models_set(self.context.module))
+        changes.update(keras3)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
-        return Edit(changes, title, add_imports=imports, remove_imports=self._import_of(call)), None
+        return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._import_of(call)), None
+
+    def _keras3_changes(self, models: set) -> tuple[dict, list[ImportItem], str | None]:
+        """What the module must change to train the same on Keras 3, which the migrated program
+        runs on (:mod:`tfmigrate.rewrites.keras3_leftovers`): (changes, imports, blocker)."""
+        module = self.context.module
+        changes, imports, blocked = optimizer_arguments(self)
+        if blocked is not None:
+            node, reason = blocked
+            return {}, [], f"line {self.position(node).start.line}: `{self._code(node.func)}(...)`: {reason}"
+        changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
+        changes.update(callback_models_set(module))
+        changes.update(learning_rate_reads(self))
+        changes.update(generator_methods(module))
+        changes.update(model_keywords(self))
+        changes.update(module_paths(module))
+        return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
 
     def _training_blocker(self, models: set) -> str | None:
         """Why the way ``models`` train cannot run under the strategy as written; else None."""
         generator_fit = self._generator_fit(models)
-        if generator_fit is not None:
+        if generator_fit is not None and self._uses_tf1_apis():
             return (
                 f"`{generator_fit}(...)` feeds a Python generator, and Keras's TF1-mode training under a "
                 "distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
                 "`tf.data.Dataset` (`tf.data.Dataset.from_generator(...)`) or run the program as TF2"
+            )
+        if generator_fit is not None:
+            return (
+                f"`{generator_fit}(...)` feeds a Python generator, whose batches Keras 3 under a distribution "
+                "strategy trains in another order (checked: the 8th batch of an epoch came 3rd); feed a "
+                "`keras.utils.Sequence` (its batches keep their order) or a `tf.data.Dataset`"
             )
         validated = self._validated_fit(models) if self._uses_tf1_apis() else None
         if validated is not None:
@@ -613,15 +641,34 @@ class MultiGpuModel(Rule):
         return None
 
     def _generator_fit(self, models: set) -> str | None:
-        """`parallel_model.fit_generator(...)`: the model trained from a Python generator."""
+        """`parallel_model.fit_generator(...)`: the model trained from a Python generator (in a TF2
+        module, one that is not a `keras.utils.Sequence`)."""
         if not self.context.mentions("fit_generator"):
             return None
         for node in find(self.context.module, cst.Call):
             func = node.func
             if (isinstance(func, cst.Attribute) and func.attr.value == "fit_generator"
                     and self._code(func.value) in models):
-                return self._code(func)
+                fed = argument(node, ("generator",), "generator")
+                if self._uses_tf1_apis() or fed is None or not self._is_sequence(fed):
+                    return self._code(func)
         return None
+
+    def _is_sequence(self, value: cst.BaseExpression) -> bool:
+        """A `keras.utils.Sequence`: an instance of a module class derived from it, an
+        `ImageDataGenerator`'s `flow(...)`, or a name bound to one of those."""
+        name = dotted_name(value)
+        if name is not None:
+            bound = [a.value for a in find(self.context.module, cst.Assign)
+                     if any(dotted_name(t.target) == name for t in a.targets)]
+            return len(bound) == 1 and self._is_sequence(bound[0])
+        if not isinstance(value, cst.Call):
+            return False
+        called = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
+        if called in ("flow", "flow_from_directory", "flow_from_dataframe"):
+            return True
+        return any(c.name.value == called and derives(c, ("Sequence", "PyDataset"))
+                   for c in find(self.context.module, cst.ClassDef))
 
     def _construction(self, body, index: int, model: str) -> int | None:
         """Index of the statement that builds ``model``, before ``index`` in the same block."""

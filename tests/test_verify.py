@@ -123,6 +123,16 @@ def test_a_tf2_era_keras_program_runs_as_tf2_with_multi_gpu_model_restored(seed,
     assert detection.keras2 is tf2_era and detection.keras
 
 
+def test_keras_2_3_module_paths_with_a_tf2_seed_still_run_as_tf2():
+    """Standalone Keras 2.3 ran on TF 2.0-2.3 and still had `keras.layers.core` and
+    `keras.utils.np_utils`: with `tf.random.set_seed` such a program is TF2-era too (it ran in TF1
+    mode, where `tf.random.set_seed` does not exist)."""
+    paths = "from keras.layers.core import Dense\nfrom keras.utils import np_utils\nimport keras.utils.np_utils\n"
+    detection = detect(paths + TF2_ERA.replace("SEED", "tf.random.set_seed(1)"))
+    assert detection.multi_gpu_tf2 and not detection.legacy
+    assert detect(paths + TF2_ERA.replace("SEED", "tf.set_random_seed(1)")).legacy
+
+
 @pytest.mark.parametrize("source, keras2", [
     ("import tensorflow.compat.v1 as tf\ny = tf.layers.dense(x, 2)\n", True),
     ("from tensorflow.compat import v1\ncell = v1.nn.rnn_cell.GRUCell(8)\n", True),

@@ -1,14 +1,25 @@
 """What a Keras program moved off `multi_gpu_model` must change to run on Keras 3.
 
 `multi_gpu_model` is gone from TF 2.4, so the migrated program runs on today's Keras, Keras 3,
-which refuses two things the parallel-model programs did (each made a held-out program crash):
+which refuses what the parallel-model programs of Keras 2 wrote (each made a held-out program
+crash), or worse, takes it and trains otherwise:
 
 - an HDF5 weights file whose name does not end in `.weights.h5` (`save_weights`,
   `load_weights`, and `ModelCheckpoint(..., save_weights_only=True)` or a subclass of it);
 - assigning `Callback.model`, a read-only property (`self.model = self.original_model` in the
-  widely copied `ModelCheckpointMGPU`).
+  widely copied `ModelCheckpointMGPU`);
+- an optimizer's `lr=` (now `learning_rate=`), its `.lr` (now `.learning_rate`), and its
+  `decay=`, which Keras 3 *ignores* with a warning: Keras 2 trained at `lr / (1 + decay * step)`,
+  which is `InverseTimeDecay(lr, decay_steps=1, decay_rate=decay)`;
+- `fit_generator` / `evaluate_generator` / `predict_generator` (now `fit` / `evaluate` /
+  `predict`, without the worker arguments);
+- `Model(input=..., output=...)` (now `inputs=`, `outputs=`);
+- Keras 2's submodules (`keras.layers.core`, `keras.utils.np_utils`): what they held is in the
+  package above.
 
-Each function returns LibCST changes (original node -> replacement) for the rule's edit.
+Each function returns LibCST changes (original node -> replacement) for the rule's edit; a
+replacement may hold nodes another change replaces, so the rule applies them within it
+(:func:`made_within`).
 """
 
 from __future__ import annotations
@@ -19,8 +30,36 @@ import libcst as cst
 
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, single_small
+from tfmigrate.rewrites.mirrored import ReplaceById
 
-__all__ = ["callback_models_set", "derives", "weight_file_renames"]
+__all__ = [
+    "callback_models_set", "derives", "generator_methods", "learning_rate_reads", "made_within", "model_keywords",
+    "module_paths", "optimizer_arguments", "weight_file_renames",
+]
+
+#: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
+OPTIMIZERS = {f"keras.optimizers.{name}" for name in ("SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam")}
+#: Callbacks that set the optimizer's learning rate, which a schedule does not let them.
+LR_CALLBACKS = ("ReduceLROnPlateau", "LearningRateScheduler")
+#: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
+GENERATOR_METHODS = {
+    "fit_generator": ("fit", ("steps_per_epoch", "epochs", "verbose", "callbacks", "validation_data",
+                              "validation_steps", "class_weight", "max_queue_size", "workers",
+                              "use_multiprocessing", "shuffle", "initial_epoch")),
+    "evaluate_generator": ("evaluate", ("steps", "callbacks", "max_queue_size", "workers", "use_multiprocessing",
+                                        "verbose")),
+    "predict_generator": ("predict", ("steps", "callbacks", "max_queue_size", "workers", "use_multiprocessing",
+                                      "verbose")),
+}
+#: Arguments of the `*_generator` methods that Keras 3's `fit`/`evaluate`/`predict` do not take:
+#: how many threads or processes fill the queue, which does not change what is trained.
+WORKER_ARGUMENTS = ("max_queue_size", "workers", "use_multiprocessing")
+#: Keras 2's submodules that Keras 3 does not have; what they held is in the package above.
+KERAS2_SUBMODULES = {
+    "keras.layers": ("core", "convolutional", "pooling", "normalization", "recurrent", "merge", "embeddings",
+                     "advanced_activations", "wrappers", "noise", "local", "convolutional_recurrent"),
+    "keras.utils": ("np_utils", "generic_utils", "data_utils", "io_utils", "vis_utils", "layer_utils", "conv_utils"),
+}
 
 
 def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], checkpoint_calls: Iterable[cst.Call],
@@ -94,3 +133,156 @@ def _is_checkpoint(module: cst.Module, call: cst.Call) -> bool:
     if name == "ModelCheckpoint":
         return True
     return any(c.name.value == name and derives(c, ("ModelCheckpoint",)) for c in find(module, cst.ClassDef))
+
+
+def made_within(node: cst.CSTNode, changes: dict) -> cst.CSTNode:
+    """``node`` (an original node, or a replacement built from original nodes) with the
+    ``changes`` that fall inside it made."""
+    return node.visit(ReplaceById({id(original): new for original, new in changes.items()}))
+
+
+def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
+    """Keras 2 optimizer constructors in Keras 3's spelling: `lr=` -> `learning_rate=`, a zero
+    `decay=` (or `epsilon=None`, Keras 2's "the backend epsilon") dropped, any other `decay=` as
+    an `InverseTimeDecay` learning rate. Returns (changes, imports, blocker): the blocker is a
+    node and why its meaning cannot be kept (arguments passed by position, which Keras 2 and 3
+    order differently; a decay that a learning-rate callback would also set)."""
+    changes, imports = {}, []
+    for call in find(rule.context.module, cst.Call):
+        if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
+            continue
+        if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
+            return {}, [], (call, "pass its arguments after the learning rate by keyword: Keras 2 and Keras 3 "
+                                  "order them differently")
+        args = [_renamed(arg, "lr", "learning_rate") for arg in call.args
+                if not _keyword_is(arg, "decay", _is_zero) and not _keyword_is(arg, "epsilon", _is_none)]
+        decay = next((arg for arg in args if _keyword_is(arg, "decay")), None)
+        if decay is not None:
+            args, blocker = _decayed(rule, args, decay, imports)
+            if blocker is not None:
+                return {}, [], (call, blocker)
+        if args != list(call.args):
+            changes[call] = call.with_changes(args=_commas_mended(args, call.args))
+    return changes, imports, None
+
+
+def learning_rate_reads(rule) -> dict:
+    """`model.optimizer.lr` (`K.set_value(self.model.optimizer.lr, ...)` in a callback) and
+    `opt.lr` of a name bound to a Keras optimizer -> `.learning_rate`: Keras 3's optimizers
+    have no `lr`."""
+    bound = {name for assign in find(rule.context.module, cst.Assign)
+             if isinstance(assign.value, cst.Call) and OPTIMIZERS & set(rule.imports.resolve_all(assign.value.func))
+             for target in assign.targets if (name := dotted_name(target.target)) is not None}
+    changes = {}
+    for node in find(rule.context.module, cst.Attribute):
+        owner = dotted_name(node.value) or ""
+        if node.attr.value == "lr" and (owner.rsplit(".", 1)[-1] == "optimizer" or owner in bound):
+            changes[node] = node.with_changes(attr=cst.Name("learning_rate"))
+    return changes
+
+
+def generator_methods(module: cst.Module) -> dict:
+    """`model.fit_generator(gen, 100, epochs=3, workers=4)` -> `model.fit(gen, steps_per_epoch=100,
+    epochs=3)`: Keras 3's `fit` takes a generator itself; the arguments after it are named (its
+    positions differ) and the worker arguments dropped."""
+    changes = {}
+    for call in find(module, cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and func.attr.value in GENERATOR_METHODS) or any(a.star for a in call.args):
+            continue
+        method, params = GENERATOR_METHODS[func.attr.value]
+        args, position = [], 0
+        for arg in call.args:
+            if arg.keyword is None:
+                if position > len(params):
+                    break
+                if position > 0:  # the generator stays first; what follows it is named
+                    arg = arg.with_changes(keyword=cst.Name(params[position - 1]), equal=_EQUAL)
+                position += 1
+            if _keyword_is(arg, "generator"):
+                arg = _renamed(arg, "generator", "x")
+            if arg.keyword is None or arg.keyword.value not in WORKER_ARGUMENTS:
+                args.append(arg)
+        else:
+            changes[call] = call.with_changes(func=func.with_changes(attr=cst.Name(method)),
+                                              args=_commas_mended(args, call.args))
+    return changes
+
+
+def model_keywords(rule) -> dict:
+    """`Model(input=inputs, output=outputs)` (Keras 1, still taken by Keras 2) -> `inputs=`, `outputs=`."""
+    changes = {}
+    for call in find(rule.context.module, cst.Call):
+        if not {"keras.models.Model", "keras.Model", "keras.engine.training.Model"} & set(
+                rule.imports.resolve_all(call.func)):
+            continue
+        args = [_renamed(_renamed(arg, "input", "inputs"), "output", "outputs") for arg in call.args]
+        if args != list(call.args):
+            changes[call] = call.with_changes(args=args)
+    return changes
+
+
+def module_paths(module: cst.Module) -> dict:
+    """`from keras.layers.core import Dense` -> `from keras.layers import Dense`; `from keras.utils
+    import np_utils` -> `from keras import utils as np_utils`; `keras.utils.np_utils.to_categorical`
+    -> `keras.utils.to_categorical`."""
+    changes = {}
+    for node in find(module, cst.ImportFrom):
+        name = dotted_name(node.module) if node.module is not None and not node.relative else None
+        package, _, sub = (name or "").rpartition(".")
+        if sub in KERAS2_SUBMODULES.get(package, ()):
+            changes[node] = node.with_changes(module=cst.parse_expression(package))
+        elif name in KERAS2_SUBMODULES and not isinstance(node.names, cst.ImportStar) and len(node.names) == 1:
+            alias = node.names[0]
+            if isinstance(alias.name, cst.Name) and alias.name.value in KERAS2_SUBMODULES[name]:
+                bound = alias.asname.name.value if alias.asname is not None else alias.name.value  # type: ignore[union-attr]
+                head, _, last = name.rpartition(".")
+                changes[node] = cst.parse_statement(f"from {head} import {last} as {bound}\n").body[0]
+    for node in find(module, cst.Attribute):
+        package = dotted_name(node.value) or ""
+        if node.attr.value in KERAS2_SUBMODULES.get(package, ()):
+            changes[node] = node.value
+    return changes
+
+
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _keyword_is(arg: cst.Arg, keyword: str, test=lambda value: True) -> bool:
+    return arg.keyword is not None and arg.keyword.value == keyword and test(arg.value)
+
+
+def _renamed(arg: cst.Arg, old: str, new: str) -> cst.Arg:
+    return arg.with_changes(keyword=cst.Name(new)) if _keyword_is(arg, old) else arg
+
+
+def _is_zero(value: cst.BaseExpression) -> bool:
+    return isinstance(value, (cst.Integer, cst.Float)) and float(value.evaluated_value) == 0.0
+
+
+def _is_none(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "None"
+
+
+def _commas_mended(args: list[cst.Arg], original: tuple[cst.Arg, ...]) -> list[cst.Arg]:
+    """``args`` (some of ``original`` dropped) with the last one's comma as the original last's."""
+    if not args:
+        return args
+    return [*args[:-1], args[-1].with_changes(comma=original[-1].comma)]
+
+
+def _decayed(rule, args: list[cst.Arg], decay: cst.Arg, imports: list) -> tuple[list[cst.Arg], str | None]:
+    """``args`` with the learning rate as Keras 2's time decay of it, or why it cannot be."""
+    if any(rule.context.mentions(name) for name in LR_CALLBACKS):
+        return args, ("its `decay=` would become a learning-rate schedule, which the module's learning-rate "
+                      "callback cannot set (Keras 3 ignores `decay=`): fold the decay into that callback")
+    rate = next((arg for arg in args if arg.keyword is None or _keyword_is(arg, "learning_rate")), None)
+    if rate is None:
+        return args, ("its `decay=` decays Keras 2's default learning rate, which Keras versions set apart: "
+                      "pass `learning_rate=` (Keras 3 ignores `decay=`)")
+    schedule, needed = rule.tf_ref("tensorflow.keras.optimizers.schedules.InverseTimeDecay")
+    imports += needed
+    code = rule.context.module.code_for_node
+    value = cst.parse_expression(f"{code(schedule)}({code(rate.value)}, decay_steps=1, "
+                                 f"decay_rate={code(decay.value)})")
+    return [arg.with_changes(value=value) if arg is rate else arg for arg in args if arg is not decay], None

@@ -28,7 +28,7 @@ class Detection:
     #: they raise "not available with Keras 3"), so it runs with `TF_USE_LEGACY_KERAS=1`.
     keras2: bool = False
     #: A Keras program of TF 2.0-2.3, which had both `multi_gpu_model` and TF2's `tf.random.set_seed`
-    #: (no TF1-only API): it runs as TF2, with Keras 2 (``tf_keras``) and `multi_gpu_model`
+    #: (no TF1-only API; maybe Keras 2.3's module paths, `keras.layers.core`): it runs as TF2, with Keras 2 (``tf_keras``) and `multi_gpu_model`
     #: restored. In TF1 mode its `tf.random.set_seed` does not exist.
     multi_gpu_tf2: bool = False
 
@@ -71,6 +71,7 @@ def detect(source: str) -> Detection:
     tf_aliases: set[str] = set()       # names bound to the top-level tensorflow module
     v1_aliases: set[str] = set()       # names bound to tensorflow.compat.v1
     reasons: list[str] = []
+    keras_paths: list[str] = []  # the reasons that are Keras 2.0-2.3 module paths
     keras = keras2 = tf2_seed = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -85,6 +86,7 @@ def detect(source: str) -> Detection:
                     reasons.append(f"import {alias.name}")
                 if alias.name.startswith("keras.utils.training_utils") or _keras_2_0(alias.name):
                     reasons.append(f"import {alias.name}")
+                    keras_paths.append(reasons[-1])
         elif isinstance(node, ast.ImportFrom) and node.module:
             if node.module.split(".")[0] in KERAS_MARKERS or ".keras" in node.module:
                 keras = True
@@ -95,6 +97,8 @@ def detect(source: str) -> Detection:
                     v1_aliases.add(alias.asname or "v1")
             if node.module.startswith("tensorflow.contrib") or _keras_2_0(node.module):
                 reasons.append(f"from {node.module} import ...")
+                if not node.module.startswith("tensorflow.contrib"):
+                    keras_paths.append(reasons[-1])
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
@@ -118,6 +122,7 @@ def detect(source: str) -> Detection:
     if any(isinstance(n, ast.Name) and n.id == "multi_gpu_model" for n in ast.walk(tree)):
         reasons.append("multi_gpu_model")
     unique = list(dict.fromkeys(reasons))
-    if tf2_seed and unique and all("multi_gpu_model" in reason for reason in unique):
+    # Standalone Keras 2.3 ran on TF 2.0-2.3 and still had its 2.0 module paths.
+    if tf2_seed and unique and all("multi_gpu_model" in reason or reason in keras_paths for reason in unique):
         return Detection(False, keras, unique, keras2=True, multi_gpu_tf2=True)
     return Detection(bool(unique), keras, unique, keras2=keras2)

@@ -1,0 +1,123 @@
+"""TFM201's fix moves a Keras 2 program onto Keras 3 (`tfmigrate.rewrites.keras3_leftovers`):
+what Keras 3 refuses, or takes and trains otherwise, is rewritten or the fix is refused."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.conftest import run_check, unsafe_fix
+
+KERAS2_SCRIPT = """
+    import numpy as np
+    import tensorflow as tf
+    import keras
+    from keras.models import Model
+    from keras.layers import Input
+    from keras.layers.core import Dense
+    from keras.utils import np_utils
+    from keras.optimizers import SGD
+    from keras.utils import multi_gpu_model
+
+    tf.random.set_seed(0)
+    x = np.zeros((64, 4), 'float32')
+    y = np_utils.to_categorical(np.arange(64) % 2, 2)
+    inputs = Input(shape=(4,))
+    model = Model(input=inputs, output=Dense(2, activation='softmax')(inputs))
+    parallel = multi_gpu_model(model, gpus=2)
+    parallel.compile(loss='categorical_crossentropy', optimizer=OPTIMIZER)
+    FIT
+"""
+
+
+def script(optimizer="SGD(lr=0.1)", fit="parallel.fit(x, y, batch_size=16)", extra=""):
+    return textwrap.dedent(KERAS2_SCRIPT).replace("OPTIMIZER", optimizer).replace("FIT", fit) + textwrap.dedent(extra)
+
+
+def refusal(source: str) -> str:
+    findings = [f for f in run_check(source) if f.code == "TFM201"]
+    assert len(findings) == 1 and not findings[0].fixable
+    return findings[0].message
+
+
+def test_keras_2_spellings_become_keras_3_ones_and_a_second_fix_changes_nothing():
+    result = unsafe_fix(script())
+    assert "    parallel.compile(loss='categorical_crossentropy', optimizer=SGD(learning_rate=0.1))\n" in result
+    assert "from keras.layers import Dense\n" in result and "keras.layers.core" not in result
+    assert "from keras import utils as np_utils\n" in result  # `np_utils.to_categorical` still reads
+    assert "    model = Model(inputs=inputs, outputs=Dense(2, activation='softmax')(inputs))\n" in result
+    assert unsafe_fix(result) == result
+
+
+@pytest.mark.parametrize("optimizer, expected", [
+    # Keras 2 trained at lr / (1 + decay * iterations); Keras 3 ignores `decay=` with a warning.
+    ("SGD(lr=0.1, momentum=0.9, decay=1e-3, nesterov=True)",
+     "SGD(learning_rate=tf.keras.optimizers.schedules.InverseTimeDecay(0.1, decay_steps=1, decay_rate=1e-3), "
+     "momentum=0.9, nesterov=True)"),
+    ("keras.optimizers.RMSprop(1e-4, decay=1e-6)",
+     "keras.optimizers.RMSprop(tf.keras.optimizers.schedules.InverseTimeDecay(1e-4, decay_steps=1, "
+     "decay_rate=1e-6))"),
+    # A zero decay and Keras 2's `epsilon=None` ("the backend's epsilon", Keras 3's default) go.
+    ("keras.optimizers.Adam(lr=1e-3, epsilon=None, decay=0.0, amsgrad=False)",
+     "keras.optimizers.Adam(learning_rate=1e-3, amsgrad=False)"),
+    ("keras.optimizers.Adam(lr=1e-3, decay=0.)", "keras.optimizers.Adam(learning_rate=1e-3)"),
+])
+def test_optimizer_arguments_keep_their_meaning(optimizer, expected):
+    result = unsafe_fix(script(optimizer=optimizer))
+    assert f"optimizer={expected})\n" in result
+
+
+@pytest.mark.parametrize("optimizer, extra, reason", [
+    ("SGD(0.1, 0.9)", "", "by keyword: Keras 2 and Keras 3 order them differently"),
+    ("SGD(momentum=0.9, decay=1e-4)", "", "pass `learning_rate=`"),
+    ("SGD(lr=0.1, decay=1e-4)", "cb = keras.callbacks.ReduceLROnPlateau(patience=2)\n",
+     "which the module's learning-rate callback cannot set"),
+])
+def test_an_optimizer_whose_meaning_keras_3_would_change_is_refused_with_its_line(optimizer, extra, reason):
+    message = refusal(script(optimizer=optimizer, extra=extra))
+    assert "line 17: `SGD(...)`: " in message and reason in message
+
+
+def test_learning_rate_reads_are_renamed():
+    """Keras 3's optimizers have no `lr` (a callback logging `self.model.optimizer.lr` failed)."""
+    extra = """
+        class LogRate(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                print(float(self.model.optimizer.lr), self.lr)
+    """
+    result = unsafe_fix(script(extra=extra))
+    assert "print(float(self.model.optimizer.learning_rate), self.lr)" in result  # only the optimizer's
+
+
+SEQUENCE = """
+    class Batches(keras.utils.Sequence):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]
+"""
+
+
+@pytest.mark.parametrize("fed", ["Batches()", "train_batches", "datagen.flow(x, y, batch_size=16)"])
+def test_fit_generator_on_a_sequence_becomes_fit_with_named_arguments(fed):
+    """Keras 3's `fit` takes a Sequence itself; the generator method's positions differ from
+    `fit`'s, so they are named, and the worker arguments (which Keras 3 does not take) go."""
+    fit = f"parallel.fit_generator({fed}, 4, 2, verbose=0, workers=4, use_multiprocessing=True)"
+    result = unsafe_fix(script(fit=fit).replace("tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n" + textwrap.dedent(
+        SEQUENCE) + "train_batches = Batches()\n"))
+    assert f"parallel.fit({fed}, steps_per_epoch=4, epochs=2, verbose=0)\n" in result
+
+
+def test_fit_generator_on_a_python_generator_is_refused():
+    """Keras 3 under MirroredStrategy trains a Python generator's batches in another order
+    (checked on 2 logical CPUs: the 8th batch of an epoch came 3rd), a Sequence's in theirs."""
+    message = refusal(script(fit="parallel.fit_generator(batches(16), steps_per_epoch=4)"))
+    assert "feeds a Python generator" in message and "keras.utils.Sequence" in message
+
+
+def test_a_generator_keyword_becomes_x():
+    fit = "parallel.evaluate_generator(generator=Batches(), steps=4, max_queue_size=2)"
+    result = unsafe_fix(script(fit=fit) + textwrap.dedent(SEQUENCE))
+    assert "parallel.evaluate(x=Batches(), steps=4)\n" in result
