@@ -283,3 +283,33 @@ def test_a_device_function_defined_in_the_loop_over_its_device_makes_a_tower_loo
     )
     (tower,) = module_tower_loops(context)
     assert isinstance(tower.loop, cst.For)
+
+
+ROUND_ROBIN = """
+    import tensorflow as tf
+
+    class Model(object):
+        def _next_device(self):
+            dev = '/gpu:%d' % self._cur_gpu
+            self._cur_gpu = (self._cur_gpu + 1) % self._num_gpus
+            return dev
+
+        def build(self, x, opt):
+            for layer in range(self.layers):  # one layer per GPU: no replica
+                with tf.device(self._next_device()):
+                    x = tf.layers.dense(x, 8)
+            for i in range(self.towers):
+                with tf.device(self._next_device()), tf.name_scope('tower_%d' % i):
+                    self.grads.append(opt.compute_gradients(self.loss(x[i])))
+"""
+
+
+def test_towers_placed_by_a_round_robin_device_allocator_are_a_tower_loop():
+    """`tf.device(self._next_device())` names no loop variable: a call of the module's own
+    allocator that names a GPU and moves its counter gives each call the next device. Only the
+    loop that computes gradients is replicas; textsum's layers placed one per GPU are not."""
+    context = context_for(ROUND_ROBIN)
+    loops = module_tower_loops(context)
+    assert [cst.Module([]).code_for_node(t.loop.iter) for t in loops] == ["range(self.towers)"]
+    fixed = context_for(ROUND_ROBIN.replace("self._cur_gpu = (self._cur_gpu + 1) % self._num_gpus", "pass"))
+    assert module_tower_loops(fixed) == []  # always the same device: no towers

@@ -40,7 +40,7 @@ REWRITTEN = [
     "general_hand_written_adam", "general_tower_loss_ema", "general_bert_adamw_optimizer",
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
-    "general_variables_above_model_fn",
+    "general_variables_above_model_fn", "general_round_robin_devices",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",

@@ -409,7 +409,7 @@ def classified_loops(module: cst.Module, imports: ImportTable, text: str | None 
             scope
             for scope in scopes
             if not _colocates(scope.device)
-            and names_used(scope.device) & derived(loop)
+            and (names_used(scope.device) & derived(loop) or _next_device_each_tower(scope.device, loop, walked, imports))
             and not mentions_only_cpu(scope.device, imports)
             and _builds_something(scope.with_node)
         ]
@@ -427,6 +427,25 @@ def classified_loops(module: cst.Module, imports: ImportTable, text: str | None 
     for loop in plumbing:
         loop.owner = walked.owner.get(id(loop.loop))
     return [tower for tower in ordered if id(tower.loop) not in nested], plumbing, walked
+
+
+def _next_device_each_tower(device: cst.CSTNode, loop: cst.For, walked: ModuleWalk, imports: ImportTable) -> bool:
+    """`tf.device(self._next_device())` in a loop that computes gradients (textsum's round robin):
+    a call, with no arguments, of a function of the module that names a GPU and moves a counter
+    of its own (`self._cur_gpu = ...`, or a global): each call names the next device. Textsum also
+    places an encoder's layers this way, one per GPU, which is no replica: those loops compute no
+    gradients."""
+    if not isinstance(device, cst.Call) or device.args:
+        return False
+    name = callee_name(device)
+    functions = walked.functions.get(name or "", [])
+    if len(functions) != 1 or not any("gpu" in s.value.lower() for s in find(functions[0], cst.SimpleString)):
+        return False
+    globals_ = {n.name.value for g in find(functions[0], cst.Global) for n in g.names if isinstance(n.name, cst.Name)}
+    moves = any(isinstance(t, cst.Attribute) and code(t.value) == "self" or (isinstance(t, cst.Name) and t.value in globals_)
+                for node in find(functions[0], cst.Assign, cst.AugAssign)
+                for t in ([a.target for a in node.targets] if isinstance(node, cst.Assign) else [node.target]))
+    return moves and any(computes_gradients(node, imports) for node in walk(loop.body))
 
 
 # What a per-device loop may call and still only move data or updates between devices: apply

@@ -241,7 +241,7 @@ def _plan(rule, tower, group: list) -> Edit:
         for member in group[1:]:
             changes[member.owner] = under_scope(member.owner.visit(ReplaceById(region_changes)), scope_item, why)
     _add_outside_changes(rule, changes, region_changes, originals, group, scope_region, tf)
-    remove_unused_helpers(changes, tower, module, update)
+    remove_unused_helpers(changes, tower, module, update, devices)
     title = "rewrite the tower loop as a replica function run by tf.distribute.MirroredStrategy" + update.note
     if others:
         lines = [str(line_of(rule, member.loop)) for member in group]

@@ -46,6 +46,8 @@ def strategy_devices(rule, tower) -> str:
         device = cst.parse_expression(f"{code(device)}.to_string()")
     elif _spec_string(device, imports):
         pass  # `tf.DeviceSpec(device_type='GPU', device_index=k).to_string()`: a device name already
+    elif isinstance(device, cst.Call) and not device.args and callee_name(device) is not None:
+        pass  # `self._next_device()` (textsum's round robin): the next device's name; once per tower below
     elif is_device_function(device, imports):
         # A device function: `assign_to_device('/gpu:%d' % i, ...)`, `replica_device_setter(worker_device=...)`.
         device = ops_device(device, imports)
@@ -527,10 +529,12 @@ def _check_bound_before(rule, owner: cst.CSTNode, above: list, prelude: list, bl
                       "cover; set it before that code (or at the top of the function)")
 
 
-def remove_unused_helpers(changes: dict, tower, module: cst.Module, update: Update) -> None:
-    """The averaging helper and device functions only the loop used go with it."""
+def remove_unused_helpers(changes: dict, tower, module: cst.Module, update: Update, devices: str) -> None:
+    """The averaging helper and device functions only the loop used go with it (a device
+    function the strategy's ``devices`` call, `next_device()` of a round robin, stays)."""
     removed = [scope.device for scope in tower.scopes]
-    names = [name for name, _ in device_helpers(tower, module)]
+    named = names_used(cst.parse_expression(devices)) if devices else set()
+    names = [name for name, _ in device_helpers(tower, module) if name not in named]
     if update.helper:
         names.append(update.helper)
     definitions = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
