@@ -9,7 +9,7 @@ from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, find
 from tfmigrate.rewrites.keras3_leftovers import (
-    callback_models_set, derives, generator_methods, learning_rate_reads, made_within, model_keywords, module_paths,
+    backend_calls, callback_models_set, derives, generator_methods, learning_rate_reads, made_within, model_keywords, module_paths,
     optimizer_arguments, weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
@@ -554,9 +554,14 @@ class MultiGpuModel(Rule):
         runs on (:mod:`tfmigrate.rewrites.keras3_leftovers`): (changes, imports, blocker)."""
         module = self.context.module
         changes, imports, blocked = optimizer_arguments(self)
+        if blocked is None:
+            backend, backend_imports, blocked = backend_calls(self, self._names)
+            changes.update(backend)
+            imports += backend_imports
         if blocked is not None:
             node, reason = blocked
-            return {}, [], f"line {self.position(node).start.line}: `{self._code(node.func)}(...)`: {reason}"
+            where = f"`{self._code(node.func)}(...)`: " if isinstance(node, cst.Call) else ""
+            return {}, [], f"line {self.position(node).start.line}: {where}{reason}"
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
         changes.update(learning_rate_reads(self))

@@ -15,7 +15,9 @@ crash), or worse, takes it and trains otherwise:
   `predict`, without the worker arguments);
 - `Model(input=..., output=...)` (now `inputs=`, `outputs=`);
 - Keras 2's submodules (`keras.layers.core`, `keras.utils.np_utils`): what they held is in the
-  package above.
+  package above;
+- the backend's math (`K.sum`, `K.flatten` in a Dice loss): it is in `keras.ops` now;
+- `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement: refused.
 
 Each function returns LibCST changes (original node -> replacement) for the rule's edit; a
 replacement may hold nodes another change replaces, so the rule applies them within it
@@ -28,12 +30,13 @@ from collections.abc import Iterable
 
 import libcst as cst
 
+from tfmigrate.cst.callargs import with_keyword
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, single_small
-from tfmigrate.rewrites.mirrored import ReplaceById
+from tfmigrate.rule import ImportItem
 
 __all__ = [
-    "callback_models_set", "derives", "generator_methods", "learning_rate_reads", "made_within", "model_keywords",
+    "backend_calls", "callback_models_set", "derives", "generator_methods", "learning_rate_reads", "made_within", "model_keywords",
     "module_paths", "optimizer_arguments", "weight_file_renames",
 ]
 
@@ -137,8 +140,21 @@ def _is_checkpoint(module: cst.Module, call: cst.Call) -> bool:
 
 def made_within(node: cst.CSTNode, changes: dict) -> cst.CSTNode:
     """``node`` (an original node, or a replacement built from original nodes) with the
-    ``changes`` that fall inside it made."""
-    return node.visit(ReplaceById({id(original): new for original, new in changes.items()}))
+    ``changes`` that fall inside it made, and those inside each replacement
+    (`K.sqrt(K.mean(K.square(x)))`: every call is one change)."""
+    return node.visit(_Nested({id(original): new for original, new in changes.items()}))
+
+
+class _Nested(cst.CSTTransformer):
+    def __init__(self, changes: dict[int, cst.CSTNode]) -> None:
+        super().__init__()
+        self.changes = changes
+
+    def on_leave(self, original, updated):
+        new = self.changes.get(id(original))
+        if new is None or not isinstance(new, cst.CSTNode):
+            return updated if new is None else new
+        return new.visit(_Nested({k: v for k, v in self.changes.items() if k != id(original)}))
 
 
 def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
@@ -149,8 +165,12 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
     order differently; a decay that a learning-rate callback would also set)."""
     changes, imports = {}, []
     for call in find(rule.context.module, cst.Call):
+        if _compiles_with(call, "rmsprop"):
+            return {}, [], (call, _RMSPROP)
         if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
             continue
+        if "keras.optimizers.RMSprop" in rule.imports.resolve_all(call.func):
+            return {}, [], (call, _RMSPROP)
         if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
             return {}, [], (call, "pass its arguments after the learning rate by keyword: Keras 2 and Keras 3 "
                                   "order them differently")
@@ -164,6 +184,21 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
         if args != list(call.args):
             changes[call] = call.with_changes(args=_commas_mended(args, call.args))
     return changes, imports, None
+
+
+_RMSPROP = ("Keras 3's RMSprop divides by sqrt(v + epsilon) where Keras 2's divided by sqrt(v) + epsilon, so it "
+            "takes other steps wherever gradients are small (a held-out CIFAR-10 CNN drifted 7e-3 in 30 steps): build "
+            "and compile the template under `strategy.scope()` by hand if Keras 3's RMSprop will do, or train with an "
+            "optimizer both compute alike (SGD, Adam)")
+
+
+def _compiles_with(call: cst.Call, name: str) -> bool:
+    """`model.compile(optimizer='rmsprop', ...)` (or the name first, by position)."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
+        return False
+    value = next((a.value for a in call.args if _keyword_is(a, "optimizer")),
+                 call.args[0].value if call.args and call.args[0].keyword is None else None)
+    return isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() == name
 
 
 def learning_rate_reads(rule) -> dict:
@@ -243,6 +278,74 @@ def module_paths(module: cst.Module) -> dict:
         if node.attr.value in KERAS2_SUBMODULES.get(package, ()):
             changes[node] = node.value
     return changes
+
+
+#: What Keras 3's `keras.backend` still has.
+BACKEND_KEPT = {"backend", "clear_session", "epsilon", "floatx", "get_uid", "image_data_format", "is_keras_tensor",
+                "set_epsilon", "set_floatx", "set_image_data_format", "standardize_dtype"}
+#: Keras 2 backend functions and the `keras.ops` function that takes the same arguments.
+BACKEND_OPS = {name: name for name in (
+    "sum", "mean", "square", "sqrt", "abs", "log", "exp", "clip", "maximum", "minimum", "dot", "cast", "round",
+    "greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "sign", "max", "min", "tanh",
+    "sigmoid", "softmax", "relu", "binary_crossentropy", "categorical_crossentropy", "zeros_like", "ones_like",
+    "floor", "std", "var", "prod", "any", "all", "transpose", "reshape", "stack", "squeeze", "log1p", "cos", "sin",
+    "argmax", "argmin", "concatenate", "expand_dims")} | {"pow": "power", "switch": "where"}
+#: Where Keras 2's default axis was the last and `keras.ops`'s is another (or none).
+BACKEND_LAST_AXIS = {"argmax": 1, "argmin": 1, "concatenate": 1, "expand_dims": 1}
+#: Keras 2 modules that Keras 3 dropped without a replacement.
+GONE_MODULES = {"keras.preprocessing.text": "tokenize with `keras.layers.TextVectorization`"}
+
+
+def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
+    """`K.sum(...)` -> `ops.sum(...)` (`from keras import ops`): Keras 3's backend keeps only its
+    settings (`K.epsilon()` stays), its math is in `keras.ops`; `K.flatten(x)` is
+    `ops.reshape(x, (-1,))`, `K.get_value(v)` `ops.convert_to_numpy(v)` and `K.set_value(v, x)`
+    `v.assign(x)`. ``names`` are the module's names: where `ops` is one, `keras_ops`. Returns (changes, imports, blocker) as :func:`optimizer_arguments` does."""
+    ops = "ops" if "ops" not in names else "keras_ops"
+    changes = {}
+    for node in find(rule.context.module, cst.ImportFrom):
+        module = dotted_name(node.module) if node.module is not None and not node.relative else None
+        if module in GONE_MODULES:
+            return {}, [], (node, f"`{module}` is gone from Keras 3, which the migrated program runs on: "
+                                  f"{GONE_MODULES[module]} first")
+    for call in find(rule.context.module, cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and rule.imports.resolve(func.value) == "keras.backend"):
+            continue
+        name = func.attr.value
+        if name in BACKEND_KEPT:
+            continue
+        replacement = _backend_replacement(call, name, ops)
+        if replacement is None:
+            return {}, [], (call, f"`{_code_of(rule, func)}` is gone from Keras 3's backend, which the migrated program "
+                                  "runs on: write it with `keras.ops` first")
+        changes[call] = replacement
+    imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if changes else []
+    return changes, imports, None
+
+
+def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None:
+    args = list(call.args)
+    if name == "flatten" and len(args) == 1:
+        return call.with_changes(func=cst.parse_expression(f"{ops}.reshape"),
+                                 args=[args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                                       cst.Arg(cst.parse_expression("(-1,)"))])
+    if name == "get_value" and len(args) == 1:
+        return call.with_changes(func=cst.parse_expression(f"{ops}.convert_to_numpy"))
+    if name == "set_value" and len(args) == 2 and not any(a.keyword or a.star for a in args):
+        return call.with_changes(func=cst.Attribute(args[0].value, cst.Name("assign")),
+                                 args=[args[1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+    if name not in BACKEND_OPS or any(a.star for a in args):
+        return None
+    new = call.with_changes(func=cst.parse_expression(f"{ops}.{BACKEND_OPS[name]}"))
+    if name in BACKEND_LAST_AXIS and len(args) <= BACKEND_LAST_AXIS[name] and not any(
+            _keyword_is(a, "axis") for a in args):
+        new = with_keyword(new, "axis", "-1")
+    return new
+
+
+def _code_of(rule, node: cst.CSTNode) -> str:
+    return rule.context.module.code_for_node(node).strip()
 
 
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
