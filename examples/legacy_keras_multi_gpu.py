@@ -9,7 +9,7 @@ model = Sequential([
     Dense(10, activation='softmax'),
 ])
 parallel_model = multi_gpu_model(model, gpus=2)
-parallel_model.compile(loss='categorical_crossentropy', optimizer='rmsprop')
+parallel_model.compile(loss='categorical_crossentropy', optimizer='adam')
 
 x = np.random.random((1024, 32))
 y = np.eye(10)[np.random.randint(10, size=1024)]

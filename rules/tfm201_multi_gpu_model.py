@@ -9,8 +9,8 @@ from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, find
 from tfmigrate.rewrites.keras3_leftovers import (
-    backend_calls, callback_models_set, derives, generator_methods, learning_rate_reads, made_within, model_keywords, module_paths,
-    optimizer_arguments, weight_file_renames,
+    GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, generator_methods, learning_rate_reads,
+    made_within, model_keywords, module_paths, optimizer_arguments, weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -565,6 +565,7 @@ class MultiGpuModel(Rule):
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
         changes.update(learning_rate_reads(self))
+        changes.update(categorical_dtypes(self))
         changes.update(generator_methods(module))
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
@@ -581,9 +582,10 @@ class MultiGpuModel(Rule):
             )
         if generator_fit is not None:
             return (
-                f"`{generator_fit}(...)` feeds a Python generator, whose batches Keras 3 under a distribution "
-                "strategy trains in another order (checked: the 8th batch of an epoch came 3rd); feed a "
-                "`keras.utils.Sequence` (its batches keep their order) or a `tf.data.Dataset`"
+                f"`{generator_fit}(...)` feeds a generator or a `keras.utils.Sequence`, and Keras 3 under a "
+                "distribution strategy does not split their batches reliably: a Python generator's batches came "
+                "in another order (the 8th of an epoch 3rd), and from the second epoch on a Sequence's whole batch "
+                "went to one replica in 2 of 5 runs (half the step); feed arrays or a batched `tf.data.Dataset`"
             )
         validated = self._validated_fit(models) if self._uses_tf1_apis() else None
         if validated is not None:
@@ -646,34 +648,16 @@ class MultiGpuModel(Rule):
         return None
 
     def _generator_fit(self, models: set) -> str | None:
-        """`parallel_model.fit_generator(...)`: the model trained from a Python generator (in a TF2
-        module, one that is not a `keras.utils.Sequence`)."""
-        if not self.context.mentions("fit_generator"):
+        """`parallel_model.fit_generator(...)` (or `evaluate_generator`, `predict_generator`): the
+        model run on batches from a generator or a `keras.utils.Sequence`."""
+        if not self.context.mentions("_generator"):
             return None
         for node in find(self.context.module, cst.Call):
             func = node.func
-            if (isinstance(func, cst.Attribute) and func.attr.value == "fit_generator"
+            if (isinstance(func, cst.Attribute) and func.attr.value in GENERATOR_METHODS
                     and self._code(func.value) in models):
-                fed = argument(node, ("generator",), "generator")
-                if self._uses_tf1_apis() or fed is None or not self._is_sequence(fed):
-                    return self._code(func)
+                return self._code(func)
         return None
-
-    def _is_sequence(self, value: cst.BaseExpression) -> bool:
-        """A `keras.utils.Sequence`: an instance of a module class derived from it, an
-        `ImageDataGenerator`'s `flow(...)`, or a name bound to one of those."""
-        name = dotted_name(value)
-        if name is not None:
-            bound = [a.value for a in find(self.context.module, cst.Assign)
-                     if any(dotted_name(t.target) == name for t in a.targets)]
-            return len(bound) == 1 and self._is_sequence(bound[0])
-        if not isinstance(value, cst.Call):
-            return False
-        called = (dotted_name(value.func) or "").rsplit(".", 1)[-1]
-        if called in ("flow", "flow_from_directory", "flow_from_dataframe"):
-            return True
-        return any(c.name.value == called and derives(c, ("Sequence", "PyDataset"))
-                   for c in find(self.context.module, cst.ClassDef))
 
     def _construction(self, body, index: int, model: str) -> int | None:
         """Index of the statement that builds ``model``, before ``index`` in the same block."""

@@ -124,6 +124,26 @@ def test_a_trainer_class_keeping_its_models_on_self_is_fixed_runs_to_the_end_and
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
 
+def test_a_keras_2_script_is_moved_onto_keras_3_runs_to_the_end_and_trains_the_same(tmp_path):
+    """Keras 2's spellings (`keras.layers.core`, `np_utils`, `SGD(lr=, decay=)`, backend math in a
+    metric, `optimizer.lr`, float32 `to_categorical` labels) become Keras 3's: the fixed program
+    ends on Keras 3, and its decayed learning rate trains as Keras 2's did (Keras 3 would have
+    ignored `decay=`)."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras2_spellings.py", tmp_path)
+    text = fixed.read_text()
+    assert "InverseTimeDecay(0.1, decay_steps=1, decay_rate=1e-2), momentum=0.9, nesterov=True)" in text
+    assert "from keras.layers import Activation, Dense\nfrom keras.models import Model\n" in text
+    assert "CLASSES).astype('float32')\n" in text and "ops.sum(ops.round(ops.clip(" in text
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["accuracy"] > 0.8
+    status, report = run_verify(legacy, fixed, tmp_path, steps=24)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert len(report["new"]["steps"]) == 24  # 3 epochs of 8 batches: every step compared
+
+
 TF2_ERA_KERAS = """
 import numpy as np
 import tensorflow as tf

@@ -17,6 +17,8 @@ crash), or worse, takes it and trains otherwise:
 - Keras 2's submodules (`keras.layers.core`, `keras.utils.np_utils`): what they held is in the
   package above;
 - the backend's math (`K.sum`, `K.flatten` in a Dice loss): it is in `keras.ops` now;
+- `to_categorical(...)`, float32 in Keras 2 (its `dtype=`) and float64 in Keras 3, where a
+  metric multiplying float32 predictions by the labels fails;
 - `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement: refused.
 
 Each function returns LibCST changes (original node -> replacement) for the rule's edit; a
@@ -36,8 +38,9 @@ from tfmigrate.cst.traversal import find, single_small
 from tfmigrate.rule import ImportItem
 
 __all__ = [
-    "backend_calls", "callback_models_set", "derives", "generator_methods", "learning_rate_reads", "made_within", "model_keywords",
-    "module_paths", "optimizer_arguments", "weight_file_renames",
+    "GENERATOR_METHODS", "backend_calls", "callback_models_set", "categorical_dtypes", "generator_methods",
+    "learning_rate_reads", "made_within", "model_keywords", "module_paths", "optimizer_arguments",
+    "weight_file_renames",
 ]
 
 #: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
@@ -90,7 +93,7 @@ def callback_models_set(module: cst.Module) -> dict:
     checkpoint saves the same model either way."""
     changes = {}
     for cls in find(module, cst.ClassDef):
-        if not derives(cls, ("ModelCheckpoint", "Callback")):
+        if not _derives(cls, ("ModelCheckpoint", "Callback")):
             continue
         for line in find(cls.body, cst.SimpleStatementLine):
             small = single_small(line)
@@ -101,7 +104,7 @@ def callback_models_set(module: cst.Module) -> dict:
     return changes
 
 
-def derives(cls: cst.ClassDef, bases: tuple[str, ...]) -> bool:
+def _derives(cls: cst.ClassDef, bases: tuple[str, ...]) -> bool:
     """Whether ``cls`` names one of ``bases`` among its bases (`ModelCheckpoint`, `keras.callbacks.Callback`)."""
     return any((dotted_name(base.value) or "").rsplit(".", 1)[-1] in bases for base in cls.bases)
 
@@ -135,26 +138,35 @@ def _is_checkpoint(module: cst.Module, call: cst.Call) -> bool:
     name = module.code_for_node(call.func).strip().rsplit(".", 1)[-1]
     if name == "ModelCheckpoint":
         return True
-    return any(c.name.value == name and derives(c, ("ModelCheckpoint",)) for c in find(module, cst.ClassDef))
+    return any(c.name.value == name and _derives(c, ("ModelCheckpoint",)) for c in find(module, cst.ClassDef))
 
 
 def made_within(node: cst.CSTNode, changes: dict) -> cst.CSTNode:
     """``node`` (an original node, or a replacement built from original nodes) with the
     ``changes`` that fall inside it made, and those inside each replacement
     (`K.sqrt(K.mean(K.square(x)))`: every call is one change)."""
-    return node.visit(_Nested({id(original): new for original, new in changes.items()}))
+    return _made_within(node, {id(original): new for original, new in changes.items()})
+
+
+def _made_within(node, changes: dict[int, object]):
+    if isinstance(node, cst.FlattenSentinel):
+        return cst.FlattenSentinel([_made_within(each, changes) for each in node.nodes])
+    if not isinstance(node, cst.CSTNode):  # a removal
+        return node
+    return node.visit(_Nested(changes))
 
 
 class _Nested(cst.CSTTransformer):
-    def __init__(self, changes: dict[int, cst.CSTNode]) -> None:
+    def __init__(self, changes: dict[int, object]) -> None:
         super().__init__()
         self.changes = changes
 
     def on_leave(self, original, updated):
         new = self.changes.get(id(original))
-        if new is None or not isinstance(new, cst.CSTNode):
-            return updated if new is None else new
-        return new.visit(_Nested({k: v for k, v in self.changes.items() if k != id(original)}))
+        if new is None:
+            return updated
+        # What the replacement holds of the original's insides is changed too (not itself again).
+        return _made_within(new, {k: v for k, v in self.changes.items() if k != id(original)})
 
 
 def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
@@ -199,6 +211,25 @@ def _compiles_with(call: cst.Call, name: str) -> bool:
     value = next((a.value for a in call.args if _keyword_is(a, "optimizer")),
                  call.args[0].value if call.args and call.args[0].keyword is None else None)
     return isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() == name
+
+
+def categorical_dtypes(rule) -> dict:
+    """`to_categorical(y, n)` -> `to_categorical(y, n).astype('float32')` (and a `dtype=` argument,
+    which Keras 3 does not take, as that `astype`): Keras 2 made float32 labels, Keras 3 makes
+    float64 ones."""
+    changes = {}
+    for call in find(rule.context.module, cst.Call):
+        if not {"keras.utils.to_categorical", "keras.utils.np_utils.to_categorical"} & set(
+                rule.imports.resolve_all(call.func)) or any(a.star for a in call.args):
+            continue
+        dtype = next((a.value for a in call.args if _keyword_is(a, "dtype")), None)
+        if dtype is None and len(call.args) > 2:
+            dtype = call.args[2].value
+        args = [a for i, a in enumerate(call.args) if not _keyword_is(a, "dtype") and i < 2]
+        text = _code_of(rule, dtype) if dtype is not None else "'float32'"
+        changes[call] = cst.Call(cst.Attribute(call.with_changes(args=_commas_mended(args, call.args)),
+                                               cst.Name("astype")), [cst.Arg(cst.parse_expression(text))])
+    return changes
 
 
 def learning_rate_reads(rule) -> dict:
@@ -259,25 +290,38 @@ def model_keywords(rule) -> dict:
 
 def module_paths(module: cst.Module) -> dict:
     """`from keras.layers.core import Dense` -> `from keras.layers import Dense`; `from keras.utils
-    import np_utils` -> `from keras import utils as np_utils`; `keras.utils.np_utils.to_categorical`
-    -> `keras.utils.to_categorical`."""
+    import np_utils` -> `from keras import utils as np_utils` (on a line of its own);
+    `keras.utils.np_utils.to_categorical` -> `keras.utils.to_categorical`."""
     changes = {}
-    for node in find(module, cst.ImportFrom):
-        name = dotted_name(node.module) if node.module is not None and not node.relative else None
+    for line in find(module, cst.SimpleStatementLine):
+        node = single_small(line)
+        name = dotted_name(node.module) if isinstance(node, cst.ImportFrom) and node.module and not node.relative else None
         package, _, sub = (name or "").rpartition(".")
         if sub in KERAS2_SUBMODULES.get(package, ()):
             changes[node] = node.with_changes(module=cst.parse_expression(package))
-        elif name in KERAS2_SUBMODULES and not isinstance(node.names, cst.ImportStar) and len(node.names) == 1:
-            alias = node.names[0]
-            if isinstance(alias.name, cst.Name) and alias.name.value in KERAS2_SUBMODULES[name]:
-                bound = alias.asname.name.value if alias.asname is not None else alias.name.value  # type: ignore[union-attr]
-                head, _, last = name.rpartition(".")
-                changes[node] = cst.parse_statement(f"from {head} import {last} as {bound}\n").body[0]
+        elif name in KERAS2_SUBMODULES and not isinstance(node.names, cst.ImportStar):
+            submodules = [a for a in node.names if isinstance(a.name, cst.Name) and a.name.value in KERAS2_SUBMODULES[name]]
+            if submodules:
+                changes[line] = _submodules_apart(line, node, name, submodules)
     for node in find(module, cst.Attribute):
         package = dotted_name(node.value) or ""
         if node.attr.value in KERAS2_SUBMODULES.get(package, ()):
             changes[node] = node.value
     return changes
+
+
+def _submodules_apart(line: cst.SimpleStatementLine, node: cst.ImportFrom, package: str, submodules: list):
+    """`from keras.utils import multi_gpu_model, np_utils` -> that line without `np_utils`, then
+    `from keras import utils as np_utils`."""
+    head, _, last = package.rpartition(".")
+    lines = [cst.parse_statement(f"from {head} import {last} as "
+                                 f"{alias.asname.name.value if alias.asname else alias.name.value}\n")  # type: ignore[union-attr]
+             for alias in submodules]
+    kept = [alias for alias in node.names if alias not in submodules]
+    if not kept:
+        return cst.FlattenSentinel([lines[0].with_changes(leading_lines=line.leading_lines), *lines[1:]])
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return cst.FlattenSentinel([line.with_changes(body=[node.with_changes(names=kept)]), *lines])
 
 
 #: What Keras 3's `keras.backend` still has.
