@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.analysis.batch_splits import keras_parallel_helper
+from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import batch_coupled
 from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import blank_lines_unindented, find
+from tfmigrate.cst.traversal import blank_lines_unindented, contains, find
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, generator_methods, learning_rate_reads,
     made_within, model_keywords, module_paths, optimizer_arguments, weight_file_renames,
@@ -72,8 +72,10 @@ class MultiGpuModel(Rule):
         from Keras is not reported (a split/concat helper of your own is TFM105's business).
         Calls of a hand-written Keras `make_parallel(model, gpu_count)` of the module (the
         keras-extras gist: a tower loop slicing each input with `Lambda` layers, a `Model`
-        returned around the template's inputs) are reported too: the helper does what
-        `multi_gpu_model` does, and TFM105 finds its slicing.
+        returned around the template's inputs) are reported too, and so are constructions of a
+        `Model` subclass of the module that does the same around the template (Mask R-CNN's
+        `ParallelModel(model, gpu_count)`): the helper does what `multi_gpu_model` does, and
+        TFM105 finds its slicing.
     """
     why = """
         `multi_gpu_model` was removed in TensorFlow 2.4 (and from standalone Keras 2.4). It
@@ -90,14 +92,14 @@ class MultiGpuModel(Rule):
 
         model = build_model()
         parallel_model = multi_gpu_model(model, gpus=8)
-        parallel_model.compile(loss='categorical_crossentropy', optimizer='rmsprop')
+        parallel_model.compile(loss='categorical_crossentropy', optimizer='adam')
         parallel_model.fit(x, y, epochs=20, batch_size=256)
     """
     use_instead = """
         strategy = tf.distribute.MirroredStrategy()
         with strategy.scope():
             model = build_model()
-            model.compile(loss='categorical_crossentropy', optimizer='rmsprop')
+            model.compile(loss='categorical_crossentropy', optimizer='adam')
         model.fit(x, y, epochs=20, batch_size=256)
     """
     fix_notes = """
@@ -124,7 +126,18 @@ class MultiGpuModel(Rule):
         save_weights_only=True)` (or of a subclass of it). A callback of the module that swaps
         in the template (`self.model = self.original_model`, the widely copied
         `ModelCheckpointMGPU`) sets it with `self.set_model(...)`: Keras 3's `Callback.model`
-        cannot be assigned.
+        cannot be assigned. A hand-written helper (or `ParallelModel` class) called once goes
+        with its call, and the imports only it read (`Lambda`); used anywhere else, it is
+        refused with the line.
+        The migrated program runs on Keras 3, so the fix moves Keras 2's spellings onto it:
+        optimizer `lr=` becomes `learning_rate=` (and `.lr` `.learning_rate`); `decay=d`, which
+        Keras 3 ignores with a warning, becomes the learning rate
+        `InverseTimeDecay(lr, decay_steps=1, decay_rate=d)` (Keras 2's `lr / (1 + d * step)`); a
+        zero `decay=` and `epsilon=None` go; backend math (`K.sum`, `K.square`, `K.flatten`) moves
+        to `keras.ops`; `to_categorical(...)` stays float32 (`.astype('float32')`: Keras 3 makes
+        float64 labels); `Model(input=, output=)` takes `inputs=`, `outputs=`; Keras 2 module
+        paths (`keras.layers.core`, `keras.utils.np_utils`) become the package above; another
+        model's `fit_generator` becomes `fit` with its arguments named and no worker arguments.
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -144,6 +157,15 @@ class MultiGpuModel(Rule):
         partial batch; the last partial training batch of an epoch differs slightly (each
         replica averages its own unequal part where the parallel model averaged the merged
         batch); whole batches train the same.
+        No fix where Keras 3 would not keep the program's meaning: optimizer arguments after the
+        learning rate passed by position (Keras 2 and 3 order them differently); a `decay=` with
+        a learning-rate callback (a schedule cannot be set) or without a learning rate; RMSprop
+        (Keras 3 steps by g / sqrt(v + eps), Keras 2 by g / (sqrt(v) + eps): a held-out CIFAR-10
+        CNN drifted 7e-3 in 30 steps); a backend function with no `keras.ops` equivalent;
+        `keras.preprocessing.text` (gone); and a model fed by `fit_generator` (or
+        `evaluate_generator`, `predict_generator`): Keras 3 under a strategy trained a Python
+        generator's batches out of order and, from the second epoch, sent a Sequence's whole
+        batch to one replica in 2 of 5 runs.
         No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
         `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
         MirroredStrategy computes it per replica and averages, another loss.
@@ -251,7 +273,7 @@ class MultiGpuModel(Rule):
             """,
         ),
         # A hand-written `make_parallel` (the keras-extras gist), called once: the same fix, and the
-        # helper goes.
+        # helper goes, with the imports only it read.
         Invalid(
             """
             import tensorflow as tf
@@ -273,8 +295,7 @@ class MultiGpuModel(Rule):
             unsafe=True,
             fixed="""
             import tensorflow as tf
-            from keras.layers import Lambda, concatenate
-            from keras.models import Model, Sequential
+            from keras.models import Sequential
             strategy = tf.distribute.MirroredStrategy()
             with strategy.scope():
                 model = Sequential(layers)
@@ -376,7 +397,8 @@ class MultiGpuModel(Rule):
         self._imports: dict[str, list[ImportItem]] = {}  # bound name -> the imports binding it
         self._weight_files: list[cst.Call] = []  # `x.save_weights(...)` / `x.load_weights(...)` calls
         self._checkpoints: list[cst.Call] = []  # `ModelCheckpoint(..., save_weights_only=True)` (or a subclass's)
-        self._helpers: dict[str, cst.FunctionDef] = {}  # hand-written `make_parallel` helpers of the module
+        # hand-written `make_parallel` helpers of the module, and `ParallelModel` classes
+        self._helpers: dict[str, cst.FunctionDef | cst.ClassDef] = {}
         self._helper_calls: list[cst.Call] = []  # calls of a module function by name (a helper's, maybe)
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -416,6 +438,10 @@ class MultiGpuModel(Rule):
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if keras_parallel_helper(self.context, node):
+            self._helpers[node.name.value] = node
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        if keras_parallel_class(self.context, node):
             self._helpers[node.name.value] = node
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -465,9 +491,18 @@ class MultiGpuModel(Rule):
         edit, blocker = self._edit(call, target, blocks)
         if edit is not None and sum(c.func.value == name for c in helped) != 1:  # type: ignore[attr-defined]
             edit, blocker = None, f"`{name}` is called more than once: rewrite each call by hand and delete the helper"
+        other = next((n for n in find(self.context.module, cst.Name) if n.value == name and n is not call.func
+                      and not contains(self._helpers[name], n)), None)
+        if edit is not None and other is not None:
+            edit, blocker = None, (f"`{name}` is also used on line {self.position(other).start.line}: rewrite the call "
+                                   "by hand and delete the helper")
         if edit is not None:
             edit.changes[self._helpers[name]] = cst.RemovalSentinel.REMOVE
             edit.title += f", and delete the helper `{name}`"
+            # What only the helper imported (`Lambda`, `Concatenate`) goes with it, where nothing else reads it.
+            read = {n.value for n in find(self._helpers[name], cst.Name)}
+            helper_imports = [item for bound in sorted(read & set(self._imports)) for item in self._imports[bound]]
+            edit.remove_imports = list(edit.remove_imports) + helper_imports
         subject = (f"`{name}(...)` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU, "
                    "outputs concatenated)")
         message = f"{self._message(call, target, subject)}, and delete `{name}`"

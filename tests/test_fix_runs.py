@@ -144,6 +144,24 @@ def test_a_keras_2_script_is_moved_onto_keras_3_runs_to_the_end_and_trains_the_s
     assert len(report["new"]["steps"]) == 24  # 3 epochs of 8 batches: every step compared
 
 
+def test_a_keras_parallel_model_class_is_replaced_by_its_template_runs_to_the_end_and_trains_the_same(tmp_path):
+    """`class MultiGpuNet(Model)` slicing the batch per GPU around a template (Mask R-CNN's
+    `ParallelModel`, widely copied): made once around the template, it is a hand-written
+    `multi_gpu_model`; the template is built and compiled under the scope, and the class and
+    the imports only it read go."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_parallel_model_class.py", tmp_path)
+    text = fixed.read_text()
+    assert "class MultiGpuNet(Model):" not in text and "import Concatenate" not in text
+    assert "with strategy.scope():\n    serial = segmentation_net()\n    net = serial\n" in text
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["pixel_accuracy"] > 0.9
+    status, report = run_verify(legacy, fixed, tmp_path, steps=18)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
 TF2_ERA_KERAS = """
 import numpy as np
 import tensorflow as tf

@@ -177,3 +177,31 @@ def test_every_spelling_the_fix_leaves_is_one_keras_3_takes(tmp_path):
     run = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-1] == "SGD"
+
+
+PARALLEL_CLASS = """
+    import tensorflow as tf
+    from tensorflow.keras.layers import Concatenate, Lambda
+    from tensorflow.keras.models import Model
+
+    class ParallelModel(Model):
+        def __init__(self, template, gpus):
+            outputs = []
+            for i in range(gpus):
+                with tf.device('/gpu:%d' % i):
+                    outputs.append(template(Lambda(lambda t, k=i: tf.split(t, gpus)[k])(template.input)))
+            super(ParallelModel, self).__init__(inputs=template.input, outputs=Concatenate(axis=0)(outputs))
+
+    template = build()
+    model = ParallelModel(template, 2)
+    model.compile(optimizer='sgd', loss='mse')
+    model.fit(x, y, batch_size=8)
+"""
+
+
+def test_a_parallel_model_class_used_elsewhere_is_refused_with_the_line():
+    """The class goes with its one construction; anything else reading it would break."""
+    assert "class ParallelModel" not in unsafe_fix(textwrap.dedent(PARALLEL_CLASS))
+    source = textwrap.dedent(PARALLEL_CLASS) + "assert isinstance(model, ParallelModel)\n"
+    message = refusal(source)
+    assert "`ParallelModel` is also used on line 17" in message

@@ -274,3 +274,21 @@ def keras_parallel_helper(context, function: cst.FunctionDef) -> bool:
     returned = [r.value for r in find(function, cst.Return) if isinstance(r.value, cst.Call)]
     return any((resolve(value.func) or "").startswith("keras") and (resolve(value.func) or "").endswith(".Model")
                for value in returned)
+
+
+def keras_parallel_class(context, cls: cst.ClassDef) -> bool:
+    """A hand-written Keras `ParallelModel(model, gpu_count)` (Mask R-CNN's, widely copied): a
+    subclass of Keras's `Model` whose methods build the towers as :func:`keras_parallel_helper`
+    does (Lambda slices of the batch per GPU) and that wraps the template's inputs. Made around
+    the template, it is what `multi_gpu_model` makes."""
+    resolve = context.imports.resolve
+    if not any((resolve(base.value) or "").startswith("keras") and (resolve(base.value) or "").endswith(".Model")
+               for base in cls.bases):
+        return False
+    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    if init is None or len(init.params.params) < 3:  # (self, the template, the GPU count)
+        return False
+    if not any(tower_loop_at(context, loop) is not None for loop in find(cls, cst.For)):
+        return False
+    return any(resolve(call.func) in KERAS_LAMBDAS for call in find(cls, cst.Call))
+

@@ -80,8 +80,8 @@ from tfmigrate.rewrites.tower_callers import (
     user_called_update,
 )
 from tfmigrate.rewrites.tower_checks import (
-    check_body, check_only_computes, check_tower_variables, check_training_state, check_variable_updates, check_waits,
-    loads_per_copy, tower_counters,
+    check_body, check_keras_parallel, check_only_computes, check_tower_variables, check_training_state,
+    check_variable_updates, check_waits, loads_per_copy, tower_counters,
 )
 from tfmigrate.rewrites.tower_code import (
     Region, Update, class_methods, functions_called, index_of, left_by_towers, line_of, loop_region, module_calls,
@@ -259,6 +259,7 @@ def _check_loops(rule, towers: list, regions: list[Region]) -> None:
     for tower, region in zip(towers, regions):
         check_tower(rule, tower, tower_functions=True, grouped=len(towers) > 1)
         check_body(tower.loop)
+        check_keras_parallel(rule, tower)
         check_tower_variables(rule, tower)
         check_variable_copies(rule, tower.loop)
         check_variable_updates(rule, tower)

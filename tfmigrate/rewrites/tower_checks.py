@@ -18,6 +18,7 @@ import re
 
 import libcst as cst
 
+from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.devices import enclosing_class
 from tfmigrate.analysis.training import KNOWN_LIBRARIES, tensors_read, training_call, trains, variable_update
 from tfmigrate.cst.callargs import argument, method_call
@@ -76,6 +77,19 @@ def check_body(loop: cst.For) -> None:
             # another (a YOLOv3 "multi-GPU" trainer), and the replicas would call the session.
             raise Refused(f"the loop body runs the graph (`{code(node.func)}(...)`): its device scope places nothing, "
                           "and this loop runs training steps one by one, not towers")
+
+
+def check_keras_parallel(rule, tower) -> None:
+    """A tower loop of a hand-written Keras `multi_gpu_model` (a `make_parallel` function, a
+    `ParallelModel` class: Lambda slices per GPU around a template) is no graph of replicas to
+    rewrite in place: TFM201 replaces its one call with the template under the strategy."""
+    owner = tower.owner
+    cls = enclosing(tower.loop, module_parents(rule.context), cst.ClassDef)
+    if (isinstance(owner, cst.FunctionDef) and keras_parallel_helper(rule.context, owner)) or (
+            cls is not None and keras_parallel_class(rule.context, cls)):
+        name = cls.name.value if cls is not None else owner.name.value
+        raise Refused(f"`{name}` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU): "
+                      "TFM201 builds the template under the strategy where it is called, and deletes the helper")
 
 
 def check_tower_variables(rule, tower) -> None:
