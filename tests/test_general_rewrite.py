@@ -40,7 +40,7 @@ REWRITTEN = [
     "general_hand_written_adam", "general_tower_loss_ema", "general_bert_adamw_optimizer",
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
-    "general_variables_above_model_fn", "general_round_robin_devices",
+    "general_variables_above_model_fn", "general_round_robin_devices", "general_summed_loss_gradients_after",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -3876,3 +3876,35 @@ def test_a_session_programs_own_model_fn_is_not_an_estimators(estimator, fixable
     assert tower.fixable is fixable
     assert any(f.code == "TFM107" for f in findings) is not fixable
 
+
+
+SUMMED_LOSS_GRADIENTS = """
+    import tensorflow as tf
+    def build(x_parts, opt):
+        tower_losses = []
+        for i in range(2):
+            with tf.device('/gpu:%d' % i):
+                loss = model_loss(x_parts[i])
+                tower_losses.append(loss)
+        total = tf.add_n(tower_losses)
+        grads = opt.compute_gradients(LOSS)
+        BETWEEN
+        return opt.apply_gradients(grads)
+"""
+
+
+@pytest.mark.parametrize("loss, between, rewritten", [
+    ("total", "", True),  # the gradient of the sum: each replica differentiates it by its own copy
+    ("loss", "", False),  # the last tower's loss: the other replicas would have no gradient
+    ("total", "grads = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads]", False),  # read between
+])
+def test_gradients_of_the_summed_tower_losses_taken_after_the_loop(loss, between, rewritten):
+    source = textwrap.dedent(SUMMED_LOSS_GRADIENTS).replace("LOSS", loss).replace("BETWEEN", between or "pass")
+    result = unsafe_fix(source)
+    assert ("def minimize_share():\n" in result) is rewritten
+    if rewritten:
+        assert ("            grads = opt.compute_gradients(total)\n"
+                "            return opt.apply_gradients(grads)\n") in result
+    else:
+        findings = [f for f in run_check(source) if f.code == "TFM101"]
+        assert "gradients are computed after the tower loop" in findings[0].message

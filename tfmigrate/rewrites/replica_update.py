@@ -26,6 +26,7 @@ from tfmigrate.analysis.devices import enclosing_class
 from tfmigrate.analysis.training import gradient_computation, optimizer_step, training_call
 from tfmigrate.cst.callargs import argument, callee_name, is_false, is_true, method_call, with_keyword
 from tfmigrate.cst.codegen import code
+from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
     assigned_pairs, blank_lines_unindented, contains, enclosing, find, first_free, fresh_name, module_parents,
     names_used, scope_bindings, single_small, target_names, walk,
@@ -561,8 +562,9 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
         return None
     if towers is not region:
         lines += statement_lines(towers.following)
+    paired = _gradients_applied_once(lines, steps, {item.target for item in collected_appends(towers.loop)})
     for line in lines:
-        if training_call(rule, line, gradient_computation) is not None:
+        if training_call(rule, line, gradient_computation) is not None and line not in paired.values():
             raise Refused(f"line {line_of(rule, line)}: gradients are computed after the tower loop, outside the "
                           "replicas: under MirroredStrategy they would see one replica's copy of the weights")
     for statement in simple_statements(towers.loop.body):
@@ -572,6 +574,7 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
     if any(method_call(call, "minimize") for _, call in steps):
         _check_no_weights_after(rule, lines)
     update = Update([], note=" (the update after the loop stays; each replica runs its optimizer call)")
+    update.changes.update((id(compute), cst.RemovalSentinel.REMOVE) for compute in paired.values())
     taken: set[str] = set()
     for line in {id(line): line for line, _ in steps}.values():
         calls = [call for at, call in steps if at is line]
@@ -579,9 +582,43 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
         update.counted |= _countable_global_steps(rule, region, line)
         # In a method the caller calls after the towers, the caller's strategy is the current one.
         run_by = strategy if not method_of(region, line) else f"{tf('tensorflow.distribute.get_strategy')}()"
-        update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted)
+        update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted, paired)
         update.wrapped.append(line)
     return update
+
+
+def _gradients_applied_once(lines: list, steps: list, collected: set[str]) -> dict[int, cst.BaseStatement]:
+    """`grads = opt.compute_gradients(total, ...)`, then `opt.apply_gradients(grads, ...)` and
+    nothing else reading `grads` (no clipping between), where `total` is made from a list every
+    tower filled (``collected``): the pair is `opt.minimize(total)`, which each replica runs
+    differentiating the towers' total by its own copy of the weights (checked on TF 2.21: the
+    pair and `minimize` make the same step). A loss of one tower only would leave the other
+    replicas no gradient. By id of the apply call: the line computing its gradients."""
+    paired = {}
+    for at, line in enumerate(lines):
+        small = single_small(line)
+        if not (isinstance(small, cst.Assign) and len(small.targets) == 1 and isinstance(small.targets[0].target, cst.Name)
+                and method_call(small.value, "compute_gradients") and dotted_name(small.value.func.value)
+                and small.value.args and _made_from_all_towers(lines[:at], small.value.args[0].value, collected)):
+            continue
+        grads, optimizer = small.targets[0].target.value, dotted_name(small.value.func.value)
+        readers = [later for later in lines[at + 1:] if mentions(later, grads)]
+        applies = [call for later, call in steps if readers == [later] and method_call(call, "apply_gradients")
+                   and code(call.func.value) == optimizer and call.args and code(call.args[0].value) == grads]
+        if len(applies) == 1:
+            paired[id(applies[0])] = line
+    return paired
+
+
+def _made_from_all_towers(before: list, loss: cst.BaseExpression, collected: set[str]) -> bool:
+    """Whether ``loss`` reads a list the towers filled, itself or through the one assignment
+    before it that binds it (`total = tf.add_n(tower_losses)`)."""
+    if any(mentions(loss, name) for name in collected):
+        return True
+    name = dotted_name(loss)
+    bound = [single_small(line).value for line in before if isinstance(single_small(line), cst.Assign)
+             and any(dotted_name(t.target) == name for t in single_small(line).targets)]
+    return name is not None and len(bound) == 1 and any(mentions(bound[0], each) for each in collected)
 
 
 def _check_no_weights_after(rule, lines) -> None:
@@ -659,7 +696,7 @@ def owner_name(owner: cst.CSTNode) -> str:
 
 
 def _replica_steps(rule, strategy: str, tf: TfNames, region: Region, line, calls: list[cst.Call], taken: set[str],
-                   counted: set[int]):
+                   counted: set[int], paired: dict[int, cst.BaseStatement]):
     """``line`` with each optimizer call run by the replicas: a function before it per call;
     the global steps in ``counted`` are incremented once after it."""
     before: list[cst.BaseStatement] = []
@@ -670,7 +707,8 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: Region, line, calls
         run = _without_argument(call, steps[0]) if steps else call
         # An optimizer made in the call itself may need a name of its own (see optimizers_named_apart).
         run = run.visit(ReplaceById({key: new for key, (_, new) in optimizers_named_apart(rule).items()}))
-        statements, name = _replica_step(rule, strategy, tf, region, run, taken, _control_dependencies(rule, region, line))
+        statements, name = _replica_step(rule, strategy, tf, region, run, taken, _control_dependencies(rule, region, line),
+                                         paired.get(id(call)))
         before += statements
         # Each replica's step returns its own handle on the one update: group them into one op.
         runs[id(call)] = cst.parse_expression(f"{tf('tensorflow.group')}({strategy}.experimental_local_results(\n"
@@ -740,9 +778,10 @@ def _reads_only(rule, value: cst.BaseExpression) -> bool:
 
 
 def _replica_step(rule, strategy: str, tf: TfNames, region: Region, call: cst.Call, taken: set[str],
-                  dependencies: list[str] = ()):
+                  dependencies: list[str] = (), computed: cst.BaseStatement | None = None):
     """The function each replica runs in place of ``call`` (with what it needs first), and its
-    name; under the ``dependencies`` (see _control_dependencies) when there are some."""
+    name; under the ``dependencies`` (see _control_dependencies) when there are some. With
+    ``computed`` (the line computing the gradients ``call`` applies), the replica runs both."""
     module = rule.context.module
     first = call.args[0].value if call.args else None
     before: list[cst.BaseStatement] = []
@@ -752,7 +791,12 @@ def _replica_step(rule, strategy: str, tf: TfNames, region: Region, call: cst.Ca
         optimizer = fresh_name(module, "optimizer", taken)
         before.append(cst.parse_statement(f"{optimizer} = {code(call.func.value)}\n"))
         call = call.with_changes(func=call.func.with_changes(value=cst.Name(optimizer)))
-    if method_call(call, "apply_gradients") and first is not None:
+    if computed is not None:
+        share = code(computed.with_changes(leading_lines=()))
+        why = ("Each replica differentiates the loss by its own copy of the weights;\n"
+               "MirroredStrategy sums the copies' gradients into the weight's.")
+        name = fresh_name(module, "minimize_share", taken)
+    elif method_call(call, "apply_gradients") and first is not None:
         if may_be_iterator(region, first) or not isinstance(first, (cst.Name, cst.Attribute)):
             # Made once, before the replicas, as the program made it: each replica walking a zip
             # would run it dry, and in a replica `v.op.name` names that replica's copy of `v`.
