@@ -496,6 +496,7 @@ REFUSALS = {
                     with tf.device('/gpu:%d' % i):
                         losses.append(model(i))
                 grads = opt.compute_gradients(tf.reduce_mean(tf.concat(losses, 0)))
+                grads = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads]  # clipped: not what each replica has
                 return opt.apply_gradients(grads)
     """, "line 8: gradients are computed after the tower loop, outside the replicas"),
     "update_in_the_towers_too": ("""
