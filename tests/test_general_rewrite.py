@@ -3909,3 +3909,40 @@ def test_gradients_of_the_summed_tower_losses_taken_after_the_loop(loss, between
     else:
         findings = [f for f in run_check(source) if f.code == "TFM101"]
         assert "gradients are computed after the tower loop" in findings[0].message
+
+
+LOSS_KEPT_ON_SELF = """
+    import tensorflow as tf
+    class GAN(object):
+        def __init__(self, n):
+            self.n = n
+            self.build_model()
+
+        def build_model(self):
+            d_losses = []
+            for i in range(self.n):
+                with tf.device('/gpu:%d' % i):
+                    d_losses.append(self.discriminator_loss(i))
+            KEPT
+
+        def train(self, lr):
+            d_optim = tf.train.AdamOptimizer(lr).minimize(self.d_loss)
+            return d_optim
+
+    gan = GAN(2)
+    op = gan.train(0.1)
+"""
+
+
+@pytest.mark.parametrize("kept, rewritten", [
+    ("self.d_loss = tf.reduce_mean(tf.stack(d_losses))", True),  # carpedm20 DCGAN's multi-GPU forks
+    ("d_loss = tf.reduce_mean(tf.stack(d_losses))", False),  # nothing left on the object for train()
+])
+def test_a_loss_made_from_local_tower_lists_and_kept_on_self_is_trained_by_the_users_method(kept, rewritten):
+    """The towers fill local lists; the method keeps their mean on `self` (`self.d_loss`), and the
+    class's user calls `train()`, which minimises it: the strategy stays on `self`, and `train()`
+    runs its step under its scope, once per replica."""
+    result = unsafe_fix(textwrap.dedent(LOSS_KEPT_ON_SELF).replace("KEPT", kept))
+    assert ("self.strategy = tf.distribute.MirroredStrategy(" in result) is rewritten
+    if rewritten:
+        assert "        with self.strategy.scope():\n" in result and "def minimize_share():" in result

@@ -106,8 +106,10 @@ def method_caller(rule, region: Region) -> Region | None:
     holder = parents.get(id(parents.get(id(owner)))) if isinstance(owner, cst.FunctionDef) else None
     if not isinstance(holder, cst.ClassDef) or _first_parameter(owner) != "self":
         return None
-    if not any(c.target.startswith("self.") for c in collected_appends(region.loop)):
-        return None  # the results do not stay on the object
+    kept = [c.target for c in collected_appends(region.loop)] + [
+        code(t.target) for line in region.following for t in find(line, cst.AssignTarget)]
+    if not any(target.startswith("self.") for target in kept):
+        return None  # the results do not stay on the object (`self.tower_grads`, `self.d_loss = mean(d_losses)`)
     if any(optimizer_step(c) for line in statement_lines(region.following) for c in find(line, cst.Call)):
         return None  # the method updates itself
     methods = {s.name.value: s for s in holder.body.body if isinstance(s, cst.FunctionDef)}
