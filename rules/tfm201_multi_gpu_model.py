@@ -4,7 +4,7 @@ import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
-from tfmigrate.analysis.keras_losses import batch_coupled
+from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
 from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, find
@@ -665,7 +665,8 @@ class MultiGpuModel(Rule):
 
     def _batch_coupled_loss(self, models: set) -> str | None:
         """A loss of the module, compiled into one of ``models``, that divides whole-batch sums
-        (Dice): the parallel model computed it on the merged batch, MirroredStrategy per replica."""
+        (Dice): the parallel model computed it on the merged batch, MirroredStrategy per replica;
+        or that returns one mean for the batch, which Keras 3 adds over the replicas."""
         for node in find(self.context.module, cst.Call):
             func = node.func
             if not (isinstance(func, cst.Attribute) and func.attr.value == "compile" and self._code(func.value) in models):
@@ -680,6 +681,13 @@ class MultiGpuModel(Rule):
                             f"{self.position(division).start.line}): the parallel model computed it once on the merged "
                             "outputs, MirroredStrategy computes it on each replica's part and averages the parts, another "
                             "loss; reduce per example (`axis=`) first, or keep the model on one device")
+                mean = batch_mean_returned(self.context.module, name.value)
+                if mean is not None:
+                    return (f"the loss `{name.value}` returns one mean over the whole batch (`{self._code(mean.func)}(...)` "
+                            f"with no axis, line {self.position(mean).start.line}), and Keras 3 under a distribution "
+                            "strategy adds such a loss over the replicas where Keras 2 took it once (2 replicas: "
+                            "twice the loss and twice the step; checked): return it per example "
+                            "(`K.mean(..., axis=-1)`) first")
         return None
 
     def _generator_fit(self, models: set) -> str | None:

@@ -15,7 +15,7 @@ import libcst as cst
 
 from tfmigrate.cst.traversal import find
 
-__all__ = ["batch_coupled"]
+__all__ = ["batch_coupled", "batch_mean_returned"]
 
 #: Reductions that, without an axis, sum or average over every element of the batch.
 _REDUCTIONS = {"sum", "mean", "reduce_sum", "reduce_mean"}
@@ -59,9 +59,40 @@ def _reduces_batch(node: cst.CSTNode, reduced: set[str]) -> bool:
     for call in find(node, cst.Call):
         func = call.func
         short = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        positional = [arg for arg in call.args if arg.keyword is None]
-        has_axis = len(positional) > 1 or any(arg.keyword is not None and arg.keyword.value in ("axis", "reduction_indices")
-                                              for arg in call.args)
-        if short in _REDUCTIONS and not has_axis:
+        if short in _REDUCTIONS and not _has_axis(call):
             return True
     return False
+
+
+#: Reductions that average (the replicas' averages are added up: see batch_mean_returned).
+_MEANS = {"mean", "reduce_mean"}
+
+
+def batch_mean_returned(module: cst.Module, name: str) -> cst.Call | None:
+    """The mean over the whole batch (`K.mean(x)`, `tf.reduce_mean(x)`: no axis) that the module
+    function ``name`` (a loss) returns, as one number for the batch; else None. Keras 3 under
+    MirroredStrategy adds the replicas' values of such a loss (2 replicas: twice the loss and
+    twice the step, checked on TF 2.21), where it averages a loss given per example."""
+    function = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
+    if function is None:
+        return None
+    for returned in find(function.body, cst.Return):
+        for call in find(returned, cst.Call) if returned.value is not None else ():
+            func = call.func
+            short = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+            if short in _MEANS and not _has_axis(call) and not _inside_another_call(returned, call):
+                return call
+    return None
+
+
+def _has_axis(call: cst.Call) -> bool:
+    positional = [arg for arg in call.args if arg.keyword is None]
+    return len(positional) > 1 or any(arg.keyword is not None and arg.keyword.value in ("axis", "reduction_indices")
+                                      for arg in call.args)
+
+
+def _inside_another_call(root: cst.CSTNode, call: cst.Call) -> bool:
+    """Whether ``call`` is an argument of another call of ``root`` (its mean is not what is
+    returned as it is)."""
+    return any(other is not call and any(node is call for node in find(other, cst.Call)) for other in find(root, cst.Call))
+

@@ -58,8 +58,8 @@ import types
 
 PREFIX = "[tfmigrate verify]"
 REMOVED_KERAS_NOTE = (
-    "multi_gpu_model(model, gpus={gpus}) is gone since TF 2.4: it ran as the template model on the "
-    "global batch (one synchronous update per batch, as multi_gpu_model's merged model computes)"
+    "multi_gpu_model(model, gpus={gpus}) is gone since TF 2.4: it ran as Keras 2 built it, the template "
+    "on each device's slice of the batch, outputs joined (one synchronous update per batch)"
 )
 
 
@@ -269,11 +269,36 @@ def make_tf1_module(tf):
 
 
 def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
+    """Keras 2's `multi_gpu_model`, as it built the parallel model: the template run on each
+    device's slice of the batch (the last slice takes the remainder), the outputs joined on the
+    CPU into one model over the template's inputs. Layers that see the batch (BatchNormalization)
+    see each device's slice, as they did, and as each replica's does under MirroredStrategy."""
     count = gpus if isinstance(gpus, int) else len(gpus or []) or 1
     if STATE is not None:
         STATE.note(REMOVED_KERAS_NOTE.format(gpus=count))
         STATE.weights["multi_gpu_model"] = count
-    return model
+    if count < 2:
+        return model
+    import tensorflow as tf
+    import tf_keras
+
+    def device_slice(data, index, parts):
+        batch, rest = tf.shape(data)[:1], tf.shape(data)[1:]
+        step = batch // parts
+        size = batch - step * index if index == parts - 1 else step
+        return tf.slice(data, tf.concat([step * index, rest * 0], 0), tf.concat([size, rest], 0))
+
+    towers = [[] for _ in model.outputs]
+    for index in range(count):
+        with tf.device(f"/gpu:{index}"), tf.name_scope(f"replica_{index}"):
+            pieces = [tf_keras.layers.Lambda(device_slice, arguments={"index": index, "parts": count})(x)
+                      for x in model.inputs]
+            outputs = model(pieces if len(pieces) > 1 else pieces[0])
+            for joined, output in zip(towers, outputs if isinstance(outputs, (list, tuple)) else [outputs]):
+                joined.append(output)
+    with tf.device("/cpu:0"):
+        merged = [tf_keras.layers.concatenate(parts, axis=0, name=name) for parts, name in zip(towers, model.output_names)]
+    return tf_keras.Model(model.inputs, merged)
 
 
 class _Overlay(types.ModuleType):
