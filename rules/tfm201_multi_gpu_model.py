@@ -551,6 +551,10 @@ class MultiGpuModel(Rule):
         if blocker is not None:
             return None, blocker
         last = self._compile_index(body, index, model, target)
+        if last == index:
+            outside = self._compiled_outside(body, {model, target} - {None})
+            if outside is not None:
+                return None, outside
         moved: list[cst.BaseStatement] = []
         first = body[built]
         if isinstance(first, cst.With):  # with tf.device('/cpu:0'): model = ...  -> unwrapped
@@ -605,6 +609,26 @@ class MultiGpuModel(Rule):
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
+
+    def _compiled_outside(self, body, models: set) -> str | None:
+        """Why a model the fix would not compile under the scope cannot train: compiled later in
+        the block, or returned to a caller that compiles it. Keras 3 makes the optimizer's
+        variables where `compile` runs, outside the strategy (a held-out VAE whose
+        `build_models()` returned the parallel model failed: "Mixing different
+        tf.distribute.Strategy objects")."""
+        for statement in body:
+            for call in find(statement, cst.Call):
+                func = call.func
+                if isinstance(func, cst.Attribute) and func.attr.value == "compile" and self._code(func.value) in models:
+                    return (f"`{self._code(func)}(...)` (line {self.position(call).start.line}) is not right after the "
+                            "model is made, and Keras 3 makes the optimizer where `compile` runs: compile the model "
+                            "right after `multi_gpu_model(...)`, or build and compile it under `strategy.scope()` by hand")
+            for returned in find(statement, cst.Return):
+                if returned.value is not None and models & _references(returned.value):
+                    return (f"the model is returned (line {self.position(returned).start.line}) and compiled by the "
+                            "caller, outside the strategy's scope, where Keras 3 would make the optimizer: make "
+                            "the strategy in the caller and build and compile the model under its scope by hand")
+        return None
 
     def _training_blocker(self, models: set) -> str | None:
         """Why the way ``models`` train cannot run under the strategy as written; else None."""

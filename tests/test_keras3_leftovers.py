@@ -210,3 +210,20 @@ def test_a_parallel_model_class_used_elsewhere_is_refused_with_the_line():
     source = textwrap.dedent(PARALLEL_CLASS) + "assert isinstance(model, ParallelModel)\n"
     message = refusal(source)
     assert "`ParallelModel` is also used on line 17" in message
+
+
+def test_a_model_returned_to_a_caller_that_compiles_it_is_refused():
+    """Keras 3 makes the optimizer where `compile` runs: a held-out VAE's `build_models()`
+    returned the parallel model to a caller that compiled it, outside the strategy's scope, and
+    the fixed program failed ("Mixing different tf.distribute.Strategy objects")."""
+    source = textwrap.dedent("""
+        import tensorflow as tf
+        from keras.utils import multi_gpu_model
+        def build_models():
+            model = build()
+            parallel = multi_gpu_model(model, gpus=2)
+            return model, parallel
+        model, parallel = build_models()
+        parallel.compile(optimizer='adam', loss='mse')
+    """)
+    assert "the model is returned (line 6) and compiled by the caller" in refusal(source)

@@ -342,7 +342,10 @@ BACKEND_OPS = {name: name for name in (
     "greater", "greater_equal", "less", "less_equal", "equal", "not_equal", "sign", "max", "min", "tanh",
     "sigmoid", "softmax", "relu", "binary_crossentropy", "categorical_crossentropy", "zeros_like", "ones_like",
     "floor", "std", "var", "prod", "any", "all", "transpose", "reshape", "stack", "squeeze", "log1p", "cos", "sin",
-    "argmax", "argmin", "concatenate", "expand_dims")} | {"pow": "power", "switch": "where"}
+    "argmax", "argmin", "concatenate", "expand_dims", "shape",
+)} | {"pow": "power", "switch": "where", "int_shape": "shape"}
+#: Keras 2 backend random functions and their `keras.random` namesakes (same parameters).
+BACKEND_RANDOM = {"random_normal": "normal", "random_uniform": "uniform"}
 #: Where Keras 2's default axis was the last and `keras.ops`'s is another (or none).
 BACKEND_LAST_AXIS = {"argmax": 1, "argmin": 1, "concatenate": 1, "expand_dims": 1}
 #: Keras 2 modules that Keras 3 dropped without a replacement.
@@ -374,6 +377,8 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
                                   "runs on: write it with `keras.ops` first")
         changes[call] = replacement
     imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if changes else []
+    if any(_code_of(rule, new.func).startswith("keras.random.") for new in changes.values()):
+        imports.append(ImportItem("keras"))
     return changes, imports, None
 
 
@@ -388,7 +393,13 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
     if name == "set_value" and len(args) == 2 and not any(a.keyword or a.star for a in args):
         return call.with_changes(func=cst.Attribute(args[0].value, cst.Name("assign")),
                                  args=[args[1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
-    if name not in BACKEND_OPS or any(a.star for a in args):
+    if any(a.star for a in args):
+        return None
+    if name == "constant" and len(args) <= 2 and all(a.keyword is None or a.keyword.value == "dtype" for a in args):
+        return call.with_changes(func=cst.parse_expression(f"{ops}.convert_to_tensor"))
+    if name in BACKEND_RANDOM:  # the same parameters, in `keras.random`
+        return call.with_changes(func=cst.parse_expression(f"keras.random.{BACKEND_RANDOM[name]}"))
+    if name not in BACKEND_OPS:
         return None
     new = call.with_changes(func=cst.parse_expression(f"{ops}.{BACKEND_OPS[name]}"))
     if name in BACKEND_LAST_AXIS and len(args) <= BACKEND_LAST_AXIS[name] and not any(
