@@ -10,7 +10,7 @@ from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, find
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, generator_methods, learning_rate_reads,
-    made_within, model_keywords, module_paths, optimizer_arguments, weight_file_renames,
+    made_within, metric_label_casts, model_keywords, module_paths, optimizer_arguments, weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -567,8 +567,10 @@ class MultiGpuModel(Rule):
         if line is guard:  # the fallback (`except`, `else`) is what the strategy does: the template itself
             if target != model:
                 moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
-            for each in guards:  # what the `try` logged after the call (`print('Training on GPUs')`)
-                moved += each.body.body[1:]
+            inner = next(s for s in guards[0].body.body if blocks.guarded.get(id(s)) is guards[0])
+            for each in guards:  # what the guard logged around the call (`print('Training on GPUs')`)
+                moved += [s for s in each.body.body if s is not inner]
+                inner = each
         elif target != model:
             moved.append(line.deep_replace(call, cst.parse_expression(model)))
         moved += list(body[index + 1:last + 1])
@@ -594,6 +596,9 @@ class MultiGpuModel(Rule):
         module = self.context.module
         changes, imports, blocked = optimizer_arguments(self)
         if blocked is None:
+            reads, blocked = learning_rate_reads(self)
+            changes.update(reads)
+        if blocked is None:
             backend, backend_imports, blocked = backend_calls(self, self._names)
             changes.update(backend)
             imports += backend_imports
@@ -601,9 +606,13 @@ class MultiGpuModel(Rule):
             node, reason = blocked
             where = f"`{self._code(node.func)}(...)`: " if isinstance(node, cst.Call) else ""
             return {}, [], f"line {self.position(node).start.line}: {where}{reason}"
+        compiles = [c for c in find(module, cst.Call) if isinstance(c.func, cst.Attribute)
+                    and c.func.attr.value == "compile" and self._code(c.func.value) in models]
+        casts, cast_imports = metric_label_casts(self, self._names, compiles)
+        changes.update(casts)
+        imports += cast_imports
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
-        changes.update(learning_rate_reads(self))
         changes.update(categorical_dtypes(self))
         changes.update(generator_methods(module))
         changes.update(model_keywords(self))

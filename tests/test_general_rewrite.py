@@ -3025,7 +3025,10 @@ def test_a_module_keeping_tf1_apis_is_refused_with_the_reason(seed, fit, refusal
 @pytest.mark.parametrize("loss, refused", [
     ("dice_coef_loss", True),
     ("'binary_crossentropy'", False),
-    ("mean_loss", False),  # a mean over the batch: the replicas' means average to it
+    # One mean for the whole batch: Keras 3 under a strategy adds the replicas' values (checked on
+    # 2 logical CPUs: twice the loss and the step), so it is refused too, with its own reason.
+    ("mean_loss", True),
+    ("per_example_loss", False),
 ])
 def test_a_loss_dividing_whole_batch_sums_is_refused(loss, refused):
     """A U-Net's Dice loss divides sums over the whole batch: the parallel model computed it on
@@ -3038,10 +3041,14 @@ def test_a_loss_dividing_whole_batch_sums_is_refused(loss, refused):
             return -dice_coef(y_true, y_pred)
         def mean_loss(y_true, y_pred):
             return K.mean(K.square(y_pred - y_true))
+        def per_example_loss(y_true, y_pred):
+            return K.mean(K.square(y_pred - y_true), axis=-1)
     """)
     findings = [f for f in run_check(source) if f.code == "TFM201"]
     assert findings and findings[0].fixable is not refused
-    if refused:
+    if loss == "mean_loss":
+        assert "the loss `mean_loss` returns one mean over the whole batch" in findings[0].message
+    elif refused:
         line = next(n for n, text in enumerate(source.lstrip("\n").splitlines(), 1) if "return (2. * intersection" in text)
         assert f"the loss `dice_coef_loss` divides sums over the whole batch (`dice_coef`, line {line})" in findings[0].message
 

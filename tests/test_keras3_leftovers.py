@@ -227,3 +227,29 @@ def test_a_model_returned_to_a_caller_that_compiles_it_is_refused():
         parallel.compile(optimizer='adam', loss='mse')
     """)
     assert "the model is returned (line 6) and compiled by the caller" in refusal(source)
+
+
+def test_metric_functions_cast_the_labels_as_keras_2_did():
+    """Keras 2 cast the labels to the predictions' type before a metric saw them; Keras 3 does not
+    (float64 NumPy labels: `y_true * y_pred` failed in a held-out IMDB script's precision)."""
+    extra = '''
+        def precision(y_true, y_pred):
+            """Batch-wise precision."""
+            return K.sum(K.round(y_true * y_pred)) / (K.sum(K.round(y_pred)) + K.epsilon())
+    '''
+    source = script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n").replace(
+        "optimizer=SGD(lr=0.1))", "optimizer=SGD(lr=0.1), metrics=['accuracy', precision])")
+    result = unsafe_fix(source)
+    assert ('    """Batch-wise precision."""\n    y_true = ops.cast(y_true, y_pred.dtype)\n'
+            '    return ops.sum(ops.round(y_true * y_pred)) / (ops.sum(ops.round(y_pred)) + K.epsilon())\n') in result
+    assert unsafe_fix(result) == result
+
+
+def test_an_optimizer_decay_read_is_refused():
+    extra = """
+        class ShowRate(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                print(K.get_value(self.model.optimizer.decay))
+    """
+    message = refusal(script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n"))
+    assert "`self.model.optimizer.decay` is read, and Keras 3's optimizers have no decay" in message

@@ -55,9 +55,12 @@ class StatementBlocks(cst.CSTVisitor):
         self._guard(node)  # `if gpus > 1: model = multi_gpu_model(...)`
 
     def _guard(self, node: cst.Try | cst.If) -> None:
-        first, *rest = node.body.body
-        if all(is_call_line(s) for s in rest):  # the call alone, or then a log line
-            self.guarded[id(first)] = node
+        # The call alone, or with log lines around it (`print("[INFO] training with 2 GPUs...")`).
+        others = [s for s in node.body.body if not is_call_line(s)]
+        if len(others) == 1:
+            self.guarded[id(others[0])] = node
+        elif not others:  # the call is itself a call line (`model = ...` is not; `fit(...)` would be)
+            self.guarded[id(node.body.body[0])] = node
 
     def _record(self, body) -> None:
         for index, statement in enumerate(body):

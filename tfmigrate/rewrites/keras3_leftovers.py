@@ -35,6 +35,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import with_keyword
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, single_small
+from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rule import ImportItem
 
 __all__ = [
@@ -241,19 +242,25 @@ def categorical_dtypes(rule) -> dict:
     return changes
 
 
-def learning_rate_reads(rule) -> dict:
+def learning_rate_reads(rule) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
     """`model.optimizer.lr` (`K.set_value(self.model.optimizer.lr, ...)` in a callback) and
     `opt.lr` of a name bound to a Keras optimizer -> `.learning_rate`: Keras 3's optimizers
-    have no `lr`."""
+    have no `lr`. Returns (changes, blocker): an optimizer's `decay` read (a callback logging
+    the decayed rate) has no Keras 3 counterpart (the decay is in the schedule now)."""
     bound = {name for assign in find(rule.context.module, cst.Assign)
              if isinstance(assign.value, cst.Call) and OPTIMIZERS & set(rule.imports.resolve_all(assign.value.func))
              for target in assign.targets if (name := dotted_name(target.target)) is not None}
     changes = {}
     for node in find(rule.context.module, cst.Attribute):
         owner = dotted_name(node.value) or ""
-        if node.attr.value == "lr" and (owner.rsplit(".", 1)[-1] == "optimizer" or owner in bound):
+        if not (owner.rsplit(".", 1)[-1] == "optimizer" or owner in bound):
+            continue
+        if node.attr.value in ("decay", "initial_decay"):
+            return {}, (node, f"`{owner}.{node.attr.value}` is read, and Keras 3's optimizers have no decay (the fix "
+                              "makes it the learning rate's schedule): read `.learning_rate`, already decayed, instead")
+        if node.attr.value == "lr":
             changes[node] = node.with_changes(attr=cst.Name("learning_rate"))
-    return changes
+    return changes, None
 
 
 def generator_methods(module: cst.Module) -> dict:
@@ -380,6 +387,30 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
     if any(_code_of(rule, new.func).startswith("keras.random.") for new in changes.values()):
         imports.append(ImportItem("keras"))
     return changes, imports, None
+
+
+def metric_label_casts(rule, names: set, compiles: list[cst.Call]) -> tuple[dict, list]:
+    """`y_true = ops.cast(y_true, y_pred.dtype)` first in each metric function of the module that
+    ``compiles`` name (`metrics=[precision, recall]`): Keras 2 cast the labels to the
+    predictions' type before a metric saw them, Keras 3 hands them over as they are (float64
+    labels from NumPy; `y_true * y_pred` failed in a held-out IMDB script's precision).
+    Returns (changes, imports)."""
+    ops = "ops" if "ops" not in names else "keras_ops"
+    functions = {s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)}
+    changes = {}
+    for call in compiles:
+        metrics = next((a.value for a in call.args if _keyword_is(a, "metrics")), None)
+        for name in find(metrics, cst.Name) if isinstance(metrics, (cst.List, cst.Tuple)) else ():
+            function = functions.get(name.value)
+            params = [p.name.value for p in function.params.params] if function is not None else []
+            if len(params) != 2 or not isinstance(function.body, cst.IndentedBlock):
+                continue
+            cast = cst.parse_statement(f"{params[0]} = {ops}.cast({params[0]}, {params[1]}.dtype)\n")
+            body = list(function.body.body)
+            at = 1 if body and is_docstring(body[0]) else 0
+            changes[function] = function.with_changes(body=function.body.with_changes(body=[*body[:at], cast, *body[at:]]))
+    imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if changes else []
+    return changes, imports
 
 
 def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None:
