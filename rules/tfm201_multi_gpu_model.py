@@ -9,8 +9,9 @@ from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, find
 from tfmigrate.rewrites.keras3_leftovers import (
-    GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, generator_methods, learning_rate_reads,
-    made_within, metric_label_casts, model_keywords, module_paths, optimizer_arguments, weight_file_renames,
+    GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, checkpoint_periods, generator_methods,
+    learning_rate_reads, made_within, metric_label_casts, model_keywords, module_paths, optimizer_arguments,
+    weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -598,6 +599,9 @@ class MultiGpuModel(Rule):
         if blocked is None:
             reads, blocked = learning_rate_reads(self)
             changes.update(reads)
+        if blocked is None:
+            periods, blocked = checkpoint_periods(module)
+            changes.update(periods)
         if blocked is None:
             backend, backend_imports, blocked = backend_calls(self, self._names)
             changes.update(backend)

@@ -253,3 +253,14 @@ def test_an_optimizer_decay_read_is_refused():
     """
     message = refusal(script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n"))
     assert "`self.model.optimizer.decay` is read, and Keras 3's optimizers have no decay" in message
+
+
+@pytest.mark.parametrize("period, kept", [("1", True), ("5", False)])
+def test_a_checkpoint_period_of_one_epoch_goes_and_another_is_refused(period, kept):
+    """Keras 3's ModelCheckpoint has no `period=` (its construction fails); every epoch is its default."""
+    extra = f"ckpt = keras.callbacks.ModelCheckpoint('best.h5', monitor='val_loss', period={period})\n"
+    source = script(extra=extra)
+    if kept:
+        assert "ckpt = keras.callbacks.ModelCheckpoint('best.h5', monitor='val_loss')\n" in unsafe_fix(source)
+    else:
+        assert "Keras 3's `ModelCheckpoint` has no `period=`" in refusal(source)

@@ -88,6 +88,23 @@ def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], ch
     return changes
 
 
+def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
+    """`ModelCheckpoint(..., period=1)` (or a subclass's): Keras 3 has no `period` (it fails at
+    the construction); every epoch is its default, so `period=1` goes. Any other period is
+    counted in epochs, which Keras 3's `save_freq` counts in batches: the blocker says so."""
+    changes = {}
+    for call in find(module, cst.Call):
+        period = next((arg for arg in call.args if _keyword_is(arg, "period")), None)
+        if period is None or not _is_checkpoint(module, call):
+            continue
+        if not (isinstance(period.value, cst.Integer) and period.value.evaluated_value == 1):
+            return {}, (call, "Keras 3's `ModelCheckpoint` has no `period=` (epochs); pass `save_freq=` in batches "
+                              "(period x steps per epoch) by hand")
+        kept = [arg for arg in call.args if arg is not period]
+        changes[call] = call.with_changes(args=_commas_mended(kept, call.args))
+    return changes, None
+
+
 def callback_models_set(module: cst.Module) -> dict:
     """`self.model = self.original_model` in a callback class of the module -> `self.set_model(...)`,
     which sets it in Keras 2 and 3. The template is now the model `fit` trains, so the
