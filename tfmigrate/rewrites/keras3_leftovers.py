@@ -12,14 +12,19 @@ crash), or worse, takes it and trains otherwise:
   `decay=`, which Keras 3 *ignores* with a warning: Keras 2 trained at `lr / (1 + decay * step)`,
   which is `InverseTimeDecay(lr, decay_steps=1, decay_rate=decay)`;
 - `fit_generator` / `evaluate_generator` / `predict_generator` (now `fit` / `evaluate` /
-  `predict`, without the worker arguments);
+  `predict`, without the worker arguments; the rule refuses a model off `multi_gpu_model` fed
+  so, whose batches Keras 3 under a strategy does not split reliably);
 - `Model(input=..., output=...)` (now `inputs=`, `outputs=`);
 - Keras 2's submodules (`keras.layers.core`, `keras.utils.np_utils`): what they held is in the
   package above;
 - the backend's math (`K.sum`, `K.flatten` in a Dice loss): it is in `keras.ops` now;
 - `to_categorical(...)`, float32 in Keras 2 (its `dtype=`) and float64 in Keras 3, where a
   metric multiplying float32 predictions by the labels fails;
-- `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement: refused.
+- the labels a metric function sees, which Keras 2 cast to the predictions' type;
+- `ModelCheckpoint(..., period=1)`: Keras 3 has no `period`;
+- refused: `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement; RMSprop and
+  Nadam, which Keras 3 computes otherwise (:data:`COMPUTED_OTHERWISE`); a read of an
+  optimizer's `decay`; a `decay=` a learning-rate callback would also set.
 
 Each function returns LibCST changes (original node -> replacement) for the rule's edit; a
 replacement may hold nodes another change replaces, so the rule applies them within it
