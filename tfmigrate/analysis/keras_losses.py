@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.cst.callargs import short_name
 from tfmigrate.cst.traversal import find
 
 __all__ = ["batch_coupled", "batch_mean_returned"]
@@ -57,9 +58,7 @@ def _reduces_batch(node: cst.CSTNode, reduced: set[str]) -> bool:
     if any(name.value in reduced for name in find(node, cst.Name)):
         return True
     for call in find(node, cst.Call):
-        func = call.func
-        short = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-        if short in _REDUCTIONS and not _has_axis(call):
+        if short_name(call.func) in _REDUCTIONS and not _has_axis(call):
             return True
     return False
 
@@ -78,9 +77,7 @@ def batch_mean_returned(module: cst.Module, name: str) -> cst.Call | None:
         return None
     for returned in find(function.body, cst.Return):
         for call in find(returned, cst.Call) if returned.value is not None else ():
-            func = call.func
-            short = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
-            if short in _MEANS and not _has_axis(call) and not _inside_another_call(returned, call):
+            if short_name(call.func) in _MEANS and not _has_axis(call) and not _inside_another_call(returned, call):
                 return call
     return None
 

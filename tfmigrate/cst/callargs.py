@@ -108,3 +108,8 @@ def with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
                     equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                           whitespace_after=cst.SimpleWhitespace("")))
     return call.with_changes(args=[*args, added])
+
+
+def short_name(func: cst.BaseExpression) -> str:
+    """The last name of a callee (`sum` of `K.sum`, `tf.reduce_sum` or `sum`); "" for anything else."""
+    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import argument
+from tfmigrate.cst.callargs import argument, short_name
 from tfmigrate.cst.traversal import (
     find, fresh_name, module_parents, name_reads, names_used, scope_bindings, single_small,
 )
 from tfmigrate.rewrites.queue_syntax import (
     BATCH_PARAMS, STRING_PRODUCER, Blocked, assigned_names, assignment, batched_tensors, called_name,
-    flat_target_names, handed_call, plain_tensor, portable_settings, short_name, written_out,
+    flat_target_names, handed_call, plain_tensor, portable_settings, written_out,
 )
 from tfmigrate.rewrites.queue_parts import Batch, Definition, Pipeline, ProducerArgs, Read, Source, own_attribute, parse_statements
 

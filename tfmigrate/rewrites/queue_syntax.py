@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 import libcst as cst
 
+from tfmigrate.cst.callargs import short_name
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import assigned_pairs, names_used, scope_bindings, single_small
 from tfmigrate.cst.walker import visit_read_only
@@ -207,10 +208,6 @@ def written_out(node, settings: dict[str, cst.BaseExpression]):
 def called_name(call: cst.Call) -> cst.Name:
     """The name a call of a module function (`f(...)`) or method (`self.f(...)`) uses."""
     return call.func.attr if isinstance(call.func, cst.Attribute) else call.func  # type: ignore[return-value]
-
-
-def short_name(func: cst.BaseExpression) -> str:
-    return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
 
 
 def handed_call(call: cst.Call, arguments: list[cst.Arg], dataset: str) -> cst.Call:
