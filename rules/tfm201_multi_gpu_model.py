@@ -137,8 +137,10 @@ class MultiGpuModel(Rule):
         zero `decay=` and `epsilon=None` go; backend math (`K.sum`, `K.square`, `K.flatten`) moves
         to `keras.ops`; `to_categorical(...)` stays float32 (`.astype('float32')`: Keras 3 makes
         float64 labels); `Model(input=, output=)` takes `inputs=`, `outputs=`; Keras 2 module
-        paths (`keras.layers.core`, `keras.utils.np_utils`) become the package above; another
-        model's `fit_generator` becomes `fit` with its arguments named and no worker arguments.
+        paths (`keras.layers.core`, `keras.utils.np_utils`) become the package above; a metric
+        function compiled into the model casts the labels to the predictions' type first, as
+        Keras 2 did; `ModelCheckpoint(..., period=1)` loses `period`; another model's
+        `fit_generator` becomes `fit` with its arguments named and no worker arguments.
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -160,13 +162,17 @@ class MultiGpuModel(Rule):
         batch); whole batches train the same.
         No fix where Keras 3 would not keep the program's meaning: optimizer arguments after the
         learning rate passed by position (Keras 2 and 3 order them differently); a `decay=` with
-        a learning-rate callback (a schedule cannot be set) or without a learning rate; RMSprop
-        (Keras 3 steps by g / sqrt(v + eps), Keras 2 by g / (sqrt(v) + eps): a held-out CIFAR-10
-        CNN drifted 7e-3 in 30 steps); a backend function with no `keras.ops` equivalent;
-        `keras.preprocessing.text` (gone); and a model fed by `fit_generator` (or
-        `evaluate_generator`, `predict_generator`): Keras 3 under a strategy trained a Python
-        generator's batches out of order and, from the second epoch, sent a Sequence's whole
-        batch to one replica in 2 of 5 runs.
+        a learning-rate callback (a schedule cannot be set) or without a learning rate; a read of
+        an optimizer's `decay`; RMSprop (Keras 3 steps by g / sqrt(v + eps), Keras 2 by
+        g / (sqrt(v) + eps): a held-out CIFAR-10 CNN drifted 7e-3 in 30 steps) and Nadam (weights
+        1.7% apart after 20 steps); a checkpoint `period=` other than 1; a backend function with
+        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one mean
+        for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step); a
+        model compiled away from where it is made, or returned to a caller that compiles it
+        (Keras 3 makes the optimizer where `compile` runs); and a model fed by `fit_generator`
+        (or `evaluate_generator`, `predict_generator`): Keras 3 under a strategy trained a
+        Python generator's batches out of order and, from the second epoch, split a Sequence's
+        batches otherwise in 2 of 5 runs.
         No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
         `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
         MirroredStrategy computes it per replica and averages, another loss.
@@ -610,9 +616,7 @@ class MultiGpuModel(Rule):
             node, reason = blocked
             where = f"`{self._code(node.func)}(...)`: " if isinstance(node, cst.Call) else ""
             return {}, [], f"line {self.position(node).start.line}: {where}{reason}"
-        compiles = [c for c in find(module, cst.Call) if isinstance(c.func, cst.Attribute)
-                    and c.func.attr.value == "compile" and self._code(c.func.value) in models]
-        casts, cast_imports = metric_label_casts(self, self._names, compiles)
+        casts, cast_imports = metric_label_casts(self, self._names, self._compile_calls(module, models))
         changes.update(casts)
         imports += cast_imports
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
@@ -630,12 +634,12 @@ class MultiGpuModel(Rule):
         `build_models()` returned the parallel model failed: "Mixing different
         tf.distribute.Strategy objects")."""
         for statement in body:
-            for call in find(statement, cst.Call):
-                func = call.func
-                if isinstance(func, cst.Attribute) and func.attr.value == "compile" and self._code(func.value) in models:
-                    return (f"`{self._code(func)}(...)` (line {self.position(call).start.line}) is not right after the "
-                            "model is made, and Keras 3 makes the optimizer where `compile` runs: compile the model "
-                            "right after `multi_gpu_model(...)`, or build and compile it under `strategy.scope()` by hand")
+            compiled = self._compile_calls(statement, models)
+            if compiled:
+                return (f"`{self._code(compiled[0].func)}(...)` (line {self.position(compiled[0]).start.line}) is not "
+                        "right after the model is made, and Keras 3 makes the optimizer where `compile` runs: compile "
+                        "the model right after `multi_gpu_model(...)`, or build and compile it under `strategy.scope()` "
+                        "by hand")
             for returned in find(statement, cst.Return):
                 if returned.value is not None and models & _references(returned.value):
                     return (f"the model is returned (line {self.position(returned).start.line}) and compiled by the "
@@ -656,8 +660,8 @@ class MultiGpuModel(Rule):
             return (
                 f"`{generator_fit}(...)` feeds a generator or a `keras.utils.Sequence`, and Keras 3 under a "
                 "distribution strategy does not split their batches reliably: a Python generator's batches came "
-                "in another order (the 8th of an epoch 3rd), and from the second epoch on a Sequence's whole batch "
-                "went to one replica in 2 of 5 runs (half the step); feed arrays or a batched `tf.data.Dataset`"
+                "in another order (the 8th of an epoch 3rd), and from the second epoch on a Sequence's batches were "
+                "split otherwise in 2 of 5 runs (the loss halved); feed arrays or a batched `tf.data.Dataset`"
             )
         validated = self._validated_fit(models) if self._uses_tf1_apis() else None
         if validated is not None:
@@ -704,10 +708,7 @@ class MultiGpuModel(Rule):
         """A loss of the module, compiled into one of ``models``, that divides whole-batch sums
         (Dice): the parallel model computed it on the merged batch, MirroredStrategy per replica;
         or that returns one mean for the batch, which Keras 3 adds over the replicas."""
-        for node in find(self.context.module, cst.Call):
-            func = node.func
-            if not (isinstance(func, cst.Attribute) and func.attr.value == "compile" and self._code(func.value) in models):
-                continue
+        for node in self._compile_calls(self.context.module, models):
             loss = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "loss"),
                         node.args[1].value if len(node.args) > 1 and node.args[1].keyword is None else None)
             for name in find(loss, cst.Name) if loss is not None else ():
@@ -726,6 +727,11 @@ class MultiGpuModel(Rule):
                             "twice the loss and twice the step; checked): return it per example "
                             "(`K.mean(..., axis=-1)`) first")
         return None
+
+    def _compile_calls(self, node: cst.CSTNode, models: set) -> list[cst.Call]:
+        """The `compile(...)` calls under ``node`` of one of ``models`` (`parallel.compile`)."""
+        return [call for call in find(node, cst.Call) if isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "compile" and self._code(call.func.value) in models]
 
     def _generator_fit(self, models: set) -> str | None:
         """`parallel_model.fit_generator(...)` (or `evaluate_generator`, `predict_generator`): the

@@ -121,8 +121,9 @@ def test_generator_methods_of_another_model_become_keras_3_methods_with_named_ar
 ])
 def test_a_parallel_model_fed_by_a_generator_or_a_sequence_is_refused(fit):
     """Keras 3 under MirroredStrategy (2 logical CPUs) trained a Python generator's batches in
-    another order (the 8th of an epoch came 3rd), and from the second epoch on sent a Sequence's
-    whole batch to one replica in 2 of 5 runs (a held-out Kaggle kernel's fixed program drifted)."""
+    another order (the 8th of an epoch came 3rd), and from the second epoch on split a Sequence's
+    batches otherwise in 2 of 5 runs, the loss halved (a held-out Kaggle kernel's fixed program
+    drifted)."""
     message = refusal(script(fit=fit) + textwrap.dedent(SEQUENCE))
     assert "does not split their batches reliably" in message and "feed arrays" in message
 

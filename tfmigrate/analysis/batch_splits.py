@@ -272,8 +272,12 @@ def keras_parallel_helper(context, function: cst.FunctionDef) -> bool:
     if not any(resolve(call.func) in KERAS_LAMBDAS for call in find(function, cst.Call)):
         return False
     returned = [r.value for r in find(function, cst.Return) if isinstance(r.value, cst.Call)]
-    return any((resolve(value.func) or "").startswith("keras") and (resolve(value.func) or "").endswith(".Model")
-               for value in returned)
+    return any(_keras_model(resolve(value.func)) for value in returned)
+
+
+def _keras_model(name: str | None) -> bool:
+    """Keras's `Model` class under any of its names (`keras.models.Model`, `keras.engine.training.Model`)."""
+    return (name or "").startswith("keras") and (name or "").endswith(".Model")
 
 
 def keras_parallel_class(context, cls: cst.ClassDef) -> bool:
@@ -282,8 +286,7 @@ def keras_parallel_class(context, cls: cst.ClassDef) -> bool:
     does (Lambda slices of the batch per GPU) and that wraps the template's inputs. Made around
     the template, it is what `multi_gpu_model` makes."""
     resolve = context.imports.resolve
-    if not any((resolve(base.value) or "").startswith("keras") and (resolve(base.value) or "").endswith(".Model")
-               for base in cls.bases):
+    if not any(_keras_model(resolve(base.value)) for base in cls.bases):
         return False
     init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
     if init is None or len(init.params.params) < 3:  # (self, the template, the GPU count)

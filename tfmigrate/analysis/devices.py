@@ -442,9 +442,9 @@ def _next_device_each_tower(device: cst.CSTNode, loop: cst.For, walked: ModuleWa
     if len(functions) != 1 or not any("gpu" in s.value.lower() for s in find(functions[0], cst.SimpleString)):
         return False
     globals_ = {n.name.value for g in find(functions[0], cst.Global) for n in g.names if isinstance(n.name, cst.Name)}
-    moves = any(isinstance(t, cst.Attribute) and code(t.value) == "self" or (isinstance(t, cst.Name) and t.value in globals_)
-                for node in find(functions[0], cst.Assign, cst.AugAssign)
-                for t in ([a.target for a in node.targets] if isinstance(node, cst.Assign) else [node.target]))
+    targets = [node.target for node in find(functions[0], cst.AssignTarget, cst.AugAssign)]
+    moves = any((isinstance(t, cst.Attribute) and code(t.value) == "self")
+                or (isinstance(t, cst.Name) and t.value in globals_) for t in targets)
     return moves and any(computes_gradients(node, imports) for node in walk(loop.body))
 
 

@@ -616,9 +616,11 @@ def _made_from_all_towers(before: list, loss: cst.BaseExpression, collected: set
     if any(mentions(loss, name) for name in collected):
         return True
     name = dotted_name(loss)
-    bound = [single_small(line).value for line in before if isinstance(single_small(line), cst.Assign)
-             and any(dotted_name(t.target) == name for t in single_small(line).targets)]
-    return name is not None and len(bound) == 1 and any(mentions(bound[0], each) for each in collected)
+    if name is None:
+        return False
+    assigns = [small for small in map(single_small, before) if isinstance(small, cst.Assign)]
+    bound = [small.value for small in assigns if any(dotted_name(t.target) == name for t in small.targets)]
+    return len(bound) == 1 and any(mentions(bound[0], each) for each in collected)
 
 
 def _check_no_weights_after(rule, lines) -> None:

@@ -85,11 +85,14 @@ def check_keras_parallel(rule, tower) -> None:
     rewrite in place: TFM201 replaces its one call with the template under the strategy."""
     owner = tower.owner
     cls = enclosing(tower.loop, module_parents(rule.context), cst.ClassDef)
-    if (isinstance(owner, cst.FunctionDef) and keras_parallel_helper(rule.context, owner)) or (
-            cls is not None and keras_parallel_class(rule.context, cls)):
-        name = cls.name.value if cls is not None else owner.name.value
-        raise Refused(f"`{name}` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU): "
-                      "TFM201 builds the template under the strategy where it is called, and deletes the helper")
+    if isinstance(owner, cst.FunctionDef) and keras_parallel_helper(rule.context, owner):
+        helper = owner.name.value
+    elif cls is not None and keras_parallel_class(rule.context, cls):
+        helper = cls.name.value
+    else:
+        return
+    raise Refused(f"`{helper}` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU): "
+                  "TFM201 builds the template under the strategy where it is called, and deletes the helper")
 
 
 def check_tower_variables(rule, tower) -> None:

@@ -28,8 +28,9 @@ class Detection:
     #: they raise "not available with Keras 3"), so it runs with `TF_USE_LEGACY_KERAS=1`.
     keras2: bool = False
     #: A Keras program of TF 2.0-2.3, which had both `multi_gpu_model` and TF2's `tf.random.set_seed`
-    #: (no TF1-only API; maybe Keras 2.3's module paths, `keras.layers.core`): it runs as TF2, with Keras 2 (``tf_keras``) and `multi_gpu_model`
-    #: restored. In TF1 mode its `tf.random.set_seed` does not exist.
+    #: (no TF1-only API; maybe Keras 2.3's module paths, `keras.layers.core`): it runs as TF2, with
+    #: Keras 2 (``tf_keras``) and `multi_gpu_model` restored. In TF1 mode its `tf.random.set_seed`
+    #: does not exist.
     multi_gpu_tf2: bool = False
 
 

@@ -297,7 +297,8 @@ def multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False):
             for joined, output in zip(towers, outputs if isinstance(outputs, (list, tuple)) else [outputs]):
                 joined.append(output)
     with tf.device("/cpu:0"):
-        merged = [tf_keras.layers.concatenate(parts, axis=0, name=name) for parts, name in zip(towers, model.output_names)]
+        merged = [tf_keras.layers.concatenate(parts, axis=0, name=name)
+                  for parts, name in zip(towers, model.output_names)]
     return tf_keras.Model(model.inputs, merged)
 
 
@@ -1222,7 +1223,7 @@ def _enter_legacy_mode(tf, args) -> None:
 
 def _restore_multi_gpu_model() -> None:
     """A TF 2.0-2.3 Keras program: TF2 as it is, Keras 2 (``tf_keras``) with `multi_gpu_model`
-    back (as the template model, see :func:`multi_gpu_model`) for `import keras` and `tf.keras`."""
+    back (built as Keras 2 built it, see :func:`multi_gpu_model`) for `import keras` and `tf.keras`."""
     import tf_keras
 
     tf_keras.utils.multi_gpu_model = multi_gpu_model
