@@ -9,9 +9,9 @@ from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, find
 from tfmigrate.rewrites.keras3_leftovers import (
-    GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, checkpoint_periods, generator_methods,
-    learning_rate_reads, made_within, metric_label_casts, model_keywords, module_paths, optimizer_arguments,
-    weight_file_renames,
+    GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines,
+    generator_methods, learning_rate_reads, made_within, metric_label_casts, model_keywords, module_paths,
+    optimizer_arguments, weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -625,6 +625,7 @@ class MultiGpuModel(Rule):
         changes.update(generator_methods(module))
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
+        changes.update(continuation_lines(self, changes))
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
 
     def _compiled_outside(self, body, models: set) -> str | None:

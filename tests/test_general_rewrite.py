@@ -41,6 +41,7 @@ REWRITTEN = [
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
     "general_variables_above_model_fn", "general_round_robin_devices", "general_summed_loss_gradients_after",
+    "general_towers_read_own_queues",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -196,6 +197,28 @@ def test_a_tower_loop_at_module_level_inside_a_cpu_pin_shares_names_with_global(
     assert "global train_op" in out
     assert "train_op = opt.minimize(loss / 2)" in out  # the program's own divisor
     assert "with strategy.scope():" in out
+
+
+def test_the_strategy_s_devices_keyword_is_not_a_name_the_devices_read():
+    """`MirroredStrategy(devices=[...])` reads no variable `devices`: a held-out queue trainer
+    that binds one after its loop (`devices = sorted(towers)`) was refused as if it did."""
+    out = fixed("""
+        import tensorflow as tf
+
+        def build(x):
+            opt = tf.train.AdamOptimizer(0.1)
+            towers = {}
+            for gpu in range(2):
+                dev = '/gpu:%d' % gpu
+                with tf.device(dev):
+                    loss = model(x)
+                    towers[dev] = loss
+            devices = sorted(towers)
+            total = tf.add_n([towers[d] for d in devices]) / 2
+            return opt.minimize(total)
+    """)
+    assert "strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % gpu for gpu in range(2)])" in out
+    assert "    devices = sorted(towers)\n" in out
 
 
 def test_mean_of_the_stacked_losses_is_minimised_as_each_replicas_share():

@@ -114,6 +114,36 @@ def test_generator_methods_of_another_model_become_keras_3_methods_with_named_ar
     assert "encoder.evaluate(x=Batches(), steps=4)\n" in result
 
 
+def test_continuation_lines_aligned_under_a_renamed_call_move_with_its_parenthesis():
+    """PEP 8's visual indent (arguments under the opening parenthesis) is kept when the callee's
+    name shrinks or grows; a line inside two renamed calls moves by both, a hanging indent and a
+    line left of the parenthesis stay."""
+    fit = ("parallel.fit(x, y, batch_size=16)\n"
+           "encoder.fit_generator(Batches(),\n"
+           "                      steps_per_epoch=4,  # per epoch\n"
+           "                      epochs=2)\n"
+           "encoder.evaluate_generator(\n"
+           "    Batches(), steps=4)\n")
+    extra = """
+        def loss(y_true, y_pred):
+            return K.mean(K.square(y_pred -
+                                   y_true),
+                          axis=-1) + K.sum(y_pred,
+                axis=-1)
+    """
+    source = script(fit=fit, extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n")
+    result = unsafe_fix(source + textwrap.dedent(SEQUENCE))
+    assert ("encoder.fit(Batches(),\n"
+            "            steps_per_epoch=4,  # per epoch\n"
+            "            epochs=2)\n") in result
+    assert "encoder.evaluate(\n    Batches(), steps=4)\n" in result
+    assert ("    return ops.mean(ops.square(y_pred -\n"
+            "                               y_true),\n"
+            "                    axis=-1) + ops.sum(y_pred,\n"
+            "        axis=-1)\n") in result
+    assert unsafe_fix(result) == result
+
+
 @pytest.mark.parametrize("fit", [
     "parallel.fit_generator(batches(16), steps_per_epoch=4)",
     "parallel.fit_generator(Batches(), 4, epochs=2)",

@@ -387,6 +387,17 @@ def enclosing(node: cst.CSTNode, parents: dict[int, cst.CSTNode], kind: type) ->
     return None
 
 
+def block_indentation(node: cst.CSTNode, parents: dict[int, cst.CSTNode], module: cst.Module) -> str:
+    """The indentation of the block ``node`` is in: what LibCST puts before a continuation line
+    inside it whose ``ParenthesizedWhitespace.indent`` is set."""
+    blocks = []
+    while id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, cst.IndentedBlock):
+            blocks.append(module.default_indent if node.indent is None else node.indent)
+    return "".join(reversed(blocks))
+
+
 def module_parents(context) -> dict[int, cst.CSTNode]:
     """id(node) -> parent for the whole module: the rules' walk's own once it has visited every
     node (rules plan their rewrites in leave_Module), else computed. (The walk leaves out

@@ -38,15 +38,16 @@ from collections.abc import Iterable
 import libcst as cst
 
 from tfmigrate.cst.callargs import with_keyword
+from tfmigrate.cst.codegen import realigned_continuations
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import find, single_small
+from tfmigrate.cst.traversal import block_indentation, find, module_parents, single_small
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rule import ImportItem
 
 __all__ = [
-    "GENERATOR_METHODS", "backend_calls", "callback_models_set", "categorical_dtypes", "generator_methods",
-    "learning_rate_reads", "made_within", "model_keywords", "module_paths", "optimizer_arguments",
-    "weight_file_renames",
+    "GENERATOR_METHODS", "backend_calls", "callback_models_set", "categorical_dtypes", "continuation_lines",
+    "generator_methods", "learning_rate_reads", "made_within", "model_keywords", "module_paths",
+    "optimizer_arguments", "weight_file_renames",
 ]
 
 #: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
@@ -459,6 +460,19 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
             _keyword_is(a, "axis") for a in args):
         new = with_keyword(new, "axis", "-1")
     return new
+
+
+def continuation_lines(rule, changes: dict) -> dict:
+    """The continuation lines of the changed calls over several lines that ``changes`` gives
+    another callee (`fit_generator` -> `fit`, `K.mean` -> `ops.mean`), realigned."""
+    renamed = []
+    for old, new in changes.items():
+        if isinstance(old, cst.Call) and isinstance(new, cst.Call):
+            where = rule.position(old)
+            if where.start.line != where.end.line:
+                block = block_indentation(old, module_parents(rule.context), rule.context.module)
+                renamed.append((old, new, where.start.column, block))
+    return realigned_continuations(renamed)
 
 
 def _code_of(rule, node: cst.CSTNode) -> str:

@@ -223,7 +223,7 @@ def check_devices_visible(rule, region: Region, devices: str, passed: dict) -> N
     local = {p.name.value for p in find(owner.params, cst.Param)} | bound_in_body
     local.discard("self")  # a method of the caller's own object (method_caller): the same `self`
     local -= set(passed) - bound_in_body  # a parameter the body never rebinds reads what the caller passed
-    hidden = sorted(free_names(cst.parse_expression(devices)) & local)
+    hidden = sorted(free_names(cst.parse_expression(devices), keywords=False) & local)
     if hidden:
         raise Refused(f"the towers' devices ({', '.join(f'`{n}`' for n in hidden)}) are computed inside "
                       f"`{owner.name.value}`, but the strategy must be made by its caller")

@@ -318,7 +318,7 @@ def device_prelude(rule, region: Region, create: cst.BaseStatement) -> tuple[lis
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else module_run(rule, region)
     # Not the comprehension's own `i`; `self` is a parameter: its attributes are followed instead.
-    needed = free_names(create) - {"tf", "self"}
+    needed = free_names(create, keywords=False) - {"tf", "self"}
     needed_attributes = _self_attributes(create)  # `self.devices`, set in `__init__` above the loop
     prelude, moved = [], []
     for statement in reversed([s for s in region.preceding if any(s is t for t in block)]):
@@ -334,7 +334,7 @@ def device_prelude(rule, region: Region, create: cst.BaseStatement) -> tuple[lis
         prelude.insert(0, statement)
         inlined = _inline_settings(rule, region, statement)
         moved.insert(0, inlined)
-        needed |= free_names(inlined) - {"self"}
+        needed |= free_names(inlined, keywords=False) - {"self"}
         needed_attributes |= _self_attributes(inlined)
     _check_bound_before(rule, owner, [create, *moved], prelude, block)
     declarations = _declarations(prelude, block)
@@ -517,7 +517,7 @@ def _check_bound_before(rule, owner: cst.CSTNode, above: list, prelude: list, bl
     block = owner.body.body if isinstance(owner, (cst.With, cst.FunctionDef)) else block
     moved = {id(s) for s in prelude}
     covered = [s for s in block if id(s) not in moved]
-    read = set().union(*(free_names(s) for s in above)) - set().union(set(), *(scope_bindings(s) for s in above[1:]))
+    read = set().union(*(free_names(s, keywords=False) for s in above)) - set().union(set(), *(scope_bindings(s) for s in above[1:]))
     late = read & set().union(*(scope_bindings(s) for s in covered))
     if late:
         # The line that binds it: a simple statement inside what is covered, else the compound

@@ -25,6 +25,7 @@ TURNED_OFF: list[str] = []
 #: Each shuffling batch function and the function that batches the same way in order.
 _IN_ORDER_BATCH = {"shuffle_batch": "batch", "shuffle_batch_join": "batch_join",
                    "maybe_shuffle_batch": "maybe_batch", "maybe_shuffle_batch_join": "maybe_batch_join"}
+_AUTOGRAPH = "tensorflow.python.autograph."
 _PRODUCERS = ("string_input_producer", "slice_input_producer", "range_input_producer", "input_producer")
 
 
@@ -37,7 +38,12 @@ def install(is_user_code) -> None:
     from tensorflow.python.training import input as queue_input
 
     def from_program() -> bool:
-        return is_user_code(sys._getframe(2).f_globals)
+        # Code that runs under a distribution strategy (`call_for_each_replica`) is converted by
+        # AutoGraph, which makes the program's calls from its own frames: look past them.
+        frame = sys._getframe(2)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith(_AUTOGRAPH):
+            frame = frame.f_back
+        return frame is not None and is_user_code(frame.f_globals)
 
     for shuffling, in_order in _IN_ORDER_BATCH.items():
         _replace(getattr(queue_input, shuffling), _batch_in_order(getattr(queue_input, shuffling),
