@@ -7,11 +7,11 @@ from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, si
 from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
 from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import blank_lines_unindented, contains, find
+from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines,
     generator_methods, learning_rate_reads, made_within, metric_label_casts, model_keywords, module_paths,
-    optimizer_arguments, weight_file_renames,
+    optimizer_arguments, output_metrics, weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -122,9 +122,15 @@ class MultiGpuModel(Rule):
         name, a bare `except: pass`), is what the strategy does anyway and goes with the call;
         so does a parallel model made only for several GPUs (`if gpus > 1: model =
         multi_gpu_model(model, ...)`, or `... else: parallel = model`), and such a `try` inside
-        such an `if`. `save_weights('w.h5')` becomes `'w.weights.h5'`, the only HDF5 name
+        such an `if`. The template built in a `with tf.device('/cpu:0'):` block and named
+        after it (`self.model = model`) is built under the scope, the block unwrapped; a
+        `self.parallel_model.compile(...)` in another method of the class (`train()`) runs,
+        with the optimizer it makes, under `self.parallel_model.distribute_strategy.scope()`.
+        `save_weights('w.h5')` (or `.hdf5`) becomes `'w.weights.h5'`, the only HDF5 name
         Keras 3 takes for weights, and so does the file of a `ModelCheckpoint(...,
-        save_weights_only=True)` (or of a subclass of it). A callback of the module that swaps
+        save_weights_only=True)` (or of a subclass of it), where the module names it. A flat
+        `metrics=[...]` list of a model with several outputs (a `loss=` dict or list) is given
+        to each output, as Keras 2 did and Keras 3 asks. A callback of the module that swaps
         in the template (`self.model = self.original_model`, the widely copied
         `ModelCheckpointMGPU`) sets it with `self.set_model(...)`: Keras 3's `Callback.model`
         cannot be assigned. A hand-written helper (or `ParallelModel` class) called once goes
@@ -168,7 +174,8 @@ class MultiGpuModel(Rule):
         1.7% apart after 20 steps); a checkpoint `period=` other than 1; a backend function with
         no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one mean
         for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step); a
-        model compiled away from where it is made, or returned to a caller that compiles it
+        model compiled away from where it is made (but for another method's `self.` model), or
+        returned to a caller that compiles it
         (Keras 3 makes the optimizer where `compile` runs); and a model fed by `fit_generator`
         (or `evaluate_generator`, `predict_generator`): Keras 3 under a strategy trained a
         Python generator's batches out of order and, from the second epoch, split a Sequence's
@@ -562,14 +569,19 @@ class MultiGpuModel(Rule):
             outside = self._compiled_outside(body, {model, target} - {None})
             if outside is not None:
                 return None, outside
+        elsewhere, blocker = self._compiles_elsewhere(blocks, body[built:last + 1], {model, target} - {None}, keras3)
+        if blocker is not None:
+            return None, blocker
         moved: list[cst.BaseStatement] = []
         first = body[built]
-        if isinstance(first, cst.With):  # with tf.device('/cpu:0'): model = ...  -> unwrapped
-            inner = list(cst.ensure_type(first.body, cst.IndentedBlock).body)
-            moved += [inner[0].with_changes(leading_lines=())] + inner[1:]
-        else:
-            moved.append(first.with_changes(leading_lines=()))
-        moved += list(body[built + 1:index])
+        for statement in body[built:index]:
+            if isinstance(statement, cst.With) and self._is_cpu_device_scope(statement):
+                # with tf.device('/cpu:0'): model = ...  -> unwrapped: the strategy places the variables
+                inner = list(cst.ensure_type(statement.body, cst.IndentedBlock).body)
+                moved += [inner[0].with_changes(leading_lines=statement.leading_lines)] + inner[1:]
+            else:
+                moved.append(statement)
+        moved[0] = moved[0].with_changes(leading_lines=())
         line = body[index]
         if line is guard:  # the fallback (`except`, `else`) is what the strategy does: the template itself
             if target != model:
@@ -593,6 +605,7 @@ class MultiGpuModel(Rule):
         changes: dict = {first: cst.FlattenSentinel([create, scope])}
         for statement in body[built + 1:last + 1]:
             changes[statement] = cst.RemovalSentinel.REMOVE
+        changes.update(elsewhere)
         changes.update(keras3)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._import_of(call)), None
@@ -616,8 +629,10 @@ class MultiGpuModel(Rule):
             node, reason = blocked
             where = f"`{self._code(node.func)}(...)`: " if isinstance(node, cst.Call) else ""
             return {}, [], f"line {self.position(node).start.line}: {where}{reason}"
-        casts, cast_imports = metric_label_casts(self, self._names, self._compile_calls(module, models))
+        compiles = self._compile_calls(module, models)
+        casts, cast_imports = metric_label_casts(self, self._names, compiles)
         changes.update(casts)
+        changes.update(output_metrics(compiles))
         imports += cast_imports
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
@@ -627,6 +642,39 @@ class MultiGpuModel(Rule):
         changes.update(module_paths(module))
         changes.update(continuation_lines(self, changes))
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
+
+    def _compiles_elsewhere(self, blocks: StatementBlocks, moved, models: set, keras3: dict) -> tuple[dict, str | None]:
+        """A `compile` of one of ``models`` away from the statements that move under the scope
+        (in `train()`, the model built in `build_model()`), with the statements before it that
+        make what it reads (`optimizer = Adam(...)`), put under the model's own strategy: Keras 3
+        makes an optimizer's variables where it is made, and outside the scope a held-out
+        trainer class failed ("Mixing different tf.distribute.Strategy objects"). Returns
+        (changes, blocker)."""
+        changes: dict = {}
+        parents = module_parents(self.context)
+        owner = enclosing(moved[0], parents, cst.ClassDef)
+        # What another method compiles is the same model only through `self` (a plain name there
+        # is another function's own).
+        kept = {m for m in models if m.startswith("self.")}
+        for call in self._compile_calls(self.context.module, kept) if owner is not None else ():
+            if any(contains(statement, call) for statement in moved) or enclosing(call, parents, cst.ClassDef) is not owner:
+                continue
+            if self._uses_tf1_apis() or id(call) not in blocks.of_call:
+                return {}, (f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) compiles the "
+                            "model away from where it is built: build and compile it under `strategy.scope()` by hand")
+            body, index = blocks.of_call[id(call)]
+            start = self._first_layer_call(body, index)
+            if any(statement in changes for statement in body[start:index + 1]):
+                return {}, (f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) compiles the "
+                            "model a second time in one block: compile it once")
+            wrapped = [blank_lines_unindented(made_within(s, keras3)) for s in body[start:index + 1]]
+            strategy = cst.parse_expression(f"{self._code(call.func.value)}.distribute_strategy.scope()")
+            changes[body[start]] = cst.With(
+                items=[cst.WithItem(strategy)], leading_lines=body[start].leading_lines,
+                body=cst.IndentedBlock(body=[wrapped[0].with_changes(leading_lines=()), *wrapped[1:]]))
+            for statement in body[start + 1:index + 1]:
+                changes[statement] = cst.RemovalSentinel.REMOVE
+        return changes, None
 
     def _compiled_outside(self, body, models: set) -> str | None:
         """Why a model the fix would not compile under the scope cannot train: compiled later in
@@ -784,7 +832,17 @@ class MultiGpuModel(Rule):
             if assigned is not None and assigned[0] in needed:
                 needed |= self._names_in(assigned[1])
                 first = position
+            elif self._cpu_block_assigns(body[position], needed):  # with tf.device('/cpu:0'): model = ...
+                needed |= self._names_in(body[position])
+                first = position
         return first
+
+    def _cpu_block_assigns(self, statement: cst.BaseStatement, names: set) -> bool:
+        """Whether ``statement`` is a `with tf.device('/cpu:0'):` block assigning one of ``names``
+        (`model = Sequential()` there, `self.model = model` after it)."""
+        if not (isinstance(statement, cst.With) and self._is_cpu_device_scope(statement)):
+            return False
+        return any((single_assign(s) or ("",))[0] in names for s in cst.ensure_type(statement.body, cst.IndentedBlock).body)
 
     def _is_cpu_device_scope(self, statement: cst.With) -> bool:
         if len(statement.items) != 1 or statement.items[0].asname is not None:

@@ -3976,3 +3976,32 @@ def test_a_loss_made_from_local_tower_lists_and_kept_on_self_is_trained_by_the_u
     assert ("self.strategy = tf.distribute.MirroredStrategy(" in result) is rewritten
     if rewritten:
         assert "        with self.strategy.scope():\n" in result and "def minimize_share():" in result
+
+
+def test_a_global_step_made_above_the_tower_function_and_a_picked_dependency_list():
+    """At module level the scope reaches up to the global step made above the tower function (a
+    held-out script's `apply_gradients(..., global_step=...)` failed on a plain variable in the
+    replicas); `[g for g in avg if g is not None]` under `tf.control_dependencies` picks tensors
+    and makes no op, so the update is entered again under it in each replica (a held-out
+    CycleGAN and a tf_cnn_benchmarks-style trainer were refused as if it made ops)."""
+    out = fixed("""
+        import tensorflow as tf
+        NUM_GPUS = 2
+        global_step = tf.train.get_or_create_global_step()
+        optimizer = tf.train.MomentumOptimizer(0.1, 0.9)
+
+
+        def tower(i):
+            with tf.device('/gpu:%d' % i):
+                loss = model(i)
+                return loss, tf.gradients(loss, tf.trainable_variables())
+
+
+        losses, grads = zip(*[tower(i) for i in range(NUM_GPUS)])
+        avg = [tf.reduce_mean(tf.stack(g, axis=0), axis=0) for g in zip(*grads)]
+        with tf.control_dependencies([g for g in avg if g is not None]):
+            train_op = optimizer.apply_gradients(zip(avg, tf.trainable_variables()), global_step=global_step)
+    """)
+    assert "with strategy.scope():\n    global_step = tf.train.get_or_create_global_step()\n" in out
+    assert ("        def apply_share():\n"
+            "            with tf.control_dependencies([g for g in avg if g is not None]):\n") in out

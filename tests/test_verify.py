@@ -611,3 +611,28 @@ def test_the_restored_multi_gpu_model_normalizes_each_devices_slice(tf_available
         "SWAP\nmodel.compile(", "    model.compile(").replace("from keras.utils import multi_gpu_model\n", ""))
     status, report = run_pair(legacy, migrated, tmp_path, steps=8)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
+@pytest.mark.tensorflow
+def test_keras_dropout_is_off_in_both_runs_and_a_dropped_layer_is_caught(tf_available, tmp_path):
+    """A parallel model's slices and MirroredStrategy's replicas draw their dropout masks from
+    different random streams, so both runs turn Keras's dropout off (and say so); a migration
+    that lost a dropout layer still differs."""
+    old = tmp_path / "old_dropout.py"
+    old.write_text((PROGRAMS / "legacy_keras_mgpu.py").read_text()
+                   .replace("from keras.layers import Dense", "from keras.layers import Dense, Dropout")
+                   .replace('Dense(16, activation="relu", input_shape=(8,)), ', 'Dense(16, activation="relu", input_shape=(8,)), Dropout(0.5), '))
+    new = tmp_path / "new_dropout.py"
+    new.write_text((PROGRAMS / "migrated_keras_strategy.py").read_text().replace(
+        'tf.keras.layers.Dense(16, activation="relu"),\n', 'tf.keras.layers.Dense(16, activation="relu"),\n            tf.keras.layers.Dropout(0.5),\n'))
+    assert "Dropout(0.5)" in old.read_text() and "Dropout(0.5)" in new.read_text()
+    report = tmp_path / "dropout.json"
+    result = run_verify(str(old), str(new), "--steps", "10", "--warmup", "2", "--json", str(report))
+    assert result.returncode == 0, result.stdout + result.stderr
+    notes = json.loads(report.read_text())["notes"]
+    assert any("Keras dropout off in both runs" in n and "in OLD Dropout(rate=0.5); in NEW Dropout(rate=0.5)" in n
+               for n in notes), notes
+    lost = run_verify(str(old), str(PROGRAMS / "migrated_keras_strategy.py"), "--steps", "10", "--warmup", "2",
+                      "--json", str(report))
+    assert lost.returncode == 1
+    assert "OLD has 1 dropout layers and NEW 0" in json.loads(report.read_text())["reasons"]

@@ -5,7 +5,10 @@ which refuses what the parallel-model programs of Keras 2 wrote (each made a hel
 crash), or worse, takes it and trains otherwise:
 
 - an HDF5 weights file whose name does not end in `.weights.h5` (`save_weights`,
-  `load_weights`, and `ModelCheckpoint(..., save_weights_only=True)` or a subclass of it);
+  `load_weights`, and `ModelCheckpoint(..., save_weights_only=True)` or a subclass of it; `.h5`
+  or `.hdf5`, at the call or where the module names the file);
+- a flat `metrics=[...]` list compiled into a model with several outputs, which Keras 2 gave
+  each output and Keras 3 refuses;
 - assigning `Callback.model`, a read-only property (`self.model = self.original_model` in the
   widely copied `ModelCheckpointMGPU`);
 - an optimizer's `lr=` (now `learning_rate=`), its `.lr` (now `.learning_rate`), and its
@@ -47,7 +50,7 @@ from tfmigrate.rule import ImportItem
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "callback_models_set", "categorical_dtypes", "continuation_lines",
     "generator_methods", "learning_rate_reads", "made_within", "model_keywords", "module_paths",
-    "optimizer_arguments", "weight_file_renames",
+    "optimizer_arguments", "output_metrics", "weight_file_renames",
 ]
 
 #: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
@@ -91,6 +94,8 @@ def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], ch
             for arg in call.args:
                 if arg.keyword is None or arg.keyword.value == "filepath":
                     changes.update(_weights_h5_renamed(arg.value))
+                    changes.update(_bound_file_renamed(module, arg.value))
+                    break
     return changes
 
 
@@ -134,13 +139,13 @@ def _derives(cls: cst.ClassDef, bases: tuple[str, ...]) -> bool:
 
 
 def _weights_h5_renamed(value: cst.BaseExpression) -> dict:
-    """Each string literal in ``value`` naming an HDF5 file `*.h5`, as `*.weights.h5`."""
+    """Each string literal in ``value`` naming an HDF5 file (`*.h5`, `*.hdf5`), as `*.weights.h5`."""
     changes = {}
     for string in find(value, cst.SimpleString):
         quote = string.value[-3:] if string.value[-3:] in ('"""', "'''") else string.value[-1]
         body = string.value[:-len(quote)]
-        if body.endswith(".h5") and not body.endswith(".weights.h5"):
-            changes[string] = string.with_changes(value=body[:-3] + ".weights.h5" + quote)
+        if body.endswith((".h5", ".hdf5")) and not body.endswith(".weights.h5"):
+            changes[string] = string.with_changes(value=body.rpartition(".")[0] + ".weights.h5" + quote)
     return changes
 
 
@@ -436,6 +441,35 @@ def metric_label_casts(rule, names: set, compiles: list[cst.Call]) -> tuple[dict
     return changes, imports
 
 
+def output_metrics(compiles: list[cst.Call]) -> dict:
+    """`compile(loss={'main': ..., 'aux': ...}, metrics=['accuracy'])` -> `metrics={'main':
+    ['accuracy'], 'aux': ['accuracy']}` (with a list of losses, a list of metric lists): Keras 2
+    computed a flat list's metrics on every output, Keras 3 takes one for a model of one output
+    only (a held-out two-headed model failed: "tuple arity mismatch")."""
+    changes = {}
+    for call in compiles:
+        loss = next((arg.value for arg in call.args if _keyword_is(arg, "loss")), None)
+        metrics = next((arg.value for arg in call.args if _keyword_is(arg, "metrics")), None)
+        if not isinstance(metrics, cst.List) or any(
+                isinstance(e, cst.StarredElement) or isinstance(e.value, (cst.List, cst.Tuple, cst.Dict))
+                for e in metrics.elements):
+            continue
+        flat = metrics.with_changes(elements=[e.with_changes(comma=_COMMA) for e in metrics.elements[:-1]]
+                                    + [e.with_changes(comma=cst.MaybeSentinel.DEFAULT) for e in metrics.elements[-1:]],
+                                    lbracket=cst.LeftSquareBracket(), rbracket=cst.RightSquareBracket())
+        if isinstance(loss, cst.Dict) and all(isinstance(e, cst.DictElement) for e in loss.elements):
+            per_output = [cst.DictElement(e.key.deep_clone(), flat.deep_clone(), comma=_COMMA) for e in loss.elements]
+            new = cst.Dict(per_output[:-1] + [per_output[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+        elif isinstance(loss, (cst.List, cst.Tuple)) and len(loss.elements) > 1 and not any(
+                isinstance(e, cst.StarredElement) for e in loss.elements):
+            per_output = [cst.Element(flat.deep_clone(), comma=_COMMA) for _ in loss.elements]
+            new = cst.List(per_output[:-1] + [per_output[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+        else:
+            continue
+        changes[metrics] = new
+    return changes
+
+
 def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None:
     args = list(call.args)
     if name == "flatten" and len(args) == 1:
@@ -479,6 +513,7 @@ def _code_of(rule, node: cst.CSTNode) -> str:
     return rule.context.module.code_for_node(node).strip()
 
 
+_COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 

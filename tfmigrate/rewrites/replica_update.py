@@ -761,9 +761,9 @@ def _control_dependencies(rule, region: Region, line: cst.CSTNode) -> list[str]:
 
 
 def _reads_only(rule, value: cst.BaseExpression) -> bool:
-    """Names, attributes, lists of them (joined with `+`), collection reads, and groupings of
-    such (`tf.group(*ops)`, a no-op that waits for them): entered again, nothing that does work
-    is made twice."""
+    """Names, attributes, lists of them (joined with `+`, or picked by a comprehension),
+    collection reads, and groupings of such (`tf.group(*ops)`, a no-op that waits for them):
+    entered again, nothing that does work is made twice."""
     if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)):
         return True
     if isinstance(value, (cst.List, cst.Tuple)):
@@ -773,6 +773,10 @@ def _reads_only(rule, value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Add):
         # `update_ops + [loss]`: lists joined (control inputs are a list, not a sum of tensors)
         return _reads_only(rule, value.left) and _reads_only(rule, value.right)
+    if isinstance(value, cst.ListComp) and value.for_in.inner_for_in is None:
+        # `[g for g, _ in averaged]`: the tensors a list holds, picked (a held-out CycleGAN waited
+        # for every generator gradient before updating either generator so)
+        return _reads_only(rule, value.elt) and _reads_only(rule, value.for_in.iter)
     name = rule.imports.resolve(value.func) if isinstance(value, cst.Call) else None
     if name in ("tensorflow.group", "tensorflow.tuple"):
         return all(_reads_only(rule, arg.value) for arg in value.args if arg.keyword is None)

@@ -272,11 +272,19 @@ def module_run(rule, region: Region) -> list[cst.BaseStatement]:
     return body[start:end + 1]
 
 
+#: What makes the global step: a variable too, which the update counts in every replica.
+GLOBAL_STEP_MAKERS = {"tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"}
+
+
 def _makes_variables(rule, statement: cst.BaseStatement) -> bool:
-    """A statement that makes a TF1 variable when it runs (not a definition, whose body runs later)."""
+    """A statement that makes a TF1 variable when it runs (not a definition, whose body runs
+    later): `tf.Variable`, `tf.get_variable`, the global step (a held-out script made it above its
+    tower function, then `apply_gradients(..., global_step=...)` failed in the replicas on a plain
+    variable)."""
     if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
         return False
-    return any(rule.imports.resolve(call.func) in VARIABLE_MAKERS for call in find(statement, cst.Call))
+    return any(rule.imports.resolve(call.func) in VARIABLE_MAKERS | GLOBAL_STEP_MAKERS
+               for call in find(statement, cst.Call))
 
 
 def _plain_module_statement(statement: cst.BaseStatement, definitions: bool = False) -> bool:

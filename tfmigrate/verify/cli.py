@@ -120,6 +120,9 @@ def verify(
     keep_shuffles: bool = typer.Option(
         False, "--keep-shuffles", help="Shuffle input as the programs do (by default both read it in order: a queue's "
                                        "shuffle and tf.data's draw from different random streams)."),
+    keep_dropout: bool = typer.Option(
+        False, "--keep-dropout", help="Keep Keras's dropout layers on (by default both runs turn them off: a parallel "
+                                      "model's slices and the replicas draw their masks from different random streams)."),
 ) -> None:
     """Train OLD and NEW side by side; compare loss per step and throughput (exit 0 match, 1 mismatch, 2 error)."""
     _check_options(legacy, loss_regex)
@@ -132,7 +135,7 @@ def verify(
     }[legacy]
     settings = {"steps": steps, "devices": devices, "warmup": warmup, "seed": seed, "rtol": rtol, "atol": atol,
                 "legacy": legacy, "loss_regex": loss_regex, "timeout": timeout, "program_args": program_args or [],
-                "in_order": not keep_shuffles}
+                "in_order": not keep_shuffles, "no_dropout": not keep_dropout}
     progress = not quiet and sys.stderr.isatty()
     out = Console(soft_wrap=True, emoji=False)
     job = _Job(paths=paths, detections=detections, flags=flags, settings=settings, progress=progress,
@@ -182,7 +185,7 @@ def _run_both(job: _Job) -> List[RunOutcome]:
                 dump_weights=weights if label == "OLD" else None,
                 load_weights=weights if label == "NEW" else None,
                 loss_regex=settings["loss_regex"], program_args=list(settings["program_args"]),
-                keras2=job.detections[index].keras2, in_order=settings["in_order"],
+                keras2=job.detections[index].keras2, in_order=settings["in_order"], no_dropout=settings["no_dropout"],
                 multi_gpu_tf2=job.detections[index].multi_gpu_tf2 and not job.flags[index],
             )
             outcome = _run_one(job, spec)
@@ -241,6 +244,14 @@ def _build_report(job: _Job, outcomes: List[RunOutcome]):
         shuffled, plain = ("OLD", "NEW") if shuffles_off[0] else ("NEW", "OLD")
         comparison.verdict = "mismatch"
         comparison.reasons.append(f"{shuffled} shuffles its input and {plain} does not")
+    dropout_off = [outcome.result.get("dropout_off") or [] for outcome in outcomes]
+    if any(dropout_off):
+        notes.append(_turned_off_note(
+            "Keras dropout off in both runs (--keep-dropout keeps it: a parallel model's slices and the replicas "
+            "draw their masks from different random streams); turned off", dropout_off))
+    if len(dropout_off[0]) != len(dropout_off[1]):  # a rewrite that dropped (or added) a dropout layer
+        comparison.verdict = "mismatch"
+        comparison.reasons.append(f"OLD has {len(dropout_off[0])} dropout layers and NEW {len(dropout_off[1])}")
     exit_code = EXIT_MATCH if comparison.verdict == "match" else EXIT_MISMATCH
     report = {
         "verdict": comparison.verdict, "exit_code": exit_code, "reasons": comparison.reasons,
@@ -258,13 +269,18 @@ def _build_report(job: _Job, outcomes: List[RunOutcome]):
 
 def _in_order_note(shuffles_off: List[list]) -> str:
     """What each run read in order instead of shuffling, as one note."""
+    return _turned_off_note("input read in order in both runs (--keep-shuffles runs the shuffles: a queue's and "
+                            "tf.data's draw from different random streams); shuffling turned off", shuffles_off)
+
+
+def _turned_off_note(what: str, turned_off: List[list]) -> str:
+    """``what``, then what each run turned off: `... in OLD Dropout(rate=0.3) ×2; in NEW ...`."""
     sides = []
-    for label, calls in zip(("OLD", "NEW"), shuffles_off):
+    for label, calls in zip(("OLD", "NEW"), turned_off):
         counts = Counter(calls)
         listed = ", ".join(call + (f" ×{n}" if n > 1 else "") for call, n in counts.items()) or "nothing"
         sides.append(f"{label} {listed}")
-    return ("input read in order in both runs (--keep-shuffles runs the shuffles: a queue's and tf.data's draw "
-            "from different random streams); shuffling turned off in " + "; in ".join(sides))
+    return f"{what} in " + "; in ".join(sides)
 
 
 def _write_outputs(job: _Job, report: dict, comparison) -> None:

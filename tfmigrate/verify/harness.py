@@ -1127,6 +1127,7 @@ def parse_args(argv):
     parser.add_argument("--load-weights")
     parser.add_argument("--loss-regex")
     parser.add_argument("--in-order", action="store_true")  # input pipelines read in order (see in_order.py)
+    parser.add_argument("--no-dropout", action="store_true")  # Keras dropout layers off (see no_dropout.py)
     parser.add_argument("program_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.program_args and args.program_args[0] == "--":
@@ -1183,6 +1184,10 @@ def _set_up(state: State, result: dict) -> None:
         from tfmigrate.verify import in_order
 
         in_order.install(_is_user_code)
+    if args.no_dropout and (args.keras or args.keras2 or args.restore_multi_gpu_model):
+        from tfmigrate.verify import no_dropout
+
+        no_dropout.install(legacy_keras=bool(args.legacy or args.keras2))
     _install_capture(tf, state)
     result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__,
                           "python": platform.python_version()}
@@ -1268,6 +1273,10 @@ def _write_result(state: State, result: dict, started: float) -> None:
         from tfmigrate.verify.in_order import TURNED_OFF
 
         result["shuffles_off"] = list(TURNED_OFF)
+    if args.no_dropout:
+        from tfmigrate.verify.no_dropout import TURNED_OFF as DROPOUT_OFF
+
+        result["dropout_off"] = list(DROPOUT_OFF)
     if state.regex is not None and state.steps:
         # timing and batch sizes from the training runs we saw, loss from the printed lines
         result["train_steps"] = state.steps

@@ -36,6 +36,7 @@ class RunSpec:
     keras2: bool = False         # TF1 layers through tf.compat.v1: run with Keras 2 (see detect.Detection)
     multi_gpu_tf2: bool = False  # a TF 2.0-2.3 Keras program: multi_gpu_model restored in TF2 (see detect.Detection)
     in_order: bool = False       # input pipelines read in order (see in_order.py)
+    no_dropout: bool = False     # Keras dropout layers off (see no_dropout.py)
 
 
 @dataclass
@@ -86,6 +87,8 @@ def harness_command(spec: RunSpec, out: Path) -> list[str]:
         command += ["--loss-regex", spec.loss_regex]
     if spec.in_order:
         command.append("--in-order")
+    if spec.no_dropout:
+        command.append("--no-dropout")
     command.append(str(spec.program))
     if spec.program_args:
         command += ["--", *spec.program_args]

@@ -1,0 +1,40 @@
+"""Keras's dropout layers turned off for a verify run (``--keep-dropout`` keeps them).
+
+A parallel model (`multi_gpu_model`, a hand-written `ParallelModel`) drew one dropout mask per
+device slice of the batch from its template's layers; under MirroredStrategy each replica draws
+its own, from other random streams. With dropout on, no migration trains step by step like its
+original (a held-out Keras trainer class differed from step 0, and matched with its `Dropout`
+left out of both programs); off, everything else is compared exactly. Both runs turn it off,
+and each records what it turned off (:data:`TURNED_OFF`), so that the report says so and a
+rewrite that dropped a dropout layer is caught: one run had one and the other did not.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: What this run turned off, one entry per layer: `Dropout(rate=0.3)`.
+TURNED_OFF: list[str] = []
+#: The layers that drop or perturb at random in training (the spatial dropouts derive from Dropout).
+_SEEN: set[int] = set()
+_RANDOM_LAYERS = ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout")
+
+
+def install(legacy_keras: bool) -> None:
+    """Make the random layers of the Keras the program runs on (``legacy_keras``: tf_keras, the
+    Keras 2 of TF1-mode programs; else Keras 3) pass their inputs through."""
+    layers = importlib.import_module("tf_keras.layers" if legacy_keras else "keras.layers")
+    bases = tuple(cls for cls in (getattr(layers, name, None) for name in _RANDOM_LAYERS) if cls is not None)
+    for value in vars(layers).values():
+        # and the private bases that hold their `call` (Keras 3's BaseSpatialDropout)
+        for cls in value.__mro__ if isinstance(value, type) and issubclass(value, bases) else ():
+            if issubclass(cls, bases) and "call" in vars(cls):
+                cls.call = _passed_through
+
+
+def _passed_through(self, inputs, training=None):
+    if id(self) not in _SEEN:  # each layer once, however often it is called or traced
+        _SEEN.add(id(self))
+        amount = next((f"{k}={getattr(self, k)}" for k in ("rate", "stddev") if hasattr(self, k)), "")
+        TURNED_OFF.append(f"{type(self).__name__}({amount})")
+    return inputs
