@@ -124,6 +124,25 @@ def test_a_trainer_class_keeping_its_models_on_self_is_fixed_runs_to_the_end_and
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
 
+def test_a_front_end_compiling_in_another_method_is_fixed_runs_to_the_end_and_trains_the_same(tmp_path):
+    """The template built under `with tf.device('/cpu:0'):` and named after it (`self.model =
+    model`) is built under the scope; `train()` makes the optimizer and compiles under the
+    model's own strategy (outside it, Keras 3 failed: "Mixing different tf.distribute.Strategy
+    objects"). With its BatchNormalization, Dropout (off in both runs) and `fit`'s shuffles (in
+    order in both), it trains step by step like the parallel model."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_frontend_compiles_in_train.py", tmp_path)
+    text = fixed.read_text()
+    assert "        with strategy.scope():\n            model = Sequential()\n" in text
+    assert "        with self.train_model.distribute_strategy.scope():\n            optimizer = Adam(" in text
+    new = _run(fixed)
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["accuracy"] > 0.5
+    status, report = run_verify(legacy, fixed, tmp_path, steps=18)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
 def test_a_keras_2_script_is_moved_onto_keras_3_runs_to_the_end_and_trains_the_same(tmp_path):
     """Keras 2's spellings (`keras.layers.core`, `np_utils`, `SGD(lr=, decay=)`, backend math in a
     metric, `optimizer.lr`, float32 `to_categorical` labels) become Keras 3's: the fixed program
