@@ -10,7 +10,6 @@ def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
-
 class _ContinuationLines(cst.CSTVisitor):
     """The continuation lines (``ParenthesizedWhitespace``) that start at ``opening`` or right
     of it; ``block`` is the width a line with ``indent`` set starts with."""

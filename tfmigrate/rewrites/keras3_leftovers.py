@@ -209,12 +209,10 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
     calls = find(rule.context.module, cst.Call)
     embedded = any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls)
     for call in calls:
-        other = next((name for name in COMPUTED_OTHERWISE if _compiles_with(call, name.lower())
-                      or f"keras.optimizers.{name}" in rule.imports.resolve_all(call.func)), None)
+        other = _optimizer_named(rule, call, COMPUTED_OTHERWISE)
         if other is not None:
             return {}, [], (call, COMPUTED_OTHERWISE[other])
-        adaptive = next((name for name in ADAPTIVE if _compiles_with(call, name.lower())
-                         or f"keras.optimizers.{name}" in rule.imports.resolve_all(call.func)), None)
+        adaptive = _optimizer_named(rule, call, ADAPTIVE)
         if embedded and adaptive is not None:
             return {}, [], (call, SPARSE_ADAPTIVE.format(name=adaptive))
         if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
@@ -258,6 +256,14 @@ SPARSE_ADAPTIVE = (
     "(checked: a row seen 3 times in a batch ended one Adam step at -0.030 on Keras 3, 0.0 on Keras 2; a "
     "held-out Kaggle text kernel's loss differed from the second step): build and compile the template "
     "under `strategy.scope()` by hand if that will do, or train with SGD, which both compute alike")
+
+
+def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
+    """The one of ``names`` that ``call`` makes (`keras.optimizers.Adam(...)`) or compiles with
+    by name (`compile(optimizer='adam')`), else None."""
+    made = set(rule.imports.resolve_all(call.func))
+    return next((name for name in names if _compiles_with(call, name.lower()) or f"keras.optimizers.{name}" in made),
+                None)
 
 
 def _compiles_with(call: cst.Call, name: str) -> bool:
@@ -472,20 +478,20 @@ def output_metrics(compiles: list[cst.Call]) -> dict:
                 isinstance(e, cst.StarredElement) or isinstance(e.value, (cst.List, cst.Tuple, cst.Dict))
                 for e in metrics.elements):
             continue
-        flat = metrics.with_changes(elements=[e.with_changes(comma=_COMMA) for e in metrics.elements[:-1]]
-                                    + [e.with_changes(comma=cst.MaybeSentinel.DEFAULT) for e in metrics.elements[-1:]],
-                                    lbracket=cst.LeftSquareBracket(), rbracket=cst.RightSquareBracket())
+        flat = cst.List(_on_one_line(metrics.elements))
         if isinstance(loss, cst.Dict) and all(isinstance(e, cst.DictElement) for e in loss.elements):
-            per_output = [cst.DictElement(e.key.deep_clone(), flat.deep_clone(), comma=_COMMA) for e in loss.elements]
-            new = cst.Dict(per_output[:-1] + [per_output[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
+            changes[metrics] = cst.Dict(_on_one_line([cst.DictElement(e.key.deep_clone(), flat.deep_clone())
+                                                      for e in loss.elements]))
         elif isinstance(loss, (cst.List, cst.Tuple)) and len(loss.elements) > 1 and not any(
                 isinstance(e, cst.StarredElement) for e in loss.elements):
-            per_output = [cst.Element(flat.deep_clone(), comma=_COMMA) for _ in loss.elements]
-            new = cst.List(per_output[:-1] + [per_output[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
-        else:
-            continue
-        changes[metrics] = new
+            changes[metrics] = cst.List(_on_one_line([cst.Element(flat.deep_clone()) for _ in loss.elements]))
     return changes
+
+
+def _on_one_line(elements) -> list:
+    """``elements`` of a list or dict as `a, b, c`, whatever lines they were on."""
+    return [e.with_changes(comma=_COMMA if i < len(elements) - 1 else cst.MaybeSentinel.DEFAULT)
+            for i, e in enumerate(elements)]
 
 
 def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None:
