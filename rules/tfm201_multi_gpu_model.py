@@ -10,7 +10,7 @@ from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines,
-    generator_methods, learning_rate_reads, made_within, metric_label_casts, model_keywords, module_paths,
+    dense_gradient_classes, generator_methods, learning_rate_reads, made_within, metric_label_casts, model_keywords, module_paths,
     optimizer_arguments, output_metrics, weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
@@ -130,7 +130,10 @@ class MultiGpuModel(Rule):
         Keras 3 takes for weights, and so does the file of a `ModelCheckpoint(...,
         save_weights_only=True)` (or of a subclass of it), where the module names it. A flat
         `metrics=[...]` list of a model with several outputs (a `loss=` dict or list) is given
-        to each output, as Keras 2 did and Keras 3 asks. A callback of the module that swaps
+        to each output, as Keras 2 did and Keras 3 asks. In a module with an `Embedding`, Adam
+        (Adamax, Adagrad, Adadelta) becomes a `DenseGradientAdam` subclass written after the
+        imports, which adds up each row's gradients before it steps: Keras 3 squares each
+        occurrence's gradient of a row seen more than once in a batch, Keras 2 their sum. A callback of the module that swaps
         in the template (`self.model = self.original_model`, the widely copied
         `ModelCheckpointMGPU`) sets it with `self.set_model(...)`: Keras 3's `Callback.model`
         cannot be assigned. A hand-written helper (or `ParallelModel` class) called once goes
@@ -572,16 +575,8 @@ class MultiGpuModel(Rule):
         elsewhere, blocker = self._compiles_elsewhere(blocks, body[built:last + 1], {model, target} - {None}, keras3)
         if blocker is not None:
             return None, blocker
-        moved: list[cst.BaseStatement] = []
         first = body[built]
-        for statement in body[built:index]:
-            if isinstance(statement, cst.With) and self._is_cpu_device_scope(statement):
-                # with tf.device('/cpu:0'): model = ...  -> unwrapped: the strategy places the variables
-                inner = list(cst.ensure_type(statement.body, cst.IndentedBlock).body)
-                moved += [inner[0].with_changes(leading_lines=statement.leading_lines)] + inner[1:]
-            else:
-                moved.append(statement)
-        moved[0] = moved[0].with_changes(leading_lines=())
+        moved = self._built_unwrapped(body[built:index])
         line = body[index]
         if line is guard:  # the fallback (`except`, `else`) is what the strategy does: the template itself
             if target != model:
@@ -609,6 +604,18 @@ class MultiGpuModel(Rule):
         changes.update(keras3)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._import_of(call)), None
+
+    def _built_unwrapped(self, statements) -> list[cst.BaseStatement]:
+        """``statements`` (those that build the template), each `with tf.device('/cpu:0'):`
+        block among them unwrapped: the strategy places the variables."""
+        moved: list[cst.BaseStatement] = []
+        for statement in statements:
+            if isinstance(statement, cst.With) and self._is_cpu_device_scope(statement):
+                inner = list(cst.ensure_type(statement.body, cst.IndentedBlock).body)
+                moved += [inner[0].with_changes(leading_lines=statement.leading_lines)] + inner[1:]
+            else:
+                moved.append(statement)
+        return [moved[0].with_changes(leading_lines=()), *moved[1:]]
 
     def _keras3_changes(self, models: set) -> tuple[dict, list[ImportItem], str | None]:
         """What the module must change to train the same on Keras 3, which the migrated program
@@ -641,29 +648,30 @@ class MultiGpuModel(Rule):
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
         changes.update(continuation_lines(self, changes))
+        classes, class_imports = dense_gradient_classes(self, changes)
+        changes.update(classes)
+        imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
 
     def _compiles_elsewhere(self, blocks: StatementBlocks, moved, models: set, keras3: dict) -> tuple[dict, str | None]:
         """A `compile` of one of ``models`` away from the statements that move under the scope
-        (in `train()`, the model built in `build_model()`), with the statements before it that
+        (in `train()`, the model built in `build_model()`; again after unfreezing layers to
+        fine-tune them), with the statements before it that
         make what it reads (`optimizer = Adam(...)`), put under the model's own strategy: Keras 3
         makes an optimizer's variables where it is made, and outside the scope a held-out
         trainer class failed ("Mixing different tf.distribute.Strategy objects"). Returns
         (changes, blocker)."""
         changes: dict = {}
-        parents = module_parents(self.context)
-        owner = enclosing(moved[0], parents, cst.ClassDef)
-        # What another method compiles is the same model only through `self` (a plain name there
-        # is another function's own).
-        kept = {m for m in models if m.startswith("self.")}
-        for call in self._compile_calls(self.context.module, kept) if owner is not None else ():
-            if any(contains(statement, call) for statement in moved) or enclosing(call, parents, cst.ClassDef) is not owner:
+        for call in self._compile_calls(self.context.module, models):
+            if any(contains(statement, call) for statement in moved) or not self._same_model(call, moved[0]):
                 continue
             if self._uses_tf1_apis() or id(call) not in blocks.of_call:
                 return {}, (f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) compiles the "
                             "model away from where it is built: build and compile it under `strategy.scope()` by hand")
             body, index = blocks.of_call[id(call)]
-            start = self._first_layer_call(body, index)
+            # In the block the model is built in, what the scope covers is not covered twice.
+            floor = next((i + 1 for i, s in enumerate(body) if s is moved[-1]), 0)
+            start = self._first_layer_call(body, index, floor)
             if any(statement in changes for statement in body[start:index + 1]):
                 return {}, (f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) compiles the "
                             "model a second time in one block: compile it once")
@@ -675,6 +683,16 @@ class MultiGpuModel(Rule):
             for statement in body[start + 1:index + 1]:
                 changes[statement] = cst.RemovalSentinel.REMOVE
         return changes, None
+
+    def _same_model(self, call: cst.Call, built: cst.CSTNode) -> bool:
+        """Whether the model ``call`` compiles is the one built at ``built``: an attribute of
+        `self` in a method of the same class (`train()`, the model built in `__init__`), a plain
+        name in the same function (a fine-tuning script compiling again after unfreezing)."""
+        parents = module_parents(self.context)
+        if self._code(call.func.value).startswith("self."):
+            owner = enclosing(built, parents, cst.ClassDef)
+            return owner is not None and enclosing(call, parents, cst.ClassDef) is owner
+        return enclosing(call, parents, cst.FunctionDef) is enclosing(built, parents, cst.FunctionDef)
 
     def _compiled_outside(self, body, models: set) -> str | None:
         """Why a model the fix would not compile under the scope cannot train: compiled later in
@@ -801,10 +819,8 @@ class MultiGpuModel(Rule):
             assigned = single_assign(statement)
             if assigned is not None and assigned[0] == model:
                 return position
-            if isinstance(statement, cst.With) and self._is_cpu_device_scope(statement):
-                inner = cst.ensure_type(statement.body, cst.IndentedBlock).body
-                if inner and all((single_assign(s) or ("",))[0] == model for s in inner[:1]):
-                    return position
+            if self._cpu_block_assigns(statement, {model}):  # with tf.device('/cpu:0'): ... model = Model(...)
+                return position
         return None
 
     def _uses_tf1_apis(self) -> bool:
@@ -821,13 +837,14 @@ class MultiGpuModel(Rule):
 
         return self.context.memo("tfm201.uses_tf1_apis", compute)
 
-    def _first_layer_call(self, body, built: int) -> int:
-        """The first statement of the block that the model's construction reads from, through
-        names assigned one by one (`inputs = Input(...)`, `hidden = Dense(16)(inputs)`): calling a
-        layer makes its weights, which must happen under the strategy's scope too."""
+    def _first_layer_call(self, body, built: int, floor: int = 0) -> int:
+        """The first statement of the block (from ``floor`` on) that the model's construction
+        reads from, through names assigned one by one (`inputs = Input(...)`, `hidden =
+        Dense(16)(inputs)`): calling a layer makes its weights, which must happen under the
+        strategy's scope too."""
         needed = self._names_in(body[built])
         first = built
-        for position in range(built - 1, -1, -1):
+        for position in range(built - 1, floor - 1, -1):
             assigned = single_assign(body[position])
             if assigned is not None and assigned[0] in needed:
                 needed |= self._names_in(assigned[1])

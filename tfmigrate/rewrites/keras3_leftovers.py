@@ -9,6 +9,9 @@ crash), or worse, takes it and trains otherwise:
   or `.hdf5`, at the call or where the module names the file);
 - a flat `metrics=[...]` list compiled into a model with several outputs, which Keras 2 gave
   each output and Keras 3 refuses;
+- Adam (and Adamax, Adagrad, Adadelta) in a module with an `Embedding`: Keras 3 squares each
+  occurrence's gradient of a row seen more than once in a batch, Keras 2 their sum; a
+  `DenseGradientAdam` subclass adds them up first;
 - assigning `Callback.model`, a read-only property (`self.model = self.original_model` in the
   widely copied `ModelCheckpointMGPU`);
 - an optimizer's `lr=` (now `learning_rate=`), its `.lr` (now `.learning_rate`), and its
@@ -26,8 +29,7 @@ crash), or worse, takes it and trains otherwise:
 - the labels a metric function sees, which Keras 2 cast to the predictions' type;
 - `ModelCheckpoint(..., period=1)`: Keras 3 has no `period`;
 - refused: `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement; RMSprop and
-  Nadam, which Keras 3 computes otherwise (:data:`COMPUTED_OTHERWISE`); Adam and the other
-  adaptive optimizers of a model with an `Embedding` (:data:`SPARSE_ADAPTIVE`); a read of an
+  Nadam, which Keras 3 computes otherwise (:data:`COMPUTED_OTHERWISE`); a read of an
   optimizer's `decay`; a `decay=` a learning-rate callback would also set.
 
 Each function returns LibCST changes (original node -> replacement) for the rule's edit; a
@@ -37,6 +39,7 @@ replacement may hold nodes another change replaces, so the rule applies them wit
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 import libcst as cst
@@ -50,7 +53,7 @@ from tfmigrate.rule import ImportItem
 
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "callback_models_set", "categorical_dtypes", "continuation_lines",
-    "generator_methods", "learning_rate_reads", "made_within", "model_keywords", "module_paths",
+    "dense_gradient_classes", "generator_methods", "learning_rate_reads", "made_within", "model_keywords", "module_paths",
     "optimizer_arguments", "output_metrics", "weight_file_renames",
 ]
 
@@ -206,15 +209,13 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
     node and why its meaning cannot be kept (arguments passed by position, which Keras 2 and 3
     order differently; a decay that a learning-rate callback would also set)."""
     changes, imports = {}, []
-    calls = find(rule.context.module, cst.Call)
-    embedded = any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls)
-    for call in calls:
+    dense = dense_gradient_optimizers(rule)
+    for call in find(rule.context.module, cst.Call):
         other = _optimizer_named(rule, call, COMPUTED_OTHERWISE)
         if other is not None:
             return {}, [], (call, COMPUTED_OTHERWISE[other])
-        adaptive = _optimizer_named(rule, call, ADAPTIVE)
-        if embedded and adaptive is not None:
-            return {}, [], (call, SPARSE_ADAPTIVE.format(name=adaptive))
+        if id(call) in dense and _compiles_with(call, dense[id(call)].lower()):  # compile(optimizer='adam')
+            changes[_compiled_optimizer(call)] = cst.parse_expression(f"DenseGradient{dense[id(call)]}()")
         if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
             continue
         if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
@@ -227,9 +228,62 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
             args, blocker = _decayed(rule, args, decay, imports)
             if blocker is not None:
                 return {}, [], (call, blocker)
-        if args != list(call.args):
-            changes[call] = call.with_changes(args=_commas_mended(args, call.args))
+        func = cst.Name(f"DenseGradient{dense[id(call)]}") if id(call) in dense else call.func
+        if args != list(call.args) or func is not call.func:
+            changes[call] = call.with_changes(func=func, args=_commas_mended(args, call.args))
     return changes, imports, None
+
+
+def dense_gradient_optimizers(rule) -> dict[int, str]:
+    """id(call) -> the adaptive optimizer (`Adam`) that call makes, or compiles with by name, in
+    a module that makes an `Embedding`: where an id occurs more than once in a batch, Keras 3's
+    Adam squares each occurrence's gradient of the row, Keras 2 squared their sum (checked: a row
+    seen 3 times ended one step at -0.030 on Keras 3, 0.0 on Keras 2; a held-out Kaggle text
+    kernel's loss differed from the second step). The fix makes them
+    `DenseGradientAdam(...)`, which sums the rows' gradients first (:func:`dense_gradient_classes`)."""
+    def compute() -> dict[int, str]:
+        calls = find(rule.context.module, cst.Call)
+        if not any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls):
+            return {}
+        named = {id(call): _optimizer_named(rule, call, ADAPTIVE) for call in calls}
+        return {key: name for key, name in named.items() if name is not None}
+
+    return rule.context.memo("keras3.dense_gradient_optimizers", compute)
+
+
+def dense_gradient_classes(rule, changes: dict) -> tuple[dict, list]:
+    """The `DenseGradientAdam` class (one per optimizer :func:`dense_gradient_optimizers` found),
+    after the module's last import: the optimizer, given an embedding's gradient by row
+    (`tf.IndexedSlices`), adds up each row's before it steps, as Keras 2 did. Returns (changes,
+    imports); ``changes`` are the other changes, whose replacement of that import is kept."""
+    names = sorted(set(dense_gradient_optimizers(rule).values()))
+    imports_at = [s for s in rule.context.module.body if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
+    if not names or not imports_at:
+        return {}, []
+    indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
+    dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
+    classes = [cst.parse_statement(_DENSE_GRADIENT.format(name=name, indexed=_code_of(rule, indexed),
+                                                         dense=_code_of(rule, dense)))
+               .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for name in names]
+    anchor = imports_at[-1]
+    placed = {anchor: cst.FlattenSentinel([changes.get(anchor, anchor.deep_clone()), *classes])}
+    body = list(rule.context.module.body)
+    after = body[body.index(anchor) + 1] if body.index(anchor) + 1 < len(body) else None
+    blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
+    if after is not None and after not in changes and blank < 2:  # two blank lines after a class (PEP 8)
+        placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
+    return placed, imports + more + [ImportItem("keras")]
+
+
+_DENSE_GRADIENT = '''
+class DenseGradient{name}(keras.optimizers.{name}):
+    """{name} as Keras 2 stepped an `Embedding`: a row's gradients added up before they are
+    squared (Keras 3's {name} squares each occurrence's in the batch)."""
+
+    def apply(self, grads, trainable_variables=None):
+        grads = [{dense}(g) if isinstance(g, {indexed}) else g for g in grads]
+        return super().apply(grads, trainable_variables)
+'''
 
 
 #: Optimizers Keras 3 computes otherwise than Keras 2's (checked on TF 2.21: one Dense layer, 20
@@ -250,12 +304,6 @@ COMPUTED_OTHERWISE = {
 #: Optimizers whose step is not linear in the gradient (its square, its largest value).
 ADAPTIVE = ("Adam", "Adamax", "Adagrad", "Adadelta")
 EMBEDDINGS = {"keras.layers.Embedding", "keras.layers.embeddings.Embedding"}
-SPARSE_ADAPTIVE = (
-    "the model has an `Embedding`, and where an id occurs more than once in a batch Keras 3's {name} "
-    "squares each occurrence's gradient where Keras 2 squared their sum, so the row takes another step "
-    "(checked: a row seen 3 times in a batch ended one Adam step at -0.030 on Keras 3, 0.0 on Keras 2; a "
-    "held-out Kaggle text kernel's loss differed from the second step): build and compile the template "
-    "under `strategy.scope()` by hand if that will do, or train with SGD, which both compute alike")
 
 
 def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
@@ -268,11 +316,16 @@ def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
 
 def _compiles_with(call: cst.Call, name: str) -> bool:
     """`model.compile(optimizer='rmsprop', ...)` (or the name first, by position)."""
-    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
-        return False
-    value = next((a.value for a in call.args if _keyword_is(a, "optimizer")),
-                 call.args[0].value if call.args and call.args[0].keyword is None else None)
+    value = _compiled_optimizer(call)
     return isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() == name
+
+
+def _compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:
+    """The optimizer a `compile(...)` call passes (by keyword, or first by position)."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
+        return None
+    return next((a.value for a in call.args if _keyword_is(a, "optimizer")),
+                call.args[0].value if call.args and call.args[0].keyword is None else None)
 
 
 def categorical_dtypes(rule) -> dict:
