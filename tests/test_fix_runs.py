@@ -143,6 +143,28 @@ def test_a_front_end_compiling_in_another_method_is_fixed_runs_to_the_end_and_tr
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
 
+def test_an_embedding_trained_with_adam_gets_a_dense_gradient_adam_and_trains_the_same(tmp_path):
+    """Short reviews repeat their words: an embedding row gets several gradients in a batch, and
+    Keras 3's Adam squares each where Keras 2 squared their sum. The fixed program's
+    `DenseGradientAdam` adds them up first and trains step by step like the parallel model;
+    with Keras 3's own Adam in its place the same program differs from the second step."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_text_embedding_adam.py", tmp_path)
+    text = fixed.read_text()
+    assert "class DenseGradientAdam(keras.optimizers.Adam):" in text
+    assert "optimizer=DenseGradientAdam(learning_rate=0.01)" in text
+    new = _run(fixed)
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["accuracy"] > 0.7
+    status, report = run_verify(legacy, fixed, tmp_path, steps=24)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    plain = tmp_path / "plain_adam.py"
+    plain.write_text(text.replace("optimizer=DenseGradientAdam(", "optimizer=keras.optimizers.Adam("))
+    status, report = run_verify(legacy, plain, tmp_path, steps=24)
+    assert status == 1 and report["comparison"]["first_bad_step"] == 1
+
+
 def test_a_keras_2_script_is_moved_onto_keras_3_runs_to_the_end_and_trains_the_same(tmp_path):
     """Keras 2's spellings (`keras.layers.core`, `np_utils`, `SGD(lr=, decay=)`, backend math in a
     metric, `optimizer.lr`, float32 `to_categorical` labels) become Keras 3's: the fixed program
