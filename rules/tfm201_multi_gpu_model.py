@@ -588,7 +588,9 @@ class MultiGpuModel(Rule):
         elif target != model:
             moved.append(line.deep_replace(call, cst.parse_expression(model)))
         moved += list(body[index + 1:last + 1])
-        moved = [made_within(statement, keras3) for statement in moved]
+        # A hand-written helper called here goes with the call (_report_helper_call), not under the scope.
+        helper = self._helpers.get(call.func.value) if isinstance(call.func, cst.Name) else None
+        moved = [made_within(statement, keras3) for statement in moved if statement is not helper]
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
         create = cst.parse_statement(
             f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n"
