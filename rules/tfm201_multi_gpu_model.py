@@ -9,9 +9,9 @@ from tfmigrate.cst.callargs import argument, has_star_args, is_true
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents
 from tfmigrate.rewrites.keras3_leftovers import (
-    GENERATOR_METHODS, backend_calls, callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines,
-    dense_gradient_classes, generator_methods, learning_rate_reads, made_within, metric_label_casts, model_keywords, module_paths,
-    optimizer_arguments, output_metrics, weight_file_renames,
+    GENERATOR_METHODS, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
+    continuation_lines, dense_gradient_classes, generator_methods, learning_rate_reads, made_within,
+    metric_label_casts, model_keywords, module_paths, optimizer_arguments, output_metrics, weight_file_renames,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -646,6 +646,7 @@ class MultiGpuModel(Rule):
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
         changes.update(categorical_dtypes(self))
+        changes.update(boolean_inputs(self, models))
         changes.update(generator_methods(module))
         changes.update(model_keywords(self))
         changes.update(module_paths(module))

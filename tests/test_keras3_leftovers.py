@@ -477,3 +477,21 @@ def test_a_helper_defined_between_the_layers_it_needs_and_the_model_goes_not_und
     result = unsafe_fix(source)
     assert "make_parallel" not in result and "with strategy.scope():\n    WIDTH = 6\n" in result
     assert unsafe_fix(result) == result
+
+
+def test_boolean_arrays_fed_to_the_model_are_cast_to_floats_as_keras_2_did():
+    """Keras 2 cast boolean inputs and labels (the one-hot text of Keras's lstm_text_generation
+    example) to the model's floats; Keras 3 under MirroredStrategy fails on them ("Value for attr
+    'T' of bool is not in the list of allowed values", checked on 2 logical CPUs; without a
+    strategy it trains). An array also made otherwise somewhere is left alone."""
+    fit = ("hot = np.zeros((64, 4), dtype=np.bool)\n"
+           "labels = np.zeros((64, 2), dtype='bool')\n"
+           "mixed = np.zeros((64, 4), dtype=bool)\n"
+           "mixed = np.zeros((64, 4))\n"
+           "parallel.fit(hot, labels, batch_size=16, validation_data=(hot, labels))\n"
+           "parallel.predict(mixed)\n")
+    result = unsafe_fix(script(fit=fit))
+    assert ("parallel.fit(hot.astype('float32'), labels.astype('float32'), batch_size=16, "
+            "validation_data=(hot.astype('float32'), labels.astype('float32')))\n") in result
+    assert "parallel.predict(mixed)\n" in result
+    assert unsafe_fix(result) == result

@@ -9,6 +9,8 @@ crash), or worse, takes it and trains otherwise:
   or `.hdf5`, at the call or where the module names the file);
 - a flat `metrics=[...]` list compiled into a model with several outputs, which Keras 2 gave
   each output and Keras 3 refuses;
+- boolean arrays fed to the model (`np.zeros(..., dtype=np.bool)`), which Keras 2 cast to floats
+  and Keras 3 under a strategy fails on;
 - Adam (and Adamax, Adagrad, Adadelta) in a module with an `Embedding`: Keras 3 squares each
   occurrence's gradient of a row seen more than once in a batch, Keras 2 their sum; a
   `DenseGradientAdam` subclass adds them up first;
@@ -52,7 +54,7 @@ from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rule import ImportItem
 
 __all__ = [
-    "GENERATOR_METHODS", "backend_calls", "callback_models_set", "categorical_dtypes", "continuation_lines",
+    "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
     "dense_gradient_classes", "generator_methods", "learning_rate_reads", "made_within", "model_keywords", "module_paths",
     "optimizer_arguments", "output_metrics", "weight_file_renames",
 ]
@@ -326,6 +328,45 @@ def _compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:
         return None
     return next((a.value for a in call.args if _keyword_is(a, "optimizer")),
                 call.args[0].value if call.args and call.args[0].keyword is None else None)
+
+
+#: NumPy constructors whose `dtype=` makes the array, and the spellings of a boolean dtype.
+ARRAY_MAKERS = {f"numpy.{name}" for name in ("zeros", "ones", "empty", "full", "array", "asarray")}
+BOOLEAN_DTYPES = {"numpy.bool", "numpy.bool_", "bool"}
+
+
+def boolean_inputs(rule, models: set) -> dict:
+    """`parallel.fit(x, y)` of arrays the module makes boolean (`np.zeros(..., dtype=np.bool)`,
+    the one-hot text of Keras's `lstm_text_generation` example) -> `x.astype('float32')`: Keras 2
+    cast them to the model's floats, Keras 3 under a distribution strategy fails on them ("Value
+    for attr 'T' of bool is not in the list of allowed values", a held-out text generator)."""
+    module = rule.context.module
+    made: dict[str, list[bool]] = {}
+    for assign in find(module, cst.Assign):
+        for target in assign.targets:
+            if isinstance(target.target, cst.Name):
+                made.setdefault(target.target.value, []).append(_makes_booleans(rule, assign.value))
+    booleans = {name for name, each in made.items() if all(each)}
+    changes = {}
+    for call in find(module, cst.Call) if booleans else ():
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value in ("fit", "evaluate", "predict")
+                and dotted_name(call.func.value) in models):
+            continue
+        for arg in call.args:
+            if arg.keyword is None or arg.keyword.value in ("x", "y", "validation_data"):
+                for name in [arg.value, *(e.value for e in getattr(arg.value, "elements", ()))]:
+                    if isinstance(name, cst.Name) and name.value in booleans:
+                        changes[name] = cst.parse_expression(f"{name.value}.astype('float32')")
+    return changes
+
+
+def _makes_booleans(rule, value: cst.BaseExpression) -> bool:
+    if not (isinstance(value, cst.Call) and ARRAY_MAKERS & set(rule.imports.resolve_all(value.func))):
+        return False
+    dtype = next((arg.value for arg in value.args if _keyword_is(arg, "dtype")), None)
+    if isinstance(dtype, cst.SimpleString):
+        return dtype.evaluated_value == "bool"
+    return dtype is not None and bool(BOOLEAN_DTYPES & ({dotted_name(dtype)} | set(rule.imports.resolve_all(dtype))))
 
 
 def categorical_dtypes(rule) -> dict:
