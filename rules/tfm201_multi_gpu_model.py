@@ -514,8 +514,10 @@ class MultiGpuModel(Rule):
             edit, blocker = None, (f"`{name}` is also used on line {self.position(other).start.line}: rewrite the call "
                                    "by hand and delete the helper")
         if edit is not None:
-            edit.changes[self._helpers[name]] = cst.RemovalSentinel.REMOVE
-            edit.title += f", and delete the helper `{name}`"
+            helper, *only_its = self._helper_and_its_functions(call)
+            for function in (helper, *only_its):
+                edit.changes[function] = cst.RemovalSentinel.REMOVE
+            edit.title += f", and delete the helper `{name}`" + "".join(f" and `{f.name.value}`" for f in only_its)
             # What only the helper imported (`Lambda`, `Concatenate`) goes with it, where nothing else reads it.
             read = {n.value for n in find(self._helpers[name], cst.Name)}
             helper_imports = [item for bound in sorted(read & set(self._imports)) for item in self._imports[bound]]
@@ -526,6 +528,23 @@ class MultiGpuModel(Rule):
         if blocker:
             message += f"; no automatic fix: {blocker}"
         self.report(call, message, edit=edit)
+
+    def _helper_and_its_functions(self, call: cst.Call) -> list[cst.FunctionDef | cst.ClassDef]:
+        """The hand-written helper ``call`` calls, if any, then the module's functions that only
+        it reads (kuza55's `slice_batch`): they go with it."""
+        helper = self._helpers.get(call.func.value) if isinstance(call.func, cst.Name) else None
+        if helper is None:
+            return []
+        read = {n.value for n in find(helper, cst.Name)}
+        only_its = []
+        for function in self.context.module.body:
+            if not isinstance(function, cst.FunctionDef) or function is helper or function.name.value not in read:
+                continue
+            uses = [n for n in find(self.context.module, cst.Name) if n.value == function.name.value
+                    and not contains(helper, n) and not contains(function, n)]
+            if not uses:
+                only_its.append(function)
+        return [helper, *only_its]
 
     # --- the fix ------------------------------------------------------------------------
     def _edit(self, call: cst.Call, target: str | None, blocks: StatementBlocks) -> tuple[Edit | None, str | None]:
@@ -589,8 +608,8 @@ class MultiGpuModel(Rule):
             moved.append(line.deep_replace(call, cst.parse_expression(model)))
         moved += list(body[index + 1:last + 1])
         # A hand-written helper called here goes with the call (_report_helper_call), not under the scope.
-        helper = self._helpers.get(call.func.value) if isinstance(call.func, cst.Name) else None
-        moved = [made_within(statement, keras3) for statement in moved if statement is not helper]
+        dropped = {id(function) for function in self._helper_and_its_functions(call)}
+        moved = [made_within(statement, keras3) for statement in moved if id(statement) not in dropped]
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
         create = cst.parse_statement(
             f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n"

@@ -451,7 +451,7 @@ def test_a_fine_tuning_script_compiling_again_after_unfreezing_compiles_under_th
 def test_a_helper_defined_between_the_layers_it_needs_and_the_model_goes_not_under_the_scope():
     """The scope reaches up to the settings the layers read (`TIMESTEPS = 48`), over the helper's
     definition: the helper goes with its one call there too (a held-out kuza55-style script kept
-    it, indented under the scope)."""
+    it, indented under the scope), and so does the function only it reads (`slice_batch`)."""
     source = textwrap.dedent("""
         import tensorflow as tf
         from keras.layers import Dense, Input, Lambda, concatenate
@@ -460,11 +460,15 @@ def test_a_helper_defined_between_the_layers_it_needs_and_the_model_goes_not_und
         WIDTH = 6
 
 
+        def slice_batch(t, n, k):
+            return tf.split(t, n)[k]
+
+
         def make_parallel(model, gpu_count):
             outputs = []
             for g in range(gpu_count):
                 with tf.device('/gpu:%d' % g):
-                    piece = Lambda(lambda t, k=g: tf.split(t, gpu_count)[k])(model.inputs[0])
+                    piece = Lambda(slice_batch, arguments={'n': gpu_count, 'k': g})(model.inputs[0])
                     outputs.append(model(piece))
             return Model(inputs=model.inputs, outputs=concatenate(outputs, axis=0))
 
@@ -475,7 +479,8 @@ def test_a_helper_defined_between_the_layers_it_needs_and_the_model_goes_not_und
         model.compile(optimizer='sgd', loss='mse')
     """)
     result = unsafe_fix(source)
-    assert "make_parallel" not in result and "with strategy.scope():\n    WIDTH = 6\n" in result
+    assert "make_parallel" not in result and "slice_batch" not in result
+    assert "with strategy.scope():\n    WIDTH = 6\n" in result
     assert unsafe_fix(result) == result
 
 
