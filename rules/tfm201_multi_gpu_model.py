@@ -10,9 +10,10 @@ from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
-    continuation_lines, dense_gradient_classes, generator_methods, learning_rate_reads, made_within,
-    metric_label_casts, model_keywords, module_paths, optimizer_arguments, output_metrics, weight_file_renames,
+    continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
+    output_metrics, weight_file_renames,
 )
+from tfmigrate.rewrites.keras3_optimizers import dense_gradient_classes, learning_rate_reads, optimizer_arguments
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
 from tfmigrate.cst.walker import visit_read_only

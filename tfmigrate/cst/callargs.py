@@ -113,3 +113,20 @@ def with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
 def short_name(func: cst.BaseExpression) -> str:
     """The last name of a callee (`sum` of `K.sum`, `tf.reduce_sum` or `sum`); "" for anything else."""
     return func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) else ""
+
+
+def keyword_is(arg: cst.Arg, keyword: str, test=lambda value: True) -> bool:
+    """Whether ``arg`` is `keyword=...` (and its value passes ``test``)."""
+    return arg.keyword is not None and arg.keyword.value == keyword and test(arg.value)
+
+
+def keyword_renamed(arg: cst.Arg, old: str, new: str) -> cst.Arg:
+    """``arg`` as `new=...` if it is `old=...`."""
+    return arg.with_changes(keyword=cst.Name(new)) if keyword_is(arg, old) else arg
+
+
+def commas_mended(args: list[cst.Arg], original: tuple[cst.Arg, ...]) -> list[cst.Arg]:
+    """``args`` (some of ``original`` dropped) with the last one's comma as the original last's."""
+    if not args:
+        return args
+    return [*args[:-1], args[-1].with_changes(comma=original[-1].comma)]

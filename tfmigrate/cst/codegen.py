@@ -10,6 +10,11 @@ def code(node: cst.CSTNode) -> str:
     return cst.Module([]).code_for_node(node)
 
 
+def code_in(module: cst.Module, node: cst.CSTNode) -> str:
+    """``node`` as source with ``module``'s formatting, without surrounding whitespace."""
+    return module.code_for_node(node).strip()
+
+
 class _ContinuationLines(cst.CSTVisitor):
     """The continuation lines (``ParenthesizedWhitespace``) that start at ``opening`` or right
     of it; ``block`` is the width a line with ``indent`` set starts with."""

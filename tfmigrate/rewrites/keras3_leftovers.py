@@ -31,8 +31,11 @@ crash), or worse, takes it and trains otherwise:
 - the labels a metric function sees, which Keras 2 cast to the predictions' type;
 - `ModelCheckpoint(..., period=1)`: Keras 3 has no `period`;
 - refused: `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement; RMSprop and
-  Nadam, which Keras 3 computes otherwise (:data:`COMPUTED_OTHERWISE`); a read of an
+  Nadam, which Keras 3 computes otherwise (`keras3_optimizers.COMPUTED_OTHERWISE`); a read of an
   optimizer's `decay`; a `decay=` a learning-rate callback would also set.
+
+The optimizers' part (`lr=`, `decay=`, `.lr`, `DenseGradientAdam`, and the optimizers refused)
+is in :mod:`tfmigrate.rewrites.keras3_optimizers`.
 
 Each function returns LibCST changes (original node -> replacement) for the rule's edit; a
 replacement may hold nodes another change replaces, so the rule applies them within it
@@ -41,13 +44,12 @@ replacement may hold nodes another change replaces, so the rule applies them wit
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import with_keyword
-from tfmigrate.cst.codegen import realigned_continuations
+from tfmigrate.cst.callargs import commas_mended, keyword_is, keyword_renamed, with_keyword
+from tfmigrate.cst.codegen import code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import block_indentation, find, module_parents, single_small
 from tfmigrate.rewrites.mirrored import is_docstring
@@ -55,14 +57,9 @@ from tfmigrate.rule import ImportItem
 
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
-    "dense_gradient_classes", "generator_methods", "learning_rate_reads", "made_within", "model_keywords", "module_paths",
-    "optimizer_arguments", "output_metrics", "weight_file_renames",
+    "generator_methods", "made_within", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
 ]
 
-#: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
-OPTIMIZERS = {f"keras.optimizers.{name}" for name in ("SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam")}
-#: Callbacks that set the optimizer's learning rate, which a schedule does not let them.
-LR_CALLBACKS = ("ReduceLROnPlateau", "LearningRateScheduler")
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
 GENERATOR_METHODS = {
     "fit_generator": ("fit", ("steps_per_epoch", "epochs", "verbose", "callbacks", "validation_data",
@@ -111,14 +108,14 @@ def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str
     counted in epochs, which Keras 3's `save_freq` counts in batches: the blocker says so."""
     changes = {}
     for call in find(module, cst.Call):
-        period = next((arg for arg in call.args if _keyword_is(arg, "period")), None)
+        period = next((arg for arg in call.args if keyword_is(arg, "period")), None)
         if period is None or not _is_checkpoint(module, call):
             continue
         if not (isinstance(period.value, cst.Integer) and period.value.evaluated_value == 1):
             return {}, (call, "Keras 3's `ModelCheckpoint` has no `period=` (epochs); pass `save_freq=` in batches "
                               "(period x steps per epoch) by hand")
         kept = [arg for arg in call.args if arg is not period]
-        changes[call] = call.with_changes(args=_commas_mended(kept, call.args))
+        changes[call] = call.with_changes(args=commas_mended(kept, call.args))
     return changes, None
 
 
@@ -204,132 +201,6 @@ class _Nested(cst.CSTTransformer):
         return _made_within(new, {k: v for k, v in self.changes.items() if k != id(original)})
 
 
-def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
-    """Keras 2 optimizer constructors in Keras 3's spelling: `lr=` -> `learning_rate=`, a zero
-    `decay=` (or `epsilon=None`, Keras 2's "the backend epsilon") dropped, any other `decay=` as
-    an `InverseTimeDecay` learning rate. Returns (changes, imports, blocker): the blocker is a
-    node and why its meaning cannot be kept (arguments passed by position, which Keras 2 and 3
-    order differently; a decay that a learning-rate callback would also set)."""
-    changes, imports = {}, []
-    dense = dense_gradient_optimizers(rule)
-    for call in find(rule.context.module, cst.Call):
-        other = _optimizer_named(rule, call, COMPUTED_OTHERWISE)
-        if other is not None:
-            return {}, [], (call, COMPUTED_OTHERWISE[other])
-        if id(call) in dense and _compiles_with(call, dense[id(call)].lower()):  # compile(optimizer='adam')
-            changes[_compiled_optimizer(call)] = cst.parse_expression(f"DenseGradient{dense[id(call)]}()")
-        if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
-            continue
-        if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
-            return {}, [], (call, "pass its arguments after the learning rate by keyword: Keras 2 and Keras 3 "
-                                  "order them differently")
-        args = [_renamed(arg, "lr", "learning_rate") for arg in call.args
-                if not _keyword_is(arg, "decay", _is_zero) and not _keyword_is(arg, "epsilon", _is_none)]
-        decay = next((arg for arg in args if _keyword_is(arg, "decay")), None)
-        if decay is not None:
-            args, blocker = _decayed(rule, args, decay, imports)
-            if blocker is not None:
-                return {}, [], (call, blocker)
-        func = cst.Name(f"DenseGradient{dense[id(call)]}") if id(call) in dense else call.func
-        if args != list(call.args) or func is not call.func:
-            changes[call] = call.with_changes(func=func, args=_commas_mended(args, call.args))
-    return changes, imports, None
-
-
-def dense_gradient_optimizers(rule) -> dict[int, str]:
-    """id(call) -> the adaptive optimizer (`Adam`) that call makes, or compiles with by name, in
-    a module that makes an `Embedding`: where an id occurs more than once in a batch, Keras 3's
-    Adam squares each occurrence's gradient of the row, Keras 2 squared their sum (checked: a row
-    seen 3 times ended one step at -0.030 on Keras 3, 0.0 on Keras 2; a held-out Kaggle text
-    kernel's loss differed from the second step). The fix makes them
-    `DenseGradientAdam(...)`, which sums the rows' gradients first (:func:`dense_gradient_classes`)."""
-    def compute() -> dict[int, str]:
-        calls = find(rule.context.module, cst.Call)
-        if not any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls):
-            return {}
-        named = {id(call): _optimizer_named(rule, call, ADAPTIVE) for call in calls}
-        return {key: name for key, name in named.items() if name is not None}
-
-    return rule.context.memo("keras3.dense_gradient_optimizers", compute)
-
-
-def dense_gradient_classes(rule, changes: dict) -> tuple[dict, list]:
-    """The `DenseGradientAdam` class (one per optimizer :func:`dense_gradient_optimizers` found),
-    after the module's last import: the optimizer, given an embedding's gradient by row
-    (`tf.IndexedSlices`), adds up each row's before it steps, as Keras 2 did. Returns (changes,
-    imports); ``changes`` are the other changes, whose replacement of that import is kept."""
-    names = sorted(set(dense_gradient_optimizers(rule).values()))
-    imports_at = [s for s in rule.context.module.body if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
-    if not names or not imports_at:
-        return {}, []
-    indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
-    dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
-    classes = [cst.parse_statement(_DENSE_GRADIENT.format(name=name, indexed=_code_of(rule, indexed),
-                                                         dense=_code_of(rule, dense)))
-               .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for name in names]
-    anchor = imports_at[-1]
-    placed = {anchor: cst.FlattenSentinel([changes.get(anchor, anchor.deep_clone()), *classes])}
-    body = list(rule.context.module.body)
-    after = body[body.index(anchor) + 1] if body.index(anchor) + 1 < len(body) else None
-    blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
-    if after is not None and after not in changes and blank < 2:  # two blank lines after a class (PEP 8)
-        placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
-    return placed, imports + more + [ImportItem("keras")]
-
-
-_DENSE_GRADIENT = '''
-class DenseGradient{name}(keras.optimizers.{name}):
-    """{name} as Keras 2 stepped an `Embedding`: a row's gradients added up before they are
-    squared (Keras 3's {name} squares each occurrence's in the batch)."""
-
-    def apply(self, grads, trainable_variables=None):
-        grads = [{dense}(g) if isinstance(g, {indexed}) else g for g in grads]
-        return super().apply(grads, trainable_variables)
-'''
-
-
-#: Optimizers Keras 3 computes otherwise than Keras 2's (checked on TF 2.21: one Dense layer, 20
-#: steps, lr 0.01, tf_keras's legacy optimizer against Keras 3's; SGD, Adam, Adagrad, Adadelta
-#: and Adamax agree within 5e-6), and why.
-COMPUTED_OTHERWISE = {
-    "RMSprop": ("Keras 3's RMSprop divides by sqrt(v + epsilon) where Keras 2's divided by sqrt(v) + epsilon, "
-                "so it takes other steps wherever gradients are small (weights 45% apart after 20 steps; a "
-                "held-out CIFAR-10 CNN's loss drifted 7e-3 in 30): build and compile the template under "
-                "`strategy.scope()` by hand if Keras 3's RMSprop will do, or train with an optimizer both compute "
-                "alike (SGD, Adam)"),
-    "Nadam": ("Keras 3's Nadam steps otherwise than Keras 2's (weights 1.7% apart after 20 steps; a held-out "
-              "Kaggle kernel's loss 8e-2 in 30): build and compile the template under `strategy.scope()` by "
-              "hand if Keras 3's Nadam will do, or train with an optimizer both compute alike (SGD, Adam)"),
-}
-
-
-#: Optimizers whose step is not linear in the gradient (its square, its largest value).
-ADAPTIVE = ("Adam", "Adamax", "Adagrad", "Adadelta")
-EMBEDDINGS = {"keras.layers.Embedding", "keras.layers.embeddings.Embedding"}
-
-
-def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
-    """The one of ``names`` that ``call`` makes (`keras.optimizers.Adam(...)`) or compiles with
-    by name (`compile(optimizer='adam')`), else None."""
-    made = set(rule.imports.resolve_all(call.func))
-    return next((name for name in names if _compiles_with(call, name.lower()) or f"keras.optimizers.{name}" in made),
-                None)
-
-
-def _compiles_with(call: cst.Call, name: str) -> bool:
-    """`model.compile(optimizer='rmsprop', ...)` (or the name first, by position)."""
-    value = _compiled_optimizer(call)
-    return isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() == name
-
-
-def _compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:
-    """The optimizer a `compile(...)` call passes (by keyword, or first by position)."""
-    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
-        return None
-    return next((a.value for a in call.args if _keyword_is(a, "optimizer")),
-                call.args[0].value if call.args and call.args[0].keyword is None else None)
-
-
 #: NumPy constructors whose `dtype=` makes the array, and the spellings of a boolean dtype.
 ARRAY_MAKERS = {f"numpy.{name}" for name in ("zeros", "ones", "empty", "full", "array", "asarray")}
 BOOLEAN_DTYPES = {"numpy.bool", "numpy.bool_", "bool"}
@@ -363,7 +234,7 @@ def boolean_inputs(rule, models: set) -> dict:
 def _makes_booleans(rule, value: cst.BaseExpression) -> bool:
     if not (isinstance(value, cst.Call) and ARRAY_MAKERS & set(rule.imports.resolve_all(value.func))):
         return False
-    dtype = next((arg.value for arg in value.args if _keyword_is(arg, "dtype")), None)
+    dtype = next((arg.value for arg in value.args if keyword_is(arg, "dtype")), None)
     if isinstance(dtype, cst.SimpleString):
         return dtype.evaluated_value == "bool"
     return dtype is not None and bool(BOOLEAN_DTYPES & ({dotted_name(dtype)} | set(rule.imports.resolve_all(dtype))))
@@ -378,35 +249,14 @@ def categorical_dtypes(rule) -> dict:
         if not {"keras.utils.to_categorical", "keras.utils.np_utils.to_categorical"} & set(
                 rule.imports.resolve_all(call.func)) or any(a.star for a in call.args):
             continue
-        dtype = next((a.value for a in call.args if _keyword_is(a, "dtype")), None)
+        dtype = next((a.value for a in call.args if keyword_is(a, "dtype")), None)
         if dtype is None and len(call.args) > 2:
             dtype = call.args[2].value
-        args = [a for i, a in enumerate(call.args) if not _keyword_is(a, "dtype") and i < 2]
-        text = _code_of(rule, dtype) if dtype is not None else "'float32'"
-        changes[call] = cst.Call(cst.Attribute(call.with_changes(args=_commas_mended(args, call.args)),
+        args = [a for i, a in enumerate(call.args) if not keyword_is(a, "dtype") and i < 2]
+        text = code_in(rule.context.module, dtype) if dtype is not None else "'float32'"
+        changes[call] = cst.Call(cst.Attribute(call.with_changes(args=commas_mended(args, call.args)),
                                                cst.Name("astype")), [cst.Arg(cst.parse_expression(text))])
     return changes
-
-
-def learning_rate_reads(rule) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
-    """`model.optimizer.lr` (`K.set_value(self.model.optimizer.lr, ...)` in a callback) and
-    `opt.lr` of a name bound to a Keras optimizer -> `.learning_rate`: Keras 3's optimizers
-    have no `lr`. Returns (changes, blocker): an optimizer's `decay` read (a callback logging
-    the decayed rate) has no Keras 3 counterpart (the decay is in the schedule now)."""
-    bound = {name for assign in find(rule.context.module, cst.Assign)
-             if isinstance(assign.value, cst.Call) and OPTIMIZERS & set(rule.imports.resolve_all(assign.value.func))
-             for target in assign.targets if (name := dotted_name(target.target)) is not None}
-    changes = {}
-    for node in find(rule.context.module, cst.Attribute):
-        owner = dotted_name(node.value) or ""
-        if not (owner.rsplit(".", 1)[-1] == "optimizer" or owner in bound):
-            continue
-        if node.attr.value in ("decay", "initial_decay"):
-            return {}, (node, f"`{owner}.{node.attr.value}` is read, and Keras 3's optimizers have no decay (the fix "
-                              "makes it the learning rate's schedule): read `.learning_rate`, already decayed, instead")
-        if node.attr.value == "lr":
-            changes[node] = node.with_changes(attr=cst.Name("learning_rate"))
-    return changes, None
 
 
 def generator_methods(module: cst.Module) -> dict:
@@ -427,13 +277,13 @@ def generator_methods(module: cst.Module) -> dict:
                 if position > 0:  # the generator stays first; what follows it is named
                     arg = arg.with_changes(keyword=cst.Name(params[position - 1]), equal=_EQUAL)
                 position += 1
-            if _keyword_is(arg, "generator"):
-                arg = _renamed(arg, "generator", "x")
+            if keyword_is(arg, "generator"):
+                arg = keyword_renamed(arg, "generator", "x")
             if arg.keyword is None or arg.keyword.value not in WORKER_ARGUMENTS:
                 args.append(arg)
         else:
             changes[call] = call.with_changes(func=func.with_changes(attr=cst.Name(method)),
-                                              args=_commas_mended(args, call.args))
+                                              args=commas_mended(args, call.args))
     return changes
 
 
@@ -444,7 +294,7 @@ def model_keywords(rule) -> dict:
         if not {"keras.models.Model", "keras.Model", "keras.engine.training.Model"} & set(
                 rule.imports.resolve_all(call.func)):
             continue
-        args = [_renamed(_renamed(arg, "input", "inputs"), "output", "outputs") for arg in call.args]
+        args = [keyword_renamed(keyword_renamed(arg, "input", "inputs"), "output", "outputs") for arg in call.args]
         if args != list(call.args):
             changes[call] = call.with_changes(args=args)
     return changes
@@ -526,11 +376,11 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
             continue
         replacement = _backend_replacement(call, name, ops)
         if replacement is None:
-            return {}, [], (call, f"`{_code_of(rule, func)}` is gone from Keras 3's backend, which the migrated program "
+            return {}, [], (call, f"`{code_in(rule.context.module, func)}` is gone from Keras 3's backend, which the migrated program "
                                   "runs on: write it with `keras.ops` first")
         changes[call] = replacement
     imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if changes else []
-    if any(_code_of(rule, new.func).startswith("keras.random.") for new in changes.values()):
+    if any(code_in(rule.context.module, new.func).startswith("keras.random.") for new in changes.values()):
         imports.append(ImportItem("keras"))
     return changes, imports, None
 
@@ -545,7 +395,7 @@ def metric_label_casts(rule, names: set, compiles: list[cst.Call]) -> tuple[dict
     functions = {s.name.value: s for s in rule.context.module.body if isinstance(s, cst.FunctionDef)}
     changes = {}
     for call in compiles:
-        metrics = next((a.value for a in call.args if _keyword_is(a, "metrics")), None)
+        metrics = next((a.value for a in call.args if keyword_is(a, "metrics")), None)
         for name in find(metrics, cst.Name) if isinstance(metrics, (cst.List, cst.Tuple)) else ():
             function = functions.get(name.value)
             params = [p.name.value for p in function.params.params] if function is not None else []
@@ -566,8 +416,8 @@ def output_metrics(compiles: list[cst.Call]) -> dict:
     only (a held-out two-headed model failed: "tuple arity mismatch")."""
     changes = {}
     for call in compiles:
-        loss = next((arg.value for arg in call.args if _keyword_is(arg, "loss")), None)
-        metrics = next((arg.value for arg in call.args if _keyword_is(arg, "metrics")), None)
+        loss = next((arg.value for arg in call.args if keyword_is(arg, "loss")), None)
+        metrics = next((arg.value for arg in call.args if keyword_is(arg, "metrics")), None)
         if not isinstance(metrics, cst.List) or any(
                 isinstance(e, cst.StarredElement) or isinstance(e.value, (cst.List, cst.Tuple, cst.Dict))
                 for e in metrics.elements):
@@ -609,7 +459,7 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
         return None
     new = call.with_changes(func=cst.parse_expression(f"{ops}.{BACKEND_OPS[name]}"))
     if name in BACKEND_LAST_AXIS and len(args) <= BACKEND_LAST_AXIS[name] and not any(
-            _keyword_is(a, "axis") for a in args):
+            keyword_is(a, "axis") for a in args):
         new = with_keyword(new, "axis", "-1")
     return new
 
@@ -627,49 +477,5 @@ def continuation_lines(rule, changes: dict) -> dict:
     return realigned_continuations(renamed)
 
 
-def _code_of(rule, node: cst.CSTNode) -> str:
-    return rule.context.module.code_for_node(node).strip()
-
-
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-
-
-def _keyword_is(arg: cst.Arg, keyword: str, test=lambda value: True) -> bool:
-    return arg.keyword is not None and arg.keyword.value == keyword and test(arg.value)
-
-
-def _renamed(arg: cst.Arg, old: str, new: str) -> cst.Arg:
-    return arg.with_changes(keyword=cst.Name(new)) if _keyword_is(arg, old) else arg
-
-
-def _is_zero(value: cst.BaseExpression) -> bool:
-    return isinstance(value, (cst.Integer, cst.Float)) and float(value.evaluated_value) == 0.0
-
-
-def _is_none(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "None"
-
-
-def _commas_mended(args: list[cst.Arg], original: tuple[cst.Arg, ...]) -> list[cst.Arg]:
-    """``args`` (some of ``original`` dropped) with the last one's comma as the original last's."""
-    if not args:
-        return args
-    return [*args[:-1], args[-1].with_changes(comma=original[-1].comma)]
-
-
-def _decayed(rule, args: list[cst.Arg], decay: cst.Arg, imports: list) -> tuple[list[cst.Arg], str | None]:
-    """``args`` with the learning rate as Keras 2's time decay of it, or why it cannot be."""
-    if any(rule.context.mentions(name) for name in LR_CALLBACKS):
-        return args, ("its `decay=` would become a learning-rate schedule, which the module's learning-rate "
-                      "callback cannot set (Keras 3 ignores `decay=`): fold the decay into that callback")
-    rate = next((arg for arg in args if arg.keyword is None or _keyword_is(arg, "learning_rate")), None)
-    if rate is None:
-        return args, ("its `decay=` decays Keras 2's default learning rate, which Keras versions set apart: "
-                      "pass `learning_rate=` (Keras 3 ignores `decay=`)")
-    schedule, needed = rule.tf_ref("tensorflow.keras.optimizers.schedules.InverseTimeDecay")
-    imports += needed
-    code = rule.context.module.code_for_node
-    value = cst.parse_expression(f"{code(schedule)}({code(rate.value)}, decay_steps=1, "
-                                 f"decay_rate={code(decay.value)})")
-    return [arg.with_changes(value=value) if arg is rate else arg for arg in args if arg is not decay], None

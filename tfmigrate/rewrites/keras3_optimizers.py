@@ -1,0 +1,197 @@
+"""A Keras 2 program's optimizers, as Keras 3 takes them and trains with them alike.
+
+Part of the Keras 3 step of TFM201's fix (:mod:`tfmigrate.rewrites.keras3_leftovers` has the
+rest): Keras 2's `lr=` and `decay=` in Keras 3's spelling, `.lr` reads as `.learning_rate`; Adam
+and the other adaptive optimizers of a module with an `Embedding` as a `DenseGradientAdam`
+subclass that adds up each row's gradients first, as Keras 2 did; and why an optimizer cannot
+keep its meaning (RMSprop and Nadam, which Keras 3 computes otherwise; a decay a learning-rate
+callback would also set; a read of the decay).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+import libcst as cst
+
+from tfmigrate.cst.callargs import commas_mended, keyword_is, keyword_renamed
+from tfmigrate.cst.codegen import code_in
+from tfmigrate.cst.names import dotted_name
+from tfmigrate.cst.traversal import find, single_small
+from tfmigrate.rule import ImportItem
+
+__all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "dense_gradient_classes", "learning_rate_reads", "optimizer_arguments"]
+
+#: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
+OPTIMIZERS = {f"keras.optimizers.{name}" for name in ("SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam")}
+#: Callbacks that set the optimizer's learning rate, which a schedule does not let them.
+LR_CALLBACKS = ("ReduceLROnPlateau", "LearningRateScheduler")
+#: Optimizers Keras 3 computes otherwise than Keras 2's (checked on TF 2.21: one Dense layer, 20
+#: steps, lr 0.01, tf_keras's legacy optimizer against Keras 3's; SGD, Adam, Adagrad, Adadelta
+#: and Adamax agree within 5e-6), and why.
+COMPUTED_OTHERWISE = {
+    "RMSprop": ("Keras 3's RMSprop divides by sqrt(v + epsilon) where Keras 2's divided by sqrt(v) + epsilon, "
+                "so it takes other steps wherever gradients are small (weights 45% apart after 20 steps; a "
+                "held-out CIFAR-10 CNN's loss drifted 7e-3 in 30): build and compile the template under "
+                "`strategy.scope()` by hand if Keras 3's RMSprop will do, or train with an optimizer both compute "
+                "alike (SGD, Adam)"),
+    "Nadam": ("Keras 3's Nadam steps otherwise than Keras 2's (weights 1.7% apart after 20 steps; a held-out "
+              "Kaggle kernel's loss 8e-2 in 30): build and compile the template under `strategy.scope()` by "
+              "hand if Keras 3's Nadam will do, or train with an optimizer both compute alike (SGD, Adam)"),
+}
+#: Optimizers whose step is not linear in the gradient (its square, its largest value).
+ADAPTIVE = ("Adam", "Adamax", "Adagrad", "Adadelta")
+EMBEDDINGS = {"keras.layers.Embedding", "keras.layers.embeddings.Embedding"}
+
+
+def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
+    """Keras 2 optimizer constructors in Keras 3's spelling: `lr=` -> `learning_rate=`, a zero
+    `decay=` (or `epsilon=None`, Keras 2's "the backend epsilon") dropped, any other `decay=` as
+    an `InverseTimeDecay` learning rate. Returns (changes, imports, blocker): the blocker is a
+    node and why its meaning cannot be kept (arguments passed by position, which Keras 2 and 3
+    order differently; a decay that a learning-rate callback would also set)."""
+    changes, imports = {}, []
+    dense = dense_gradient_optimizers(rule)
+    for call in find(rule.context.module, cst.Call):
+        other = _optimizer_named(rule, call, COMPUTED_OTHERWISE)
+        if other is not None:
+            return {}, [], (call, COMPUTED_OTHERWISE[other])
+        if id(call) in dense and _compiles_with(call, dense[id(call)].lower()):  # compile(optimizer='adam')
+            changes[_compiled_optimizer(call)] = cst.parse_expression(f"DenseGradient{dense[id(call)]}()")
+        if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
+            continue
+        if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
+            return {}, [], (call, "pass its arguments after the learning rate by keyword: Keras 2 and Keras 3 "
+                                  "order them differently")
+        args = [keyword_renamed(arg, "lr", "learning_rate") for arg in call.args
+                if not keyword_is(arg, "decay", _is_zero) and not keyword_is(arg, "epsilon", _is_none)]
+        decay = next((arg for arg in args if keyword_is(arg, "decay")), None)
+        if decay is not None:
+            args, blocker = _decayed(rule, args, decay, imports)
+            if blocker is not None:
+                return {}, [], (call, blocker)
+        func = cst.Name(f"DenseGradient{dense[id(call)]}") if id(call) in dense else call.func
+        if args != list(call.args) or func is not call.func:
+            changes[call] = call.with_changes(func=func, args=commas_mended(args, call.args))
+    return changes, imports, None
+
+
+def learning_rate_reads(rule) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
+    """`model.optimizer.lr` (`K.set_value(self.model.optimizer.lr, ...)` in a callback) and
+    `opt.lr` of a name bound to a Keras optimizer -> `.learning_rate`: Keras 3's optimizers
+    have no `lr`. Returns (changes, blocker): an optimizer's `decay` read (a callback logging
+    the decayed rate) has no Keras 3 counterpart (the decay is in the schedule now)."""
+    bound = {name for assign in find(rule.context.module, cst.Assign)
+             if isinstance(assign.value, cst.Call) and OPTIMIZERS & set(rule.imports.resolve_all(assign.value.func))
+             for target in assign.targets if (name := dotted_name(target.target)) is not None}
+    changes = {}
+    for node in find(rule.context.module, cst.Attribute):
+        owner = dotted_name(node.value) or ""
+        if not (owner.rsplit(".", 1)[-1] == "optimizer" or owner in bound):
+            continue
+        if node.attr.value in ("decay", "initial_decay"):
+            return {}, (node, f"`{owner}.{node.attr.value}` is read, and Keras 3's optimizers have no decay (the fix "
+                              "makes it the learning rate's schedule): read `.learning_rate`, already decayed, instead")
+        if node.attr.value == "lr":
+            changes[node] = node.with_changes(attr=cst.Name("learning_rate"))
+    return changes, None
+
+
+def dense_gradient_optimizers(rule) -> dict[int, str]:
+    """id(call) -> the adaptive optimizer (`Adam`) that call makes, or compiles with by name, in
+    a module that makes an `Embedding`: where an id occurs more than once in a batch, Keras 3's
+    Adam squares each occurrence's gradient of the row, Keras 2 squared their sum (checked: a row
+    seen 3 times ended one step at -0.030 on Keras 3, 0.0 on Keras 2; a held-out Kaggle text
+    kernel's loss differed from the second step). The fix makes them
+    `DenseGradientAdam(...)`, which sums the rows' gradients first (:func:`dense_gradient_classes`)."""
+    def compute() -> dict[int, str]:
+        calls = find(rule.context.module, cst.Call)
+        if not any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls):
+            return {}
+        named = {id(call): _optimizer_named(rule, call, ADAPTIVE) for call in calls}
+        return {key: name for key, name in named.items() if name is not None}
+
+    return rule.context.memo("keras3.dense_gradient_optimizers", compute)
+
+
+def dense_gradient_classes(rule, changes: dict) -> tuple[dict, list]:
+    """The `DenseGradientAdam` class (one per optimizer :func:`dense_gradient_optimizers` found),
+    after the module's last import: the optimizer, given an embedding's gradient by row
+    (`tf.IndexedSlices`), adds up each row's before it steps, as Keras 2 did. Returns (changes,
+    imports); ``changes`` are the other changes, whose replacement of that import is kept."""
+    names = sorted(set(dense_gradient_optimizers(rule).values()))
+    imports_at = [s for s in rule.context.module.body if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
+    if not names or not imports_at:
+        return {}, []
+    indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
+    dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
+    classes = [cst.parse_statement(_DENSE_GRADIENT.format(name=name, indexed=code_in(rule.context.module, indexed),
+                                                         dense=code_in(rule.context.module, dense)))
+               .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for name in names]
+    anchor = imports_at[-1]
+    placed = {anchor: cst.FlattenSentinel([changes.get(anchor, anchor.deep_clone()), *classes])}
+    body = list(rule.context.module.body)
+    after = body[body.index(anchor) + 1] if body.index(anchor) + 1 < len(body) else None
+    blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
+    if after is not None and after not in changes and blank < 2:  # two blank lines after a class (PEP 8)
+        placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
+    return placed, imports + more + [ImportItem("keras")]
+
+
+_DENSE_GRADIENT = '''
+class DenseGradient{name}(keras.optimizers.{name}):
+    """{name} as Keras 2 stepped an `Embedding`: a row's gradients added up before they are
+    squared (Keras 3's {name} squares each occurrence's in the batch)."""
+
+    def apply(self, grads, trainable_variables=None):
+        grads = [{dense}(g) if isinstance(g, {indexed}) else g for g in grads]
+        return super().apply(grads, trainable_variables)
+'''
+
+
+def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
+    """The one of ``names`` that ``call`` makes (`keras.optimizers.Adam(...)`) or compiles with
+    by name (`compile(optimizer='adam')`), else None."""
+    made = set(rule.imports.resolve_all(call.func))
+    return next((name for name in names if _compiles_with(call, name.lower()) or f"keras.optimizers.{name}" in made),
+                None)
+
+
+def _compiles_with(call: cst.Call, name: str) -> bool:
+    """`model.compile(optimizer='rmsprop', ...)` (or the name first, by position)."""
+    value = _compiled_optimizer(call)
+    return isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() == name
+
+
+def _compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:
+    """The optimizer a `compile(...)` call passes (by keyword, or first by position)."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
+        return None
+    return next((a.value for a in call.args if keyword_is(a, "optimizer")),
+                call.args[0].value if call.args and call.args[0].keyword is None else None)
+
+
+def _decayed(rule, args: list[cst.Arg], decay: cst.Arg, imports: list) -> tuple[list[cst.Arg], str | None]:
+    """``args`` with the learning rate as Keras 2's time decay of it, or why it cannot be."""
+    if any(rule.context.mentions(name) for name in LR_CALLBACKS):
+        return args, ("its `decay=` would become a learning-rate schedule, which the module's learning-rate "
+                      "callback cannot set (Keras 3 ignores `decay=`): fold the decay into that callback")
+    rate = next((arg for arg in args if arg.keyword is None or keyword_is(arg, "learning_rate")), None)
+    if rate is None:
+        return args, ("its `decay=` decays Keras 2's default learning rate, which Keras versions set apart: "
+                      "pass `learning_rate=` (Keras 3 ignores `decay=`)")
+    schedule, needed = rule.tf_ref("tensorflow.keras.optimizers.schedules.InverseTimeDecay")
+    imports += needed
+    code = rule.context.module.code_for_node
+    value = cst.parse_expression(f"{code(schedule)}({code(rate.value)}, decay_steps=1, "
+                                 f"decay_rate={code(decay.value)})")
+    return [arg.with_changes(value=value) if arg is rate else arg for arg in args if arg is not decay], None
+
+
+def _is_zero(value: cst.BaseExpression) -> bool:
+    return isinstance(value, (cst.Integer, cst.Float)) and float(value.evaluated_value) == 0.0
+
+
+def _is_none(value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Name) and value.value == "None"
