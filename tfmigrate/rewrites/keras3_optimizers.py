@@ -29,7 +29,8 @@ OPTIMIZERS = {f"keras.optimizers.{name}" for name in ("SGD", "Adam", "RMSprop", 
 LR_CALLBACKS = ("ReduceLROnPlateau", "LearningRateScheduler")
 #: Optimizers Keras 3 computes otherwise than Keras 2's (checked on TF 2.21: one Dense layer, 20
 #: steps, lr 0.01, tf_keras's legacy optimizer against Keras 3's; SGD, Adam, Adagrad, Adadelta
-#: and Adamax agree within 5e-6), and why.
+#: and Adamax agree within 5e-6 on dense gradients, not on an Embedding's: see
+#: :func:`dense_gradient_optimizers`), and why.
 COMPUTED_OTHERWISE = {
     "RMSprop": ("Keras 3's RMSprop divides by sqrt(v + epsilon) where Keras 2's divided by sqrt(v) + epsilon, "
                 "so it takes other steps wherever gradients are small (weights 45% apart after 20 steps; a "
