@@ -5,7 +5,7 @@ import libcst as cst
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
-from tfmigrate.cst.callargs import argument, has_star_args, is_true
+from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents
 from tfmigrate.rewrites.keras3_leftovers import (
@@ -472,8 +472,7 @@ class MultiGpuModel(Rule):
         func = node.func
         if isinstance(func, cst.Attribute) and func.attr.value in ("save_weights", "load_weights"):
             self._weight_files.append(node)
-        if any(arg.keyword is not None and arg.keyword.value == "save_weights_only" and is_true(arg.value)
-               for arg in node.args):
+        if any(keyword_is(arg, "save_weights_only", is_true) for arg in node.args):
             self._checkpoints.append(node)
         receiver = dotted_name(func.value) if isinstance(func, cst.Attribute) else None  # `model`, `self.parallel`
         if receiver is not None and func.attr.value in FIT_METHODS:
@@ -537,16 +536,22 @@ class MultiGpuModel(Rule):
         helper = self._helpers.get(call.func.value) if isinstance(call.func, cst.Name) else None
         if helper is None:
             return []
-        read = {n.value for n in find(helper, cst.Name)}
-        only_its = []
-        for function in self.context.module.body:
-            if not isinstance(function, cst.FunctionDef) or function is helper or function.name.value not in read:
-                continue
-            uses = [n for n in find(self.context.module, cst.Name) if n.value == function.name.value
-                    and not contains(helper, n) and not contains(function, n)]
-            if not uses:
-                only_its.append(function)
-        return [helper, *only_its]
+
+        def compute() -> list:
+            names = find(self.context.module, cst.Name)
+            in_helper = {id(n) for n in find(helper, cst.Name)}
+            read = {n.value for n in find(helper, cst.Name)}
+            only_its = []
+            for function in self.context.module.body:
+                if not isinstance(function, cst.FunctionDef) or function is helper or function.name.value not in read:
+                    continue
+                own = in_helper | {id(n) for n in find(function, cst.Name)}
+                if not any(n.value == function.name.value and id(n) not in own for n in names):
+                    only_its.append(function)
+            return [helper, *only_its]
+
+        # Asked by the edit and by the report of the same call: worked out once.
+        return self.context.memo(("tfm201.helper_and_its_functions", id(call)), compute)
 
     # --- the fix ------------------------------------------------------------------------
     def _edit(self, call: cst.Call, target: str | None, blocks: StatementBlocks) -> tuple[Edit | None, str | None]:
@@ -680,11 +685,10 @@ class MultiGpuModel(Rule):
     def _compiles_elsewhere(self, blocks: StatementBlocks, moved, models: set, keras3: dict) -> tuple[dict, str | None]:
         """A `compile` of one of ``models`` away from the statements that move under the scope
         (in `train()`, the model built in `build_model()`; again after unfreezing layers to
-        fine-tune them), with the statements before it that
-        make what it reads (`optimizer = Adam(...)`), put under the model's own strategy: Keras 3
-        makes an optimizer's variables where it is made, and outside the scope a held-out
-        trainer class failed ("Mixing different tf.distribute.Strategy objects"). Returns
-        (changes, blocker)."""
+        fine-tune them), with the statements before it that make what it reads (`optimizer =
+        Adam(...)`), put under the model's own strategy: Keras 3 makes an optimizer's variables
+        where it is made, and outside the scope a held-out trainer class failed ("Mixing
+        different tf.distribute.Strategy objects"). Returns (changes, blocker)."""
         changes: dict = {}
         for call in self._compile_calls(self.context.module, models):
             if any(contains(statement, call) for statement in moved) or not self._same_model(call, moved[0]):
@@ -787,8 +791,8 @@ class MultiGpuModel(Rule):
         differs from the first step (a held-out fraud-detection autoencoder: 0.7902 against 0.7895
         at step 0; without the regularizer the two agreed)."""
         for call in find(self.context.module, cst.Call):
-            regularized = any(arg.keyword is not None and arg.keyword.value == "activity_regularizer"
-                              and not (isinstance(arg.value, cst.Name) and arg.value.value == "None") for arg in call.args)
+            regularized = any(keyword_is(arg, "activity_regularizer", lambda value: not is_none(value))
+                              for arg in call.args)
             if regularized or "keras.layers.ActivityRegularization" in self.imports.resolve_all(call.func):
                 return (f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) regularizes its "
                         "activity: the parallel model added that term once for each device's slice of the batch, "
@@ -816,7 +820,7 @@ class MultiGpuModel(Rule):
         (Dice): the parallel model computed it on the merged batch, MirroredStrategy per replica;
         or that returns one mean for the batch, which Keras 3 adds over the replicas."""
         for node in self._compile_calls(self.context.module, models):
-            loss = next((arg.value for arg in node.args if arg.keyword is not None and arg.keyword.value == "loss"),
+            loss = next((arg.value for arg in node.args if keyword_is(arg, "loss")),
                         node.args[1].value if len(node.args) > 1 and node.args[1].keyword is None else None)
             for name in find(loss, cst.Name) if loss is not None else ():
                 coupled = batch_coupled(self.context.module, name.value)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import commas_mended, keyword_is, keyword_renamed
+from tfmigrate.cst.callargs import commas_mended, is_none, keyword_is, keyword_renamed
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, single_small
@@ -66,7 +66,7 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
             return {}, [], (call, "pass its arguments after the learning rate by keyword: Keras 2 and Keras 3 "
                                   "order them differently")
         args = [keyword_renamed(arg, "lr", "learning_rate") for arg in call.args
-                if not keyword_is(arg, "decay", _is_zero) and not keyword_is(arg, "epsilon", _is_none)]
+                if not keyword_is(arg, "decay", _is_zero) and not keyword_is(arg, "epsilon", is_none)]
         decay = next((arg for arg in args if keyword_is(arg, "decay")), None)
         if decay is not None:
             args, blocker = _decayed(rule, args, decay, imports)
@@ -122,7 +122,8 @@ def dense_gradient_classes(rule, changes: dict) -> tuple[dict, list]:
     (`tf.IndexedSlices`), adds up each row's before it steps, as Keras 2 did. Returns (changes,
     imports); ``changes`` are the other changes, whose replacement of that import is kept."""
     names = sorted(set(dense_gradient_optimizers(rule).values()))
-    imports_at = [s for s in rule.context.module.body if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
+    body = rule.context.module.body
+    imports_at = [i for i, s in enumerate(body) if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
     if not names or not imports_at:
         return {}, []
     indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
@@ -130,10 +131,8 @@ def dense_gradient_classes(rule, changes: dict) -> tuple[dict, list]:
     classes = [cst.parse_statement(_DENSE_GRADIENT.format(name=name, indexed=code_in(rule.context.module, indexed),
                                                          dense=code_in(rule.context.module, dense)))
                .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for name in names]
-    anchor = imports_at[-1]
+    anchor, after = body[imports_at[-1]], (body[imports_at[-1] + 1] if imports_at[-1] + 1 < len(body) else None)
     placed = {anchor: cst.FlattenSentinel([changes.get(anchor, anchor.deep_clone()), *classes])}
-    body = list(rule.context.module.body)
-    after = body[body.index(anchor) + 1] if body.index(anchor) + 1 < len(body) else None
     blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
     if after is not None and after not in changes and blank < 2:  # two blank lines after a class (PEP 8)
         placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
@@ -192,7 +191,3 @@ def _decayed(rule, args: list[cst.Arg], decay: cst.Arg, imports: list) -> tuple[
 
 def _is_zero(value: cst.BaseExpression) -> bool:
     return isinstance(value, (cst.Integer, cst.Float)) and float(value.evaluated_value) == 0.0
-
-
-def _is_none(value: cst.BaseExpression) -> bool:
-    return isinstance(value, cst.Name) and value.value == "None"

@@ -15,8 +15,9 @@ import importlib
 
 #: What this run turned off, one entry per layer: `Dropout(rate=0.3)`.
 TURNED_OFF: list[str] = []
-#: The layers that drop or perturb at random in training (the spatial dropouts derive from Dropout).
+#: id() of each layer turned off already (its calls and traces record it once).
 _SEEN: set[int] = set()
+#: The layers that drop or perturb at random in training (the spatial dropouts derive from Dropout).
 _RANDOM_LAYERS = ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout")
 
 
