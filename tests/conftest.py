@@ -42,15 +42,19 @@ def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20, rtol: floa
                loss_regex: str | None = None) -> tuple[int, dict]:
     """`tfmigrate verify OLD NEW` on 2 logical devices: (exit status, the JSON report). With
     ``loss_regex`` the values compared are read from the programs' printed lines."""
+    from typer.testing import CliRunner
+
+    from tfmigrate.cli.main import app
+
     report = tmp_path / f"{new.stem}.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "tfmigrate", "verify", str(old), str(new), "--steps", str(steps),
-         "--devices", "2", "--timeout", "180", "--json", str(report), "--rtol", str(rtol),
-         *(["--warmup", "0", "--loss-regex", loss_regex] if loss_regex else [])],
-        capture_output=True, text=True, cwd=ROOT,
-    )
-    assert report.exists(), result.stdout + result.stderr
-    return result.returncode, json.loads(report.read_text())
+    # In this process (verify's own process imports no TensorFlow), so that the preload servers
+    # it starts (tfmigrate/verify/preload.py) serve every verify this test worker runs.
+    result = CliRunner().invoke(app, [
+        "verify", str(old), str(new), "--steps", str(steps), "--devices", "2", "--timeout", "180",
+        "--json", str(report), "--rtol", str(rtol),
+        *(["--warmup", "0", "--loss-regex", loss_regex] if loss_regex else [])])
+    assert report.exists(), result.output
+    return result.exit_code, json.loads(report.read_text())
 
 
 def replaced(text: str, *replacements: tuple[str, str]) -> str:

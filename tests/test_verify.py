@@ -317,6 +317,61 @@ def test_hanging_program_times_out_exit_2(tf_available, tmp_path):
     assert data["verdict"] == "error" and data["exit_code"] == 2
 
 
+def _run_towers(workdir: Path, label: str):
+    from tfmigrate.verify.runner import RunSpec, run_program
+
+    workdir.mkdir()
+    spec = RunSpec(label=label, program=PROGRAMS / "legacy_towers.py", legacy=True, keras=False, steps=6,
+                   devices=2, seed=0, timeout=120, workdir=workdir)
+    outcome = run_program(spec)
+    assert outcome.ok, outcome.tail()
+    return [step["loss"] for step in outcome.result["steps"]]
+
+
+@pytest.mark.tensorflow
+def test_a_run_forked_from_the_preload_server_measures_what_a_fresh_process_does(tf_available, tmp_path,
+                                                                                monkeypatch):
+    from tfmigrate.verify import preload
+
+    monkeypatch.setattr(preload, "_SERVERS", {})
+    forked = _run_towers(tmp_path / "forked", "OLD")
+    (server,) = preload._SERVERS.values()
+    again = _run_towers(tmp_path / "again", "NEW")
+    assert preload._SERVERS == {next(iter(preload._SERVERS)): server}, "the second run started another server"
+    monkeypatch.setenv(preload.ENABLE_VARIABLE, "0")
+    fresh = _run_towers(tmp_path / "fresh", "OLD")
+    assert len(forked) == 6 and forked == again == fresh
+
+
+@pytest.mark.tensorflow
+def test_a_dead_preload_server_is_replaced(tf_available, tmp_path, monkeypatch):
+    from tfmigrate.verify import preload
+
+    monkeypatch.setattr(preload, "_SERVERS", {})
+    first = _run_towers(tmp_path / "first", "OLD")
+    (server,) = preload._SERVERS.values()
+    server.process.kill()
+    server.process.wait()
+    assert _run_towers(tmp_path / "second", "NEW") == first
+    (replacement,) = preload._SERVERS.values()
+    assert replacement is not server and replacement.alive()
+
+
+@pytest.mark.tensorflow
+def test_a_preload_server_that_cannot_start_leaves_the_run_to_a_fresh_process(tf_available, tmp_path,
+                                                                              monkeypatch):
+    import subprocess as sp
+
+    from tfmigrate.verify import preload
+
+    def broken_server(self, env):
+        self.process = sp.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdin=sp.PIPE, stdout=sp.PIPE)
+
+    monkeypatch.setattr(preload, "_SERVERS", {})
+    monkeypatch.setattr(preload.Server, "__init__", broken_server)
+    assert len(_run_towers(tmp_path / "run", "OLD")) == 6
+
+
 @pytest.mark.tensorflow
 def test_tf_contrib_is_named(tf_available, tmp_path):
     program = tmp_path / "contrib.py"

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from tfmigrate.verify import preload
+
 
 #: TensorFlow's C++ log lines (glog format) and absl's preamble: not the program's output
 NOISE = re.compile(r"^([IWEF]\d{4} \S+\s+\d+ \S+:\d+\]|WARNING: All log messages before absl)")
@@ -106,11 +108,9 @@ def run_program(spec: RunSpec, on_tick: Optional[Callable[[float], None]] = None
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     started = time.monotonic()
     timed_out = False
+    command = harness_command(spec, out)
     with open(log, "wb") as handle:
-        process = subprocess.Popen(
-            harness_command(spec, out), stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env, start_new_session=True,
-        )
+        process = _start(command, log, handle, env, legacy_keras=spec.legacy or spec.keras2)
         try:
             while True:
                 try:
@@ -138,7 +138,20 @@ def run_program(spec: RunSpec, on_tick: Optional[Callable[[float], None]] = None
     return RunOutcome(spec, process.returncode, timed_out, seconds, output, result)
 
 
-def _kill(process: subprocess.Popen) -> None:
+def _start(command: list, log: Path, handle, env: dict, legacy_keras: bool):
+    """The harness run: forked from a preload server where one can run it, else a subprocess."""
+    if legacy_keras:
+        # the harness sets it before importing TensorFlow; the server's import must see it too
+        env = dict(env, TF_USE_LEGACY_KERAS="1")
+    if preload.enabled():
+        forked = preload.start(command[3:], str(log), env)  # after `python -m tfmigrate.verify.harness`
+        if forked is not None:
+            return forked
+    return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+
+
+def _kill(process) -> None:
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -1,0 +1,134 @@
+"""Start harness runs from a process that has imported TensorFlow once.
+
+``import tensorflow`` costs about 3 s of CPU, more than a small program's whole training run, and
+``verify`` runs two programs (the test suite runs a hundred verifies). A *preload server* imports
+TensorFlow once and forks one child per run; the child starts from the imported modules and runs
+the harness exactly as ``python -m tfmigrate.verify.harness`` would. Importing TensorFlow starts
+no runtime, so the child can still set its logical devices up.
+
+What TensorFlow's import reads from the environment (``TF_USE_LEGACY_KERAS`` picks the Keras it
+loads) is fixed when the server starts, so there is one server per environment. A server that
+cannot start or dies is no error: the run starts as a plain subprocess instead.
+
+Set ``TFMIGRATE_VERIFY_PRELOAD=0`` to start every run as a plain subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+from typing import Dict, Optional, Tuple
+
+ENABLE_VARIABLE = "TFMIGRATE_VERIFY_PRELOAD"
+_SERVERS: Dict[Tuple[Tuple[str, str], ...], "Server"] = {}
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_VARIABLE, "1") != "0" and hasattr(os, "fork")
+
+
+class Server:
+    """The client side: one request at a time, as the runner runs one program at a time."""
+
+    def __init__(self, env: Dict[str, str]):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tfmigrate.verify.preload"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, argv: list, log: str) -> Optional["ForkedRun"]:
+        """Start the harness with ``argv`` writing to ``log``; None when the server is gone."""
+        try:
+            self.process.stdin.write((json.dumps({"argv": argv, "log": log, "cwd": os.getcwd()}) + "\n").encode())
+            self.process.stdin.flush()
+            reply = self._reply(None)
+        except (BrokenPipeError, OSError, ValueError):
+            reply = None
+        if not reply or "pid" not in reply:
+            self.process.kill()
+            return None
+        return ForkedRun(self, reply["pid"])
+
+    def _reply(self, timeout: Optional[float]) -> Optional[dict]:
+        """The server's next line, None at end of file; raises TimeoutExpired past ``timeout``."""
+        if timeout is not None:
+            ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired("preload server", timeout)
+        line = self.process.stdout.readline()
+        return json.loads(line) if line else None
+
+
+class ForkedRun:
+    """A forked harness run with the part of ``subprocess.Popen`` the runner uses."""
+
+    def __init__(self, server: Server, pid: int):
+        self.server = server
+        self.pid = pid
+        self.returncode: Optional[int] = None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            reply = self.server._reply(timeout)
+            # a server that died mid-run leaves the run's status unknown: report it as failed
+            self.returncode = reply["exit"] if reply and "exit" in reply else 1
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def start(argv: list, log: str, env: Dict[str, str]) -> Optional[ForkedRun]:
+    """Fork ``python -m tfmigrate.verify.harness ARGV`` from the server for ``env`` (started on
+    first use); None when no server can run it."""
+    key = tuple(sorted(env.items()))
+    server = _SERVERS.get(key)
+    if server is None or not server.alive():
+        server = _SERVERS[key] = Server(env)
+    return server.fork(argv, log)
+
+
+def serve() -> None:
+    """The server: import TensorFlow, then fork one harness run per request line on stdin and
+    answer ``{"pid": ...}`` at its start and ``{"exit": ...}`` at its end."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # what the import prints must not mix with the replies
+    import tensorflow  # noqa: F401 - the point of this process
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _run_child(request)
+        replies.write(json.dumps({"pid": pid}) + "\n")
+        _, status = os.waitpid(pid, 0)
+        replies.write(json.dumps({"exit": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def _run_child(request: dict) -> None:
+    """In the forked child: a session of its own, the log as stdout and stderr, then the harness."""
+    try:
+        os.setsid()
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.chdir(request["cwd"])
+        from tfmigrate.verify import harness
+
+        harness.main(request["argv"])  # ends the process
+    finally:
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    serve()
