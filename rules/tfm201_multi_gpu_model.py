@@ -13,7 +13,10 @@ from tfmigrate.rewrites.keras3_leftovers import (
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
     output_metrics, weight_file_renames,
 )
-from tfmigrate.rewrites.keras3_optimizers import dense_gradient_classes, learning_rate_reads, optimizer_arguments
+from tfmigrate.rewrites.keras3_optimizers import (
+    OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
+    replaced_optimizer_names,
+)
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
 from tfmigrate.cst.walker import visit_read_only
@@ -54,6 +57,11 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
 def _references(node: cst.CSTNode) -> set[str]:
     """The names and dotted attributes of names (`self.parallel`) ``node`` mentions."""
     return {dotted for n in find(node, cst.Name, cst.Attribute) if (dotted := dotted_name(n)) is not None}
+
+
+#: Builtins that compute data, and make no layer.
+_DATA_BUILTINS = {"len", "int", "float", "str", "tuple", "list", "dict", "set", "sorted", "max", "min", "sum", "range",
+                  "zip", "enumerate", "abs", "round"}
 
 
 class MultiGpuModel(Rule):
@@ -173,9 +181,9 @@ class MultiGpuModel(Rule):
         No fix where Keras 3 would not keep the program's meaning: optimizer arguments after the
         learning rate passed by position (Keras 2 and 3 order them differently); a `decay=` with
         a learning-rate callback (a schedule cannot be set) or without a learning rate; a read of
-        an optimizer's `decay`; RMSprop (Keras 3 steps by g / sqrt(v + eps), Keras 2 by
-        g / (sqrt(v) + eps): a held-out CIFAR-10 CNN drifted 7e-3 in 30 steps) and Nadam (weights
-        1.7% apart after 20 steps); a checkpoint `period=` other than 1; a backend function with
+        an optimizer's `decay`; Nadam (weights 1.7% apart after 20 steps; RMSprop, which Keras 3
+        also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
+        becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a checkpoint `period=` other than 1; a backend function with
         no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one mean
         for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step); an
         activity regularizer (the parallel model added it once per device slice); a
@@ -601,6 +609,7 @@ class MultiGpuModel(Rule):
         elsewhere, blocker = self._compiles_elsewhere(blocks, body[built:last + 1], {model, target} - {None}, keras3)
         if blocker is not None:
             return None, blocker
+        built = self._optimizer_made(body, built, last)
         first = body[built]
         moved = self._built_unwrapped(body[built:index])
         line = body[index]
@@ -631,7 +640,7 @@ class MultiGpuModel(Rule):
         changes.update(elsewhere)
         changes.update(keras3)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
-        return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._import_of(call)), None
+        return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
 
     def _built_unwrapped(self, statements) -> list[cst.BaseStatement]:
         """``statements`` (those that build the template), each `with tf.device('/cpu:0'):`
@@ -677,7 +686,7 @@ class MultiGpuModel(Rule):
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
         changes.update(continuation_lines(self, changes))
-        classes, class_imports = dense_gradient_classes(self, changes)
+        classes, class_imports = keras2_step_classes(self, changes)
         changes.update(classes)
         imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
@@ -867,6 +876,21 @@ class MultiGpuModel(Rule):
                 return position
         return None
 
+    def _optimizer_made(self, body, built: int, last: int) -> int:
+        """``built``, or the statement above it in the block that makes the optimizer the
+        `compile` at ``last`` passes by name (`optimizer = RMSprop(lr=0.001)` above the model, a
+        trainer class's `__init__`): Keras 3 makes an optimizer's variables where it is made, and
+        one made outside the scope failed in it ("Mixing different tf.distribute.Strategy objects")."""
+        compiled = next((compiled_optimizer(call) for call in find(body[last], cst.Call)
+                         if compiled_optimizer(call) is not None), None)
+        name = dotted_name(compiled) if compiled is not None else None
+        for position in range(built - 1, -1, -1):
+            assigned = single_assign(body[position])
+            if (name is not None and assigned is not None and assigned[0] == name
+                    and isinstance(assigned[1], cst.Call) and OPTIMIZERS & set(self.imports.resolve_all(assigned[1].func))):
+                return position
+        return built
+
     def _uses_tf1_apis(self) -> bool:
         """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,
         `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2). Asked
@@ -890,13 +914,23 @@ class MultiGpuModel(Rule):
         first = built
         for position in range(built - 1, floor - 1, -1):
             assigned = single_assign(body[position])
-            if assigned is not None and assigned[0] in needed:
+            if assigned is not None and assigned[0] in needed and not self._plain_data(assigned[1]):
                 needed |= self._names_in(assigned[1])
                 first = position
             elif self._cpu_block_assigns(body[position], needed):  # with tf.device('/cpu:0'): model = ...
                 needed |= self._names_in(body[position])
                 first = position
         return first
+
+    def _plain_data(self, value: cst.BaseExpression) -> bool:
+        """Whether ``value`` only computes data (`len(chars)`, `np.zeros(...)`, `x.shape[1:]`): it
+        makes no layer, so the scope need not reach up to it (a seq2seq script's data preparation
+        stays where it is)."""
+        for call in find(value, cst.Call):
+            name = self.imports.resolve(call.func) or ""
+            if not (name.startswith("numpy.") or isinstance(call.func, cst.Name) and call.func.value in _DATA_BUILTINS):
+                return False
+        return True
 
     def _cpu_block_assigns(self, statement: cst.BaseStatement, names: set) -> bool:
         """Whether ``statement`` is a `with tf.device('/cpu:0'):` block assigning one of ``names``
@@ -945,6 +979,12 @@ class MultiGpuModel(Rule):
                 return False
             return "devices=[" + ", ".join(f'"/gpu:{e.value.value}"' for e in gpus.elements) + "]"
         return ""
+
+    def _removed_imports(self, call: cst.Call) -> list[ImportItem]:
+        """The imports the edit of ``call`` may leave unused: `multi_gpu_model`'s, and those of the
+        optimizers replaced by classes that step as Keras 2's (removed if nothing else uses them)."""
+        replaced = sorted(replaced_optimizer_names(self))
+        return self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])]
 
     def _import_of(self, call: cst.Call) -> list[ImportItem]:
         """The imports binding the called name's head: removed if nothing else uses them."""

@@ -14,6 +14,8 @@ crash), or worse, takes it and trains otherwise:
 - Adam (and Adamax, Adagrad, Adadelta) in a module with an `Embedding`: Keras 3 squares each
   occurrence's gradient of a row seen more than once in a batch, Keras 2 their sum; a
   `DenseGradientAdam` subclass adds them up first;
+- RMSprop, which Keras 3 steps by g / sqrt(v + eps) and Keras 2 by g / (sqrt(v) + eps): a
+  `Keras2RMSprop` subclass steps as Keras 2's;
 - assigning `Callback.model`, a read-only property (`self.model = self.original_model` in the
   widely copied `ModelCheckpointMGPU`);
 - an optimizer's `lr=` (now `learning_rate=`), its `.lr` (now `.learning_rate`), and its
@@ -30,8 +32,8 @@ crash), or worse, takes it and trains otherwise:
   metric multiplying float32 predictions by the labels fails;
 - the labels a metric function sees, which Keras 2 cast to the predictions' type;
 - `ModelCheckpoint(..., period=1)`: Keras 3 has no `period`;
-- refused: `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement; RMSprop and
-  Nadam, which Keras 3 computes otherwise (`keras3_optimizers.COMPUTED_OTHERWISE`); a read of an
+- refused: `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement; Nadam,
+  which Keras 3 computes otherwise (`keras3_optimizers.COMPUTED_OTHERWISE`); a read of an
   optimizer's `decay`; a `decay=` a learning-rate callback would also set.
 
 The optimizers' part (`lr=`, `decay=`, `.lr`, `DenseGradientAdam`, and the optimizers refused)

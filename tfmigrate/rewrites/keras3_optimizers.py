@@ -1,11 +1,12 @@
 """A Keras 2 program's optimizers, as Keras 3 takes them and trains with them alike.
 
 Part of the Keras 3 step of TFM201's fix (:mod:`tfmigrate.rewrites.keras3_leftovers` has the
-rest): Keras 2's `lr=` and `decay=` in Keras 3's spelling, `.lr` reads as `.learning_rate`; Adam
-and the other adaptive optimizers of a module with an `Embedding` as a `DenseGradientAdam`
-subclass that adds up each row's gradients first, as Keras 2 did; and why an optimizer cannot
-keep its meaning (RMSprop and Nadam, which Keras 3 computes otherwise; a decay a learning-rate
-callback would also set; a read of the decay).
+rest): Keras 2's `lr=` and `decay=` in Keras 3's spelling, `.lr` reads as `.learning_rate`; the
+optimizers Keras 3 steps otherwise as subclasses that step as Keras 2 did (RMSprop as
+`Keras2RMSprop`; Adam and the other adaptive optimizers of a module with an `Embedding` as a
+`DenseGradientAdam` that adds up each row's gradients first); and why an optimizer cannot keep
+its meaning (Nadam, which Keras 3 computes otherwise; a decay a learning-rate callback would
+also set; a read of the decay).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, single_small
 from tfmigrate.rule import ImportItem
 
-__all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "dense_gradient_classes", "learning_rate_reads", "optimizer_arguments"]
+__all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "compiled_optimizer", "keras2_step_classes", "learning_rate_reads",
+           "optimizer_arguments", "replaced_optimizer_names"]
 
 #: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
 OPTIMIZERS = {f"keras.optimizers.{name}" for name in ("SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam")}
@@ -30,13 +32,8 @@ LR_CALLBACKS = ("ReduceLROnPlateau", "LearningRateScheduler")
 #: Optimizers Keras 3 computes otherwise than Keras 2's (checked on TF 2.21: one Dense layer, 20
 #: steps, lr 0.01, tf_keras's legacy optimizer against Keras 3's; SGD, Adam, Adagrad, Adadelta
 #: and Adamax agree within 5e-6 on dense gradients, not on an Embedding's: see
-#: :func:`dense_gradient_optimizers`), and why.
+#: :func:`keras2_step_optimizers`; RMSprop gets a class that steps as Keras 2's), and why.
 COMPUTED_OTHERWISE = {
-    "RMSprop": ("Keras 3's RMSprop divides by sqrt(v + epsilon) where Keras 2's divided by sqrt(v) + epsilon, "
-                "so it takes other steps wherever gradients are small (weights 45% apart after 20 steps; a "
-                "held-out CIFAR-10 CNN's loss drifted 7e-3 in 30): build and compile the template under "
-                "`strategy.scope()` by hand if Keras 3's RMSprop will do, or train with an optimizer both compute "
-                "alike (SGD, Adam)"),
     "Nadam": ("Keras 3's Nadam steps otherwise than Keras 2's (weights 1.7% apart after 20 steps; a held-out "
               "Kaggle kernel's loss 8e-2 in 30): build and compile the template under `strategy.scope()` by "
               "hand if Keras 3's Nadam will do, or train with an optimizer both compute alike (SGD, Adam)"),
@@ -53,13 +50,14 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
     node and why its meaning cannot be kept (arguments passed by position, which Keras 2 and 3
     order differently; a decay that a learning-rate callback would also set)."""
     changes, imports = {}, []
-    dense = dense_gradient_optimizers(rule)
+    stepping = keras2_step_optimizers(rule)
     for call in find(rule.context.module, cst.Call):
         other = _optimizer_named(rule, call, COMPUTED_OTHERWISE)
         if other is not None:
             return {}, [], (call, COMPUTED_OTHERWISE[other])
-        if id(call) in dense and _compiles_with(call, dense[id(call)].lower()):  # compile(optimizer='adam')
-            changes[_compiled_optimizer(call)] = cst.parse_expression(f"DenseGradient{dense[id(call)]}()")
+        optimizer, own_class = stepping.get(id(call), (None, None))
+        if optimizer is not None and _compiles_with(call, optimizer.lower()):  # compile(optimizer='adam')
+            changes[compiled_optimizer(call)] = cst.parse_expression(f"{own_class}()")
         if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
             continue
         if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
@@ -72,7 +70,7 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
             args, blocker = _decayed(rule, args, decay, imports)
             if blocker is not None:
                 return {}, [], (call, blocker)
-        func = cst.Name(f"DenseGradient{dense[id(call)]}") if id(call) in dense else call.func
+        func = cst.Name(own_class) if own_class is not None else call.func
         if args != list(call.args) or func is not call.func:
             changes[call] = call.with_changes(func=func, args=commas_mended(args, call.args))
     return changes, imports, None
@@ -99,40 +97,60 @@ def learning_rate_reads(rule) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
     return changes, None
 
 
-def dense_gradient_optimizers(rule) -> dict[int, str]:
-    """id(call) -> the adaptive optimizer (`Adam`) that call makes, or compiles with by name, in
-    a module that makes an `Embedding`: where an id occurs more than once in a batch, Keras 3's
-    Adam squares each occurrence's gradient of the row, Keras 2 squared their sum (checked: a row
-    seen 3 times ended one step at -0.030 on Keras 3, 0.0 on Keras 2; a held-out Kaggle text
-    kernel's loss differed from the second step). The fix makes them
-    `DenseGradientAdam(...)`, which sums the rows' gradients first (:func:`dense_gradient_classes`)."""
-    def compute() -> dict[int, str]:
+def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
+    """id(call) -> (the optimizer, the class that steps as Keras 2's did) for the optimizers a
+    call makes, or compiles with by name, that Keras 3 steps otherwise:
+
+    - RMSprop anywhere: Keras 3 divides by sqrt(v + epsilon) where Keras 2 divided by sqrt(v) +
+      epsilon (without momentum; with it both use sqrt(v + epsilon)): 2.4x apart after 24 steps
+      of small gradients, where `Keras2RMSprop` agreed within 2e-7 (checked on TF 2.21 against
+      tf_keras's legacy RMSprop, with and without momentum and centring).
+    - Adam and the other adaptive optimizers in a module that makes an `Embedding`: where an id
+      occurs more than once in a batch, Keras 3's Adam squares each occurrence's gradient of the
+      row, Keras 2 squared their sum (a row seen 3 times ended one step at -0.030 on Keras 3, 0.0
+      on Keras 2; a held-out Kaggle text kernel's loss differed from the second step):
+      `DenseGradientAdam` sums the rows' gradients first. (`Keras2RMSprop` does too.)"""
+    def compute() -> dict[int, tuple[str, str]]:
         calls = find(rule.context.module, cst.Call)
-        if not any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls):
-            return {}
-        named = {id(call): _optimizer_named(rule, call, ADAPTIVE) for call in calls}
-        return {key: name for key, name in named.items() if name is not None}
+        embedding = any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls)
+        found = {}
+        for call in calls:
+            if _optimizer_named(rule, call, ("RMSprop",)):
+                found[id(call)] = ("RMSprop", "Keras2RMSprop")
+            elif embedding and (adaptive := _optimizer_named(rule, call, ADAPTIVE)) is not None:
+                found[id(call)] = (adaptive, f"DenseGradient{adaptive}")
+        return found
 
-    return rule.context.memo("keras3.dense_gradient_optimizers", compute)
+    return rule.context.memo("keras3.keras2_step_optimizers", compute)
 
 
-def dense_gradient_classes(rule, changes: dict) -> tuple[dict, list]:
-    """The `DenseGradientAdam` class (one per optimizer :func:`dense_gradient_optimizers` found),
-    after the module's last import: the optimizer, given an embedding's gradient by row
-    (`tf.IndexedSlices`), adds up each row's before it steps, as Keras 2 did. Returns (changes,
-    imports); ``changes`` are the other changes, whose replacement of that import is kept."""
-    names = sorted(set(dense_gradient_optimizers(rule).values()))
+def replaced_optimizer_names(rule) -> set[str]:
+    """The names the module calls optimizers by (`RMSprop` of `from keras.optimizers import
+    RMSprop`) that :func:`keras2_step_optimizers` replaces by its classes: their imports go
+    where nothing else uses them."""
+    stepping = keras2_step_optimizers(rule)
+    return {call.func.value for call in find(rule.context.module, cst.Call)
+            if id(call) in stepping and isinstance(call.func, cst.Name)}
+
+
+def keras2_step_classes(rule, changes: dict) -> tuple[dict, list]:
+    """The classes :func:`keras2_step_optimizers` names (one each), after the module's last
+    import. Returns (changes, imports); ``changes`` are the other changes, whose replacement of
+    that import is kept."""
+    optimizers = sorted(set(keras2_step_optimizers(rule).values()))
     body = rule.context.module.body
     imports_at = [i for i, s in enumerate(body) if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
-    if not names or not imports_at:
+    if not optimizers or not imports_at:
         return {}, []
     indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
     dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
-    classes = [cst.parse_statement(_DENSE_GRADIENT.format(name=name, indexed=code_in(rule.context.module, indexed),
-                                                         dense=code_in(rule.context.module, dense)))
-               .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for name in names]
+    names = {"indexed": code_in(rule.context.module, indexed), "dense": code_in(rule.context.module, dense)}
+    classes = [cst.parse_statement(_CLASSES.get(own_class, _DENSE_GRADIENT).format(name=optimizer, **names))
+               .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for optimizer, own_class in optimizers]
     anchor, after = body[imports_at[-1]], (body[imports_at[-1] + 1] if imports_at[-1] + 1 < len(body) else None)
-    placed = {anchor: cst.FlattenSentinel([changes.get(anchor, anchor.deep_clone()), *classes])}
+    kept = changes.get(anchor, anchor.deep_clone())  # the import as the other changes left it: one or more statements
+    kept = list(kept.nodes) if isinstance(kept, cst.FlattenSentinel) else [kept]
+    placed = {anchor: cst.FlattenSentinel([*kept, *classes])}
     blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
     if after is not None and after not in changes and blank < 2:  # two blank lines after a class (PEP 8)
         placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
@@ -149,6 +167,31 @@ class DenseGradient{name}(keras.optimizers.{name}):
         return super().apply(grads, trainable_variables)
 '''
 
+_CLASSES = {"Keras2RMSprop": '''
+class Keras2RMSprop(keras.optimizers.RMSprop):
+    """RMSprop as Keras 2 stepped: by lr * g / (sqrt(v) + epsilon) without momentum (Keras 3's
+    RMSprop divides by sqrt(v + epsilon)), and an `Embedding`'s gradients added up by row first."""
+
+    def apply(self, grads, trainable_variables=None):
+        grads = [{dense}(g) if isinstance(g, {indexed}) else g for g in grads]
+        return super().apply(grads, trainable_variables)
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.momentum > 0:  # Keras 2 stepped by lr * g / sqrt(v + epsilon) then, as Keras 3 does
+            return super().update_step(gradient, variable, learning_rate)
+        rate = keras.ops.cast(learning_rate, variable.dtype)
+        gradient = keras.ops.cast(gradient, variable.dtype)
+        index = self._get_variable_index(variable)
+        velocity = self._velocities[index]
+        self.assign(velocity, self.rho * velocity + (1 - self.rho) * keras.ops.square(gradient))
+        denominator = velocity
+        if self.centered:
+            average = self._average_gradients[index]
+            self.assign(average, self.rho * average + (1 - self.rho) * gradient)
+            denominator = velocity - keras.ops.square(average)
+        self.assign_sub(variable, rate * gradient / (keras.ops.sqrt(denominator) + self.epsilon))
+'''}
+
 
 def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
     """The one of ``names`` that ``call`` makes (`keras.optimizers.Adam(...)`) or compiles with
@@ -160,11 +203,11 @@ def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
 
 def _compiles_with(call: cst.Call, name: str) -> bool:
     """`model.compile(optimizer='rmsprop', ...)` (or the name first, by position)."""
-    value = _compiled_optimizer(call)
+    value = compiled_optimizer(call)
     return isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() == name
 
 
-def _compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:
+def compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:
     """The optimizer a `compile(...)` call passes (by keyword, or first by position)."""
     if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "compile"):
         return None

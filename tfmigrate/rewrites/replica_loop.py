@@ -92,7 +92,9 @@ from tfmigrate.rewrites.tower_scope import (
     callee_settings_inlined, check_device_names, device_prelude, module_run, module_scope, remove_unused_helpers,
     settings_inlined, strategy_devices, tower_functions,
 )
-from tfmigrate.rewrites.tower_variables import check_variable_copies, variable_calls, variable_op_names
+from tfmigrate.rewrites.tower_variables import (
+    check_tensors_made_outside, check_variable_copies, variable_calls, variable_op_names,
+)
 from tfmigrate.rule import Edit, FixSafety
 
 __all__ = ["plan"]
@@ -262,6 +264,7 @@ def _check_loops(rule, towers: list, regions: list[Region]) -> None:
         check_keras_parallel(rule, tower)
         check_tower_variables(rule, tower)
         check_variable_copies(rule, tower.loop)
+        check_tensors_made_outside(rule, tower, region.preceding)
         check_variable_updates(rule, tower)
         if may_be_iterator(region, tower.loop.iter) and not isinstance(tower.loop.iter, cst.Call):
             raise Refused(f"the tower loop walks `{code(tower.loop.iter)}`, an iterator made before it: the "

@@ -28,11 +28,15 @@ from tfmigrate.analysis.project_imports import project_function
 from tfmigrate.analysis.training import module_functions
 from tfmigrate.cst.callargs import argument
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import find, module_parents, names_used
+from tfmigrate.cst.names import dotted_name
+from tfmigrate.cst.traversal import find, find_own, module_parents, name_reads, names_used, scope_bindings
 from tfmigrate.rewrites.refusal import Refused
-from tfmigrate.rewrites.tower_code import line_of, module_calls, replica_code
+from tfmigrate.rewrites.tower_checks import VARIABLE_MAKERS
+from tfmigrate.rewrites.tower_code import (
+    class_methods, functions_called, line_of, module_calls, replica_code, self_method,
+)
 
-__all__ = ["check_variable_copies"]
+__all__ = ["check_tensors_made_outside", "check_variable_copies"]
 
 _VARIABLE_SCOPE = "tensorflow.variable_scope"
 _VARIABLE_SCOPE_PARAMETERS = ("name_or_scope", "default_name", "values", "initializer", "regularizer",
@@ -42,6 +46,7 @@ _VARIABLE_SCOPE_PARAMETERS = ("name_or_scope", "default_name", "values", "initia
 def check_variable_copies(rule, loop: cst.For) -> None:
     """Refused when the towers of ``loop`` each make their own copy of the variables."""
     _check_scopes_named_by_tower(rule, loop)
+    _check_variables_named_by_tower(rule, loop)
     _check_reuse_left_at_default(rule, loop)
     _check_layers_made_per_tower(rule, loop)
 
@@ -96,6 +101,123 @@ def _check_scopes_named_by_tower(rule, loop: cst.For) -> None:
             raise Refused(f"line {line_of(rule, call)}: each tower makes its own copy of the variables, in a variable "
                           f"scope named by the tower (`{code(call)}`): MirroredStrategy keeps one copy for every "
                           "replica, so the towers' separate copies cannot be kept")
+
+
+def _check_variables_named_by_tower(rule, loop: cst.For) -> None:
+    """A variable each tower makes under a name of its own (big-LSTM language models keep each
+    tower's LSTM state in `tf.Variable(..., name="state_%d_%d" % (gpu, layer))`): replicas after
+    the first may only take replica 0's variables, under its names ("Tried to create variable
+    state_1_0 with mismatching name on device 1")."""
+    index = names_used(loop.target)
+    for node in [loop.body, *functions_called(rule, [loop.body], class_methods(rule, loop))]:
+        per_tower = index if node is loop.body else _parameters_given(rule, loop, node, index)
+        for call in find(node, cst.Call):
+            if rule.imports.resolve(call.func) not in VARIABLE_MAKERS:
+                continue
+            name = argument(call, _MAKER_PARAMETERS.get(rule.imports.resolve(call.func), ()), "name")
+            if name is not None and names_used(name) & per_tower:
+                raise Refused(f"line {line_of(rule, call)}: each tower makes its own variable, named by the tower "
+                              f"(`{code(name)}`): under MirroredStrategy a replica after the first can only take "
+                              "replica 0's variables, under the same names, so the towers' own variables cannot "
+                              "be kept")
+
+
+_MAKER_PARAMETERS = {"tensorflow.get_variable": ("name",), "tensorflow.Variable": ("initial_value", "trainable")}
+
+
+def _parameters_given(rule, loop: cst.For, function: cst.FunctionDef, index: set[str]) -> set[str]:
+    """The parameters of ``function`` that a call of it in the loop passes the tower index to."""
+    params = [p.name.value for p in function.params.params]
+    given = set()
+    for call in find(loop.body, cst.Call):
+        if self_method(call) == function.name.value:
+            names = params[1:]
+        elif isinstance(call.func, cst.Name) and call.func.value == function.name.value:
+            names = params
+        else:
+            continue
+        for position, arg in enumerate(call.args):
+            parameter = arg.keyword.value if arg.keyword else names[position] if position < len(names) else None
+            if parameter is not None and not arg.star and names_used(arg.value) & index:
+                given.add(parameter)
+    return given
+
+
+def check_tensors_made_outside(rule, tower, preceding: list[cst.BaseStatement]) -> None:
+    """A tensor computed from trainable variables before the loop and read by the towers (Kyubyong's
+    transformer: `self.embeddings = get_token_embeddings(...)`, a `tf.concat` of a zero row and
+    the embedding variable, read in `encode`/`decode`). Each tower's gradient reached the one
+    variable through it; a replica reads the tensor made outside the replicas from replica 0's
+    copy, so the other replicas got no gradient for that variable ("len(v) == 27, len(v0) == 28")."""
+    read = set()
+    for node in replica_code(rule, [tower]):
+        # attributes (`self.embeddings`) wherever the towers read them; a plain name where the
+        # code the towers run does not bind it itself
+        read |= {name for name in _dotted_reads(node) if "." in name}
+        read |= {name.value for name in name_reads(node, targets=False)} - scope_bindings(node)
+    variables: set[str] = set()
+    for statement in preceding:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        for assign in find_own(statement, cst.Assign):
+            targets = {dotted_name(t.target) for t in assign.targets} - {None}
+            if _makes_trainable(rule, assign.value):
+                variables |= targets
+            elif targets & read and _computed_from_variables(rule, assign.value, variables):
+                name = sorted(targets & read)[0]
+                raise Refused(f"line {line_of(rule, assign)}: `{name}` is computed from the model's variables before "
+                              "the towers, which read it: a replica would read replica 0's and give no gradient to "
+                              "its own copy of those variables; compute it in the towers (in the code they run)")
+
+
+def _dotted_reads(node: cst.CSTNode) -> set[str]:
+    """The names and `a.b` attribute chains ``node`` reads."""
+    parts = [*find(node, cst.Name), *find(node, cst.Attribute)]
+    return {name for part in parts if (name := dotted_name(part)) is not None}
+
+
+def _makes_trainable(rule, value: cst.BaseExpression) -> bool:
+    """Whether ``value`` is a call that makes a trainable variable (not `trainable=False`)."""
+    if not isinstance(value, cst.Call) or rule.imports.resolve(value.func) not in VARIABLE_MAKERS:
+        return False
+    trainable = argument(value, (), "trainable")
+    return trainable is None or code(trainable) != "False"
+
+
+def _computed_from_variables(rule, value: cst.BaseExpression, variables: set[str]) -> bool:
+    """Whether ``value`` computes something from a trainable variable: reads one of ``variables``,
+    makes one inside a larger expression, or calls a function of the module that returns
+    something other than the variable it makes. The variables themselves, or a list of them
+    (`params = [W1, b1]`), are no computation: a replica reads its own copies through them."""
+    if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+        return any(_computed_from_variables(rule, element.value, variables) for element in value.elements)
+    if dotted_name(value) in variables or _makes_trainable(rule, value):
+        return False
+    if _dotted_reads(value) & variables or any(_makes_trainable(rule, call) for call in find(value, cst.Call)):
+        return True
+    for call in find(value, cst.Call):
+        function = _function(rule, call)
+        if function is not None and _returns_computed(rule, function):
+            return True
+    return False
+
+
+def _returns_computed(rule, function: cst.FunctionDef) -> bool:
+    """Whether ``function`` makes a trainable variable and returns something computed from it
+    (a name also bound to anything else than the variable maker, or an expression)."""
+    made = {dotted_name(t.target) for assign in find(function.body, cst.Assign) if _makes_trainable(rule, assign.value)
+            for t in assign.targets}
+    if not made:
+        return False
+    bound = {}
+    for assign in find(function.body, cst.Assign):
+        for target in assign.targets:
+            bound.setdefault(dotted_name(target.target), []).append(_makes_trainable(rule, assign.value))
+    for returned in find(function.body, cst.Return):
+        name = dotted_name(returned.value) if returned.value is not None else None
+        if returned.value is not None and not (name in made and all(bound.get(name, [False]))):
+            return _computed_from_variables(rule, returned.value, made) or name in made
+    return False
 
 
 def _check_reuse_left_at_default(rule, loop: cst.For) -> None:

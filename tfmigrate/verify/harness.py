@@ -325,6 +325,7 @@ def make_keras2_modules(tf_keras):
     ``multi_gpu_model`` back in ``keras.utils``."""
     legacy = tf_keras.optimizers.legacy
     optimizer_names = {n: getattr(legacy, n) for n in dir(legacy) if not n.startswith("_")}
+    _name_legacy_optimizers(tf_keras)
     optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)
     utils = _Overlay("keras.utils", {"multi_gpu_model": multi_gpu_model}, tf_keras.utils)
     # Keras 2.0-2.2's utility submodules (`from keras.utils import np_utils`): what they held is in
@@ -338,6 +339,25 @@ def make_keras2_modules(tf_keras):
     submodules = {"keras": top, "keras.optimizers": optimizers, "keras.utils": utils,
                   "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils, "keras.engine": engine}
     return top, submodules
+
+
+def _name_legacy_optimizers(tf_keras) -> None:
+    """`compile(optimizer='rmsprop')` gives the legacy optimizer too, as Keras 2.x's only
+    `RMSprop` was: tf_keras in TF2 gave its new one, which divides by sqrt(v + epsilon) where
+    Keras 2 divided by sqrt(v) + epsilon (a Keras 2 seq2seq program's loss moved 1e-3 at step 1)."""
+    from tf_keras.src import optimizers
+
+    get = optimizers.get
+    if getattr(get, "names_legacy", False):
+        return
+
+    def get_legacy(identifier, **kwargs):
+        if isinstance(identifier, (str, dict)):
+            kwargs.setdefault("use_legacy_optimizer", True)
+        return get(identifier, **kwargs)
+
+    get_legacy.names_legacy = True
+    optimizers.get = get_legacy
 
 
 def keras2_module(name: str, submodules: dict):
