@@ -1106,6 +1106,45 @@ MORE_REFUSALS = {
         def train_op(settings):
             return optimize_loss(tf.add_n(settings['tower_losses']))
     """, "line 9: `optimize_loss` trains in this module, and the towers' results go where the rewrite cannot follow"),
+    # A big-LSTM language model keeps each tower's LSTM state in a variable named by the tower:
+    # replicas after the first may only take replica 0's variables, under its names (the
+    # rewrite crashed: "Tried to create variable state_1_0 with mismatching name on device 1").
+    "state_variables_named_by_the_tower": ("""
+        import tensorflow as tf
+        class LM(object):
+            def __init__(self, xs, opt):
+                grads = []
+                for i in range(2):
+                    with tf.device('/gpu:%d' % i), tf.variable_scope('lm', reuse=i > 0):
+                        loss = self._forward(i, xs[i])
+                        grads.append(opt.compute_gradients(loss))
+                self.train_op = opt.apply_gradients(average_gradients(grads))
+            def _forward(self, gpu, x):
+                state = tf.Variable(tf.zeros([4, 8]), trainable=False, name='state_%d' % gpu)
+                w = tf.get_variable('w', [8, 8])
+                return tf.reduce_mean(tf.matmul(x + state, w))
+    """, "line 11: each tower makes its own variable, named by the tower (`'state_%d' % gpu`)"),
+    # Kyubyong's transformer: the zero-padded embedding (a `tf.concat` of a zero row and the
+    # variable) is made before the towers, which read it; a replica read replica 0's copy and
+    # gave no gradient to its own ("len(v) == 27, len(v0) == 28").
+    "tensor_computed_from_variables_before_the_towers": ("""
+        import tensorflow as tf
+        def token_embeddings(vocab, units):
+            table = tf.get_variable('table', [vocab, units])
+            table = tf.concat([tf.zeros([1, units]), table[1:]], 0)
+            return table
+        class Transformer(object):
+            def encode(self, x):
+                return tf.reduce_mean(tf.nn.embedding_lookup(self.embeddings, x))
+            def build(self, xs, opt):
+                self.embeddings = token_embeddings(100, 8)
+                grads = []
+                with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
+                    for i in range(2):
+                        with tf.device('/gpu:%d' % i):
+                            grads.append(opt.compute_gradients(self.encode(xs[i])))
+                return opt.apply_gradients(average_gradients(grads))
+    """, "line 10: `self.embeddings` is computed from the model's variables before the towers, which read it"),
 }
 
 
