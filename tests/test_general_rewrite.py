@@ -2283,6 +2283,25 @@ def test_a_moving_average_the_towers_assign_stays_but_a_stored_value_is_refused(
     assert "a custom getter in the towers sees each replica's own copy" in finding.refusal
 
 
+@pytest.mark.parametrize("getter, defined", [
+    ("on_cpu", "def on_cpu(getter, *args, **kwargs):\n    with tf.device('/cpu:0'):\n        return getter(*args, **kwargs)\n"),
+    ("variables_on('/cpu:0')", "def variables_on(device):\n    def _getter(getter, *args, **kwargs):\n"
+                               "        with tf.device(device):\n            return getter(*args, **kwargs)\n"
+                               "    return _getter\n"),
+])
+def test_a_custom_getter_that_only_places_the_variables_is_kept(getter, defined):
+    """model_deploy's and inception's "variables on the CPU" getter (SSD-Tensorflow opens it in its
+    clone loop): the strategy places each replica's copy itself; a held-out inception trainer with
+    one matched. Anything more in the getter (an average keyed by the variable's op name) is
+    refused above."""
+    source = textwrap.dedent(HAND_WRITTEN_BATCH_NORM).replace("reuse=i > 0)", f"reuse=i > 0, custom_getter={getter})")
+    source = source.replace("import tensorflow as tf\n", "import tensorflow as tf\n\n\n" + defined, 1)
+    assert "call_for_each_replica(tower_fn)" in fixed(source)
+    tampered = source.replace("return getter(*args, **kwargs)", "return tf.identity(getter(*args, **kwargs))")
+    (finding,) = tower_findings(tampered)
+    assert "a custom getter in the towers sees each replica's own copy" in finding.refusal
+
+
 MODULE_LEVEL_FIRST_TOWER = """\
 import numpy as np
 import tensorflow as tf

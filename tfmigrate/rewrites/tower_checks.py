@@ -20,8 +20,10 @@ import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.devices import enclosing_class
-from tfmigrate.analysis.training import KNOWN_LIBRARIES, tensors_read, training_call, trains, variable_update
-from tfmigrate.cst.callargs import argument, method_call
+from tfmigrate.analysis.training import (
+    KNOWN_LIBRARIES, module_functions, tensors_read, training_call, trains, variable_update,
+)
+from tfmigrate.cst.callargs import argument, callee_name, method_call
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     contains, enclosing, find, find_own, first_free, free_names, module_parents, names_used, own_nodes, scope_bindings,
@@ -127,7 +129,7 @@ def check_variable_updates(rule, tower) -> None:
     the same statistic, as the batch-norm statistics of the rewrite do."""
     for node in [tower.loop.body, *(function.body for function in tower.via)]:
         getter = next((arg for arg in find(node, cst.Arg) if arg.keyword is not None
-                       and arg.keyword.value == "custom_getter"), None)
+                       and arg.keyword.value == "custom_getter" and not _places_only(rule, arg.value)), None)
         if getter is not None:
             # In a replica a getter receives that replica's copy of each variable (its op named
             # `.../replica_1`): mean-teacher's getter, keyed by `var.op.name`, failed on replica 1.
@@ -138,6 +140,40 @@ def check_variable_updates(rule, tower) -> None:
             raise StateRefused(f"line {line_of(rule, call)}: the towers update a variable themselves (`{code(call.func)}`): "
                                "under MirroredStrategy each replica would update its own copy of it; update it once "
                                "after the loop (from the towers' results)")
+
+
+def _places_only(rule, getter: cst.BaseExpression) -> bool:
+    """Whether a custom getter only places the variables (`with tf.device(d): return getter(*args,
+    **kwargs)`, model_deploy's and inception's "variables on the CPU"), named or made by a module
+    function (`_variables_on(device)`): the strategy places each replica's copy itself, and a
+    held-out inception trainer with one matched."""
+    function = module_functions(rule).get(callee_name(getter) if isinstance(getter, cst.Call) else
+                                          getter.value if isinstance(getter, cst.Name) else "")
+    if function is None:
+        return False
+    if isinstance(getter, cst.Call):  # a factory: `def _variables_on(device): def _getter(...): ...; return _getter`
+        inner = [s for s in function.body.body if isinstance(s, cst.FunctionDef)]
+        returned = [r.value for r in find_own(function, cst.Return)]
+        if len(inner) != 1 or len(returned) != 1 or code(returned[0]) != inner[0].name.value:
+            return False
+        function = inner[0]
+    return _device_then_getter(rule, function)
+
+
+def _device_then_getter(rule, function: cst.FunctionDef) -> bool:
+    """`def g(getter, *args, **kwargs): with tf.device(d): return getter(*args, **kwargs)`."""
+    body = function.body.body
+    params = function.params
+    if len(body) != 1 or not isinstance(body[0], cst.With) or not params.params or params.star_arg is None:
+        return False
+    if not all(isinstance(item.item, cst.Call) and rule.imports.resolve(item.item.func) == "tensorflow.device"
+               for item in body[0].items):
+        return False
+    inner = body[0].body.body
+    call = inner[0].body[0].value if len(inner) == 1 and isinstance(single_small(inner[0]), cst.Return) else None
+    first = params.params[0].name.value
+    return (isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value == first
+            and all(arg.star for arg in call.args))
 
 
 def tower_counters(rule, tower) -> tuple[dict[int, cst.Call], set[int]]:
