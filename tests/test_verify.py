@@ -175,6 +175,41 @@ def test_harness_helpers():
     assert rewrite_device_string("/cpu:0", 2) == "/cpu:0"
 
 
+def test_preload_servers_are_kept_per_import_setting_and_two_at_most(monkeypatch):
+    """A variable no import reads (pytest's PYTEST_CURRENT_TEST, new for every test) reaches the
+    run but keeps its server; a third setting of the import's variables ends the least recently
+    used server (each holds ~200 MB: a server per test once filled a 23 GiB machine)."""
+    from tfmigrate.verify import preload
+
+    made = []
+
+    class FakeServer:
+        def __init__(self, env):
+            self.closed = False
+            made.append(self)
+
+        def alive(self):
+            return not self.closed
+
+        def close(self):
+            self.closed = True
+
+        def fork(self, argv, log, env):
+            return self, env
+
+    monkeypatch.setattr(preload, "Server", FakeServer)
+    monkeypatch.setattr(preload, "_SERVERS", {})
+    base = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    first, _ = preload.start([], "log", dict(base, PYTEST_CURRENT_TEST="a"))
+    again, env = preload.start([], "log", dict(base, PYTEST_CURRENT_TEST="b"))
+    assert again is first and env["PYTEST_CURRENT_TEST"] == "b"
+    legacy, _ = preload.start([], "log", dict(base, TF_USE_LEGACY_KERAS="1"))
+    first_again, _ = preload.start([], "log", base)
+    assert first_again is first  # used again: now the most recent
+    third, _ = preload.start([], "log", dict(base, TF_ENABLE_ONEDNN_OPTS="0"))
+    assert len(made) == 3 and legacy.closed and not first.closed and not third.closed
+
+
 def test_cli_import_stays_free_of_tensorflow():
     code = ("import sys, tfmigrate.cli.main, tfmigrate.verify.cli\n"
             "heavy = [m for m in ('tensorflow', 'numpy', 'matplotlib') if m in sys.modules]\n"
@@ -336,6 +371,8 @@ def test_a_run_forked_from_the_preload_server_measures_what_a_fresh_process_does
     monkeypatch.setattr(preload, "_SERVERS", {})
     forked = _run_towers(tmp_path / "forked", "OLD")
     (server,) = preload._SERVERS.values()
+    # a variable no import reads (pytest sets PYTEST_CURRENT_TEST anew for every test) keeps the server
+    monkeypatch.setenv("TFMIGRATE_TEST_UNRELATED", "1")
     again = _run_towers(tmp_path / "again", "NEW")
     assert preload._SERVERS == {next(iter(preload._SERVERS)): server}, "the second run started another server"
     monkeypatch.setenv(preload.ENABLE_VARIABLE, "0")

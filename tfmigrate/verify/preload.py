@@ -7,7 +7,10 @@ the harness exactly as ``python -m tfmigrate.verify.harness`` would. Importing T
 no runtime, so the child can still set its logical devices up.
 
 What TensorFlow's import reads from the environment (``TF_USE_LEGACY_KERAS`` picks the Keras it
-loads) is fixed when the server starts, so there is one server per environment. A server that
+loads) is fixed when the server starts, so there is one server for each setting of the variables
+an import can read (:data:`IMPORT_VARIABLES`); the child gets the rest of the run's environment
+as it is (a test runner changes ``PYTEST_CURRENT_TEST`` for every test: a server per test held
+113 servers and the machine's 23 GiB). At most :data:`MAX_SERVERS` stay up. A server that
 cannot start or dies is no error: the run starts as a plain subprocess instead.
 
 Set ``TFMIGRATE_VERIFY_PRELOAD=0`` to start every run as a plain subprocess.
@@ -23,6 +26,10 @@ import sys
 from typing import Dict, Optional, Tuple
 
 ENABLE_VARIABLE = "TFMIGRATE_VERIFY_PRELOAD"
+#: Prefixes of the environment variables importing TensorFlow (and Python's start) may read.
+IMPORT_VARIABLES = ("TF_", "TENSORFLOW", "KERAS", "CUDA", "XLA", "OMP_", "MKL", "KMP_", "PYTHON", "LD_")
+#: Servers kept up at once (about 200 MB each): one per Keras flavour is what verify needs.
+MAX_SERVERS = 2
 _SERVERS: Dict[Tuple[Tuple[str, str], ...], "Server"] = {}
 
 
@@ -42,10 +49,19 @@ class Server:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def fork(self, argv: list, log: str) -> Optional["ForkedRun"]:
-        """Start the harness with ``argv`` writing to ``log``; None when the server is gone."""
+    def close(self) -> None:
+        """End the server (it ends at the end of its input)."""
         try:
-            self.process.stdin.write((json.dumps({"argv": argv, "log": log, "cwd": os.getcwd()}) + "\n").encode())
+            self.process.stdin.close()
+        except OSError:
+            pass
+        self.process.wait()
+
+    def fork(self, argv: list, log: str, env: Dict[str, str]) -> Optional["ForkedRun"]:
+        """Start the harness with ``argv`` writing to ``log`` in ``env``; None when the server is gone."""
+        request = {"argv": argv, "log": log, "cwd": os.getcwd(), "env": env}
+        try:
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
             self.process.stdin.flush()
             reply = self._reply(None)
         except (BrokenPipeError, OSError, ValueError):
@@ -90,11 +106,14 @@ class ForkedRun:
 def start(argv: list, log: str, env: Dict[str, str]) -> Optional[ForkedRun]:
     """Fork ``python -m tfmigrate.verify.harness ARGV`` from the server for ``env`` (started on
     first use); None when no server can run it."""
-    key = tuple(sorted(env.items()))
-    server = _SERVERS.get(key)
+    key = tuple(sorted((name, value) for name, value in env.items() if name.startswith(IMPORT_VARIABLES)))
+    server = _SERVERS.pop(key, None)
     if server is None or not server.alive():
-        server = _SERVERS[key] = Server(env)
-    return server.fork(argv, log)
+        while len(_SERVERS) >= MAX_SERVERS:
+            _SERVERS.pop(next(iter(_SERVERS))).close()  # the least recently used
+        server = Server(env)
+    _SERVERS[key] = server
+    return server.fork(argv, log, env)
 
 
 def serve() -> None:
@@ -123,6 +142,8 @@ def _run_child(request: dict) -> None:
         os.dup2(log, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
         from tfmigrate.verify import harness
 
         harness.main(request["argv"])  # ends the process
