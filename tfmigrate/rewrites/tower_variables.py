@@ -112,7 +112,7 @@ def _check_variables_named_by_tower(rule, loop: cst.For) -> None:
     for node in [loop.body, *functions_called(rule, [loop.body], class_methods(rule, loop))]:
         per_tower = index if node is loop.body else _parameters_given(rule, loop, node, index)
         for call in find(node, cst.Call):
-            if rule.imports.resolve(call.func) not in VARIABLE_MAKERS:
+            if rule.imports.resolve(call.func) not in VARIABLE_MAKERS or _made_by_one_tower(rule, call, node, per_tower):
                 continue
             name = argument(call, _MAKER_PARAMETERS.get(rule.imports.resolve(call.func), ()), "name")
             if name is not None and names_used(name) & per_tower:
@@ -120,6 +120,17 @@ def _check_variables_named_by_tower(rule, loop: cst.For) -> None:
                               f"(`{code(name)}`): under MirroredStrategy a replica after the first can only take "
                               "replica 0's variables, under the same names, so the towers' own variables cannot "
                               "be kept")
+
+
+def _made_by_one_tower(rule, call: cst.Call, within: cst.CSTNode, index: set[str]) -> bool:
+    """Whether ``call`` runs under a condition on the tower index (`tf.Variable(..., name='b_%d' %
+    i) if i == 0 else b`): one tower makes it, under the one name."""
+    parents, node = module_parents(rule.context), call
+    while node is not within and id(node) in parents:
+        node = parents[id(node)]
+        if isinstance(node, (cst.If, cst.IfExp)) and names_used(node.test) & index:
+            return True
+    return False
 
 
 _MAKER_PARAMETERS = {"tensorflow.get_variable": ("name",), "tensorflow.Variable": ("initial_value", "trainable")}
