@@ -183,13 +183,13 @@ class MultiGpuModel(Rule):
         a learning-rate callback (a schedule cannot be set) or without a learning rate; a read of
         an optimizer's `decay`; Nadam (weights 1.7% apart after 20 steps; RMSprop, which Keras 3
         also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
-        becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a checkpoint `period=` other than 1; a backend function with
-        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one mean
-        for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step); an
-        activity regularizer (the parallel model added it once per device slice); a
-        model compiled away from where it is made (but for another method's `self.` model), or
-        returned to a caller that compiles it
-        (Keras 3 makes the optimizer where `compile` runs); and a model fed by `fit_generator`
+        becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a checkpoint `period=`
+        other than 1; a backend function with no `keras.ops` equivalent; `keras.preprocessing.text`
+        (gone); a loss that returns one mean for the whole batch (Keras 3 adds it over the
+        replicas: twice the loss and the step); an activity regularizer (the parallel model added
+        it once per device slice); a model compiled away from where it is made (but for another
+        method's `self.` model), or returned to a caller that compiles it (Keras 3 makes the
+        optimizer where `compile` runs); and a model fed by `fit_generator`
         (or `evaluate_generator`, `predict_generator`): Keras 3 under a strategy trained a
         Python generator's batches out of order and, from the second epoch, split a Sequence's
         batches otherwise in 2 of 5 runs.
@@ -881,8 +881,7 @@ class MultiGpuModel(Rule):
         `compile` at ``last`` passes by name (`optimizer = RMSprop(lr=0.001)` above the model, a
         trainer class's `__init__`): Keras 3 makes an optimizer's variables where it is made, and
         one made outside the scope failed in it ("Mixing different tf.distribute.Strategy objects")."""
-        compiled = next((compiled_optimizer(call) for call in find(body[last], cst.Call)
-                         if compiled_optimizer(call) is not None), None)
+        compiled = next(filter(None, map(compiled_optimizer, find(body[last], cst.Call))), None)
         name = dotted_name(compiled) if compiled is not None else None
         for position in range(built - 1, -1, -1):
             assigned = single_assign(body[position])

@@ -195,39 +195,34 @@ def _makes_trainable(rule, value: cst.BaseExpression) -> bool:
     return trainable is None or code(trainable) != "False"
 
 
-def _computed_from_variables(rule, value: cst.BaseExpression, variables: set[str]) -> bool:
+def _computed_from_variables(rule, value: cst.BaseExpression, variables: set[str], seen: frozenset = frozenset()) -> bool:
     """Whether ``value`` computes something from a trainable variable: reads one of ``variables``,
     makes one inside a larger expression, or calls a function of the module that returns
-    something other than the variable it makes. The variables themselves, or a list of them
-    (`params = [W1, b1]`), are no computation: a replica reads its own copies through them."""
+    something computed from a variable it makes (``seen``: the functions already asked, against
+    recursion). The variables themselves, or a list of them (`params = [W1, b1]`), are no
+    computation: a replica reads its own copies through them."""
     if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
-        return any(_computed_from_variables(rule, element.value, variables) for element in value.elements)
+        return any(_computed_from_variables(rule, element.value, variables, seen) for element in value.elements)
     if dotted_name(value) in variables or _makes_trainable(rule, value):
         return False
     if _dotted_reads(value) & variables or any(_makes_trainable(rule, call) for call in find(value, cst.Call)):
         return True
-    for call in find(value, cst.Call):
-        function = _function(rule, call)
-        if function is not None and _returns_computed(rule, function):
-            return True
-    return False
+    functions = [f for call in find(value, cst.Call) if (f := _function(rule, call)) is not None and id(f) not in seen]
+    return any(_returns_computed(rule, function, seen | {id(function)}) for function in functions)
 
 
-def _returns_computed(rule, function: cst.FunctionDef) -> bool:
-    """Whether ``function`` makes a trainable variable and returns something computed from it
-    (a name also bound to anything else than the variable maker, or an expression)."""
-    made = {dotted_name(t.target) for assign in find(function.body, cst.Assign) if _makes_trainable(rule, assign.value)
-            for t in assign.targets}
-    if not made:
-        return False
-    bound = {}
-    for assign in find(function.body, cst.Assign):
-        for target in assign.targets:
-            bound.setdefault(dotted_name(target.target), []).append(_makes_trainable(rule, assign.value))
+def _returns_computed(rule, function: cst.FunctionDef, seen: frozenset) -> bool:
+    """Whether ``function`` makes a trainable variable and returns something computed from it:
+    an expression over it, or its name bound to something else too (`table = tf.concat(...)`)."""
+    assigns = find(function.body, cst.Assign)
+    made = {dotted_name(t.target) for a in assigns if _makes_trainable(rule, a.value) for t in a.targets}
+    rebound = {dotted_name(t.target) for a in assigns if not _makes_trainable(rule, a.value) for t in a.targets}
     for returned in find(function.body, cst.Return):
-        name = dotted_name(returned.value) if returned.value is not None else None
-        if returned.value is not None and not (name in made and all(bound.get(name, [False]))):
-            return _computed_from_variables(rule, returned.value, made) or name in made
+        if returned.value is None:
+            continue
+        name = dotted_name(returned.value)
+        if name in made and name in rebound or _computed_from_variables(rule, returned.value, made, seen):
+            return True
     return False
 
 
