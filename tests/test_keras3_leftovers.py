@@ -364,6 +364,30 @@ def test_a_checkpoint_of_weights_named_hdf5_through_a_variable_saves_a_keras_3_w
     assert unsafe_fix(result) == result
 
 
+def test_a_callback_saving_the_template_it_was_given_gets_a_keras_3_weights_file():
+    """The template checkpoint copied from keras issue #8463: a `Callback` given the template and
+    a file, which it keeps on `self` and saves to (a held-out Planet kernel's fixed program failed
+    at its first epoch: "The filename must end in `.weights.h5`")."""
+    extra = """
+        class TemplateCheckpoint(keras.callbacks.Callback):
+            def __init__(self, template, filepath):
+                super(TemplateCheckpoint, self).__init__()
+                self.template = template
+                self.filepath = filepath
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.template.save_weights(self.filepath, overwrite=True)
+
+
+        best = 'best.h5'
+        checkpoints = [TemplateCheckpoint(model, 'weights.best.hdf5'), TemplateCheckpoint(model, filepath=best)]
+    """
+    result = unsafe_fix(script(extra=extra))
+    assert "[TemplateCheckpoint(model, 'weights.best.weights.h5'), TemplateCheckpoint(model, filepath=best)]" in result
+    assert "best = 'best.weights.h5'\n" in result
+    assert unsafe_fix(result) == result
+
+
 TRAINER = """
     import numpy as np
     import tensorflow as tf

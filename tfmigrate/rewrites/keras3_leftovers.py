@@ -50,7 +50,7 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import commas_mended, keyword_is, keyword_renamed, with_keyword
+from tfmigrate.cst.callargs import argument, commas_mended, keyword_is, keyword_renamed, with_keyword
 from tfmigrate.cst.codegen import code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import block_indentation, find, module_parents, single_small
@@ -90,8 +90,13 @@ def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], ch
     ``checkpoint_calls`` (calls with `save_weights_only=True`) that makes a `ModelCheckpoint`
     (a held-out U-Net's failed at its construction), which the program then loads by the same name."""
     changes = {}
+    in_callbacks = {id(node) for cls in find(module, cst.ClassDef) if _derives(cls, ("ModelCheckpoint", "Callback"))
+                    for node in find(cls, cst.Call)}
     for call in weight_calls:
-        if isinstance(call.func, cst.Attribute) and dotted_name(call.func.value) in models and call.args:
+        saves_model = isinstance(call.func, cst.Attribute) and dotted_name(call.func.value) in models
+        # a callback saves the model it was given (the template, in the widely copied checkpoint of
+        # a parallel model's template): Keras 3 needs `.weights.h5` there too
+        if (saves_model or id(call) in in_callbacks) and call.args:
             changes.update(_weights_h5_renamed(call.args[0].value))
             changes.update(_bound_file_renamed(module, call.args[0].value))
     for call in checkpoint_calls:
@@ -164,6 +169,30 @@ def _bound_file_renamed(module: cst.Module, value: cst.BaseExpression) -> dict:
     for assign in find(module, cst.Assign):
         if any(dotted_name(t.target) == name for t in assign.targets):
             changes.update(_weights_h5_renamed(assign.value))
+            changes.update(_constructor_file_renamed(module, assign))
+    return changes
+
+
+def _constructor_file_renamed(module: cst.Module, assign: cst.Assign) -> dict:
+    """`self.filepath = filepath` in a class's `__init__`: the `.h5` literals the module passes
+    for that parameter where it makes the class (`TemplateCheckpoint(model, 'best.hdf5')`)."""
+    parameter = assign.value.value if isinstance(assign.value, cst.Name) else None
+    cls = next((c for c in find(module, cst.ClassDef) for f in c.body.body if isinstance(f, cst.FunctionDef)
+                and f.name.value == "__init__" and any(a is assign for a in find(f, cst.Assign))), None)
+    if parameter is None or cls is None:
+        return {}
+    init = next(f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__")
+    names = [p.name.value for p in init.params.params][1:]
+    if parameter not in names:
+        return {}
+    changes = {}
+    for call in find(module, cst.Call):
+        if isinstance(call.func, cst.Name) and call.func.value == cls.name.value:
+            given = argument(call, names, parameter)
+            if given is not None:
+                changes.update(_weights_h5_renamed(given))
+                if dotted_name(given) not in {dotted_name(t.target) for t in assign.targets}:  # no cycle
+                    changes.update(_bound_file_renamed(module, given))
     return changes
 
 
