@@ -7,7 +7,7 @@ from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, si
 from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents
+from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents, single_small
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
@@ -57,6 +57,17 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
 def _references(node: cst.CSTNode) -> set[str]:
     """The names and dotted attributes of names (`self.parallel`) ``node`` mentions."""
     return {dotted for n in find(node, cst.Name, cst.Attribute) if (dotted := dotted_name(n)) is not None}
+
+
+def _unpacked(statement: cst.BaseStatement) -> set[str]:
+    """The names a line unpacks a builder's results into (`model, test_func = build_crnn()`, the
+    training and prediction models of CTC and YOLO code)."""
+    small = single_small(statement)
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1:
+        return set()
+    target = small.targets[0].target
+    elements = target.elements if isinstance(target, (cst.Tuple, cst.List)) else []
+    return {name for element in elements if (name := dotted_name(element.value)) is not None}
 
 
 #: Builtins that compute data, and make no layer.
@@ -870,7 +881,7 @@ class MultiGpuModel(Rule):
         for position in range(index - 1, -1, -1):
             statement = body[position]
             assigned = single_assign(statement)
-            if assigned is not None and assigned[0] == model:
+            if assigned is not None and assigned[0] == model or model in _unpacked(statement):
                 return position
             if self._cpu_block_assigns(statement, {model}):  # with tf.device('/cpu:0'): ... model = Model(...)
                 return position
@@ -936,7 +947,8 @@ class MultiGpuModel(Rule):
         (`model = Sequential()` there, `self.model = model` after it)."""
         if not (isinstance(statement, cst.With) and self._is_cpu_device_scope(statement)):
             return False
-        return any((single_assign(s) or ("",))[0] in names for s in cst.ensure_type(statement.body, cst.IndentedBlock).body)
+        return any((single_assign(s) or ("",))[0] in names or names & _unpacked(s)
+                   for s in cst.ensure_type(statement.body, cst.IndentedBlock).body)
 
     def _is_cpu_device_scope(self, statement: cst.With) -> bool:
         if len(statement.items) != 1 or statement.items[0].asname is not None:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import run_check, unsafe_fix
+from tests.conftest import replaced, run_check, unsafe_fix
 
 KERAS2_SCRIPT = """
     import numpy as np
@@ -362,6 +362,22 @@ def test_a_checkpoint_of_weights_named_hdf5_through_a_variable_saves_a_keras_3_w
     assert "file_path = os.path.join('tmp', 'best_model_weights.weights.h5')\n" in result
     assert "model.save_weights('final.weights.h5')\n" in result
     assert unsafe_fix(result) == result
+
+
+def test_a_template_unpacked_from_a_builder_s_results_is_built_under_the_scope():
+    """CTC and YOLO code build the training and the prediction model together (`model, test_func =
+    build_crnn()`, a held-out CRNN trainer's, in a cpu block): the builder runs under the scope,
+    as a plain `model = ...` does (a program of that shape matched over 24 steps)."""
+    source = replaced(script(), ("model = Model(input=inputs, output=Dense(2, activation='softmax')(inputs))\n",
+                                 "def build(inputs):\n"
+                                 "    hidden = Dense(2, activation='softmax')(inputs)\n"
+                                 "    return Model(inputs, hidden), Model(inputs, inputs)\n"
+                                 "with tf.device('/cpu:0'):\n"
+                                 "    model, features = build(inputs)\n"))
+    result = unsafe_fix(source)
+    assert "with strategy.scope():\n    inputs = Input(shape=(4,))\n" in result
+    assert "\n    model, features = build(inputs)\n    parallel = model\n    parallel.compile(" in result
+    assert "multi_gpu_model" not in result
 
 
 def test_a_callback_saving_the_template_it_was_given_gets_a_keras_3_weights_file():
