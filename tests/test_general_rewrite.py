@@ -41,7 +41,7 @@ REWRITTEN = [
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
     "general_variables_above_model_fn", "general_round_robin_devices", "general_summed_loss_gradients_after",
-    "general_towers_read_own_queues",
+    "general_towers_read_own_queues", "general_padded_embedding_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -1126,7 +1126,9 @@ MORE_REFUSALS = {
     """, "line 11: each tower makes its own variable, named by the tower (`'state_%d' % gpu`)"),
     # Kyubyong's transformer: the zero-padded embedding (a `tf.concat` of a zero row and the
     # variable) is made before the towers, which read it; a replica read replica 0's copy and
-    # gave no gradient to its own ("len(v) == 27, len(v0) == 28").
+    # gave no gradient to its own ("len(v) == 27, len(v0) == 28"). Under `tf.AUTO_REUSE` the
+    # statement moves into the replicas (general_padded_embedding_towers); without it a replica
+    # after the first would make the table again.
     "tensor_computed_from_variables_before_the_towers": ("""
         import tensorflow as tf
         def token_embeddings(vocab, units):
@@ -1139,12 +1141,32 @@ MORE_REFUSALS = {
             def build(self, xs, opt):
                 self.embeddings = token_embeddings(100, 8)
                 grads = []
-                with tf.variable_scope(tf.get_variable_scope(), reuse=tf.AUTO_REUSE):
-                    for i in range(2):
-                        with tf.device('/gpu:%d' % i):
-                            grads.append(opt.compute_gradients(self.encode(xs[i])))
+                for i in range(2):
+                    with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
+                        grads.append(opt.compute_gradients(self.encode(xs[i])))
                 return opt.apply_gradients(average_gradients(grads))
-    """, "line 10: `self.embeddings` is computed from the model's variables before the towers, which read it"),
+    """, "line 10: `self.embeddings` is computed from the model's variables before the towers, which read it: a "
+         "replica would read replica 0's and give no gradient to its own copy of those variables; open it under "
+         "`tf.variable_scope(..., reuse=tf.AUTO_REUSE)`"),
+    "tensor_computed_from_variables_before_the_towers_and_read_after": ("""
+        import tensorflow as tf
+        def token_embeddings(vocab, units):
+            with tf.variable_scope('shared', reuse=tf.AUTO_REUSE):
+                table = tf.get_variable('table', [vocab, units])
+            return tf.concat([tf.zeros([1, units]), table[1:]], 0)
+        class Transformer(object):
+            def encode(self, x):
+                return tf.reduce_mean(tf.nn.embedding_lookup(self.embeddings, x))
+            def predict(self, x):
+                return tf.nn.embedding_lookup(self.embeddings, x)
+            def build(self, xs, opt):
+                self.embeddings = token_embeddings(100, 8)
+                grads = []
+                for i in range(2):
+                    with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
+                        grads.append(opt.compute_gradients(self.encode(xs[i])))
+                return opt.apply_gradients(average_gradients(grads))
+    """, "and code outside the towers reads it too"),
 }
 
 

@@ -93,7 +93,7 @@ from tfmigrate.rewrites.tower_scope import (
     settings_inlined, strategy_devices, tower_functions,
 )
 from tfmigrate.rewrites.tower_variables import (
-    check_tensors_made_outside, check_variable_copies, variable_calls, variable_op_names,
+    check_variable_copies, tensors_made_outside, variable_calls, variable_op_names,
 )
 from tfmigrate.rule import Edit, FixSafety
 
@@ -202,6 +202,12 @@ def _plan(rule, tower, group: list) -> Edit:
         update = find_update(rule, region, strategy, tf)
     else:
         update = caller_update(rule, region, caller, strategy, tf)
+    first = tensors_made_outside(rule, tower, region)
+    for member in others:
+        if tensors_made_outside(rule, member, regions[id(member.loop)]):
+            raise Refused(f"line {line_of(rule, member.loop)}: the towers read a tensor computed from the model's "
+                          "variables before them, which the rewrite moves into the replicas for one loop only")
+    update.first = [statement.deep_clone() for statement in first]
     scope_region = caller or region
     if update.statements or update.wrapped:
         if caller is None:
@@ -212,6 +218,7 @@ def _plan(rule, tower, group: list) -> Edit:
     steps = dict(zip([id(member.loop) for member in group], _step_names(module, len(group))))
     region_changes, originals = _module_changes(rule, group, scope_region, strategy, tf)
     region_changes.update(_loop_changes(rule, tower, region, update, tf, run_by, steps[id(loop)]))
+    region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in first)
     for member in others:
         region_changes.update(_loop_changes(rule, member, regions[id(member.loop)], Update([]), tf, run_by,
                                             steps[id(member.loop)]))
@@ -264,7 +271,6 @@ def _check_loops(rule, towers: list, regions: list[Region]) -> None:
         check_keras_parallel(rule, tower)
         check_tower_variables(rule, tower)
         check_variable_copies(rule, tower.loop)
-        check_tensors_made_outside(rule, tower, region.preceding)
         check_variable_updates(rule, tower)
         if may_be_iterator(region, tower.loop.iter) and not isinstance(tower.loop.iter, cst.Call):
             raise Refused(f"the tower loop walks `{code(tower.loop.iter)}`, an iterator made before it: the "

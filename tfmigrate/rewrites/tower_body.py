@@ -193,7 +193,7 @@ def replica_body(rule, tower, region: Region, update: Update, tf: TfNames, run_b
     replica = ReplicaBody(scopes, in_body, rule.imports, tower_scopes, names_used(loop.target),
                            frozenset(variable_calls(rule)), reads, replaced, _replica_index(loop))
     body = loop.body.visit(replica)
-    statements = [*body.body, *update.statements]
+    statements = [*update.first, *body.body, *update.statements]
     prelude = _loop_variables(rule, loop, statements, tf, _targets_read_after(region), source)
     if reads:
         prelude.append(regularization_scale(tf, run_by))

@@ -230,6 +230,7 @@ class Update:
     wrapped: list = field(default_factory=list)  # statements after the loop whose optimizer call each replica runs
     after_run: list = field(default_factory=list)  # statements right after the strategy runs the replica function
     counted: set = field(default_factory=set)  # ids of `global_step=` arguments now counted once after the update
+    first: list = field(default_factory=list)  # statements from before the loop each replica runs first
 
 
 def replica_code(rule, towers: list) -> list[cst.CSTNode]:

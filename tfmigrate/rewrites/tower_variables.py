@@ -36,7 +36,7 @@ from tfmigrate.rewrites.tower_code import (
     class_methods, functions_called, line_of, module_calls, replica_code, self_method,
 )
 
-__all__ = ["check_tensors_made_outside", "check_variable_copies"]
+__all__ = ["check_variable_copies", "tensors_made_outside"]
 
 _VARIABLE_SCOPE = "tensorflow.variable_scope"
 _VARIABLE_SCOPE_PARAMETERS = ("name_or_scope", "default_name", "values", "initializer", "regularizer",
@@ -154,20 +154,21 @@ def _parameters_given(rule, loop: cst.For, function: cst.FunctionDef, index: set
     return given
 
 
-def check_tensors_made_outside(rule, tower, preceding: list[cst.BaseStatement]) -> None:
-    """A tensor computed from trainable variables before the loop and read by the towers (Kyubyong's
-    transformer: `self.embeddings = get_token_embeddings(...)`, a `tf.concat` of a zero row and
-    the embedding variable, read in `encode`/`decode`). Each tower's gradient reached the one
-    variable through it; a replica reads the tensor made outside the replicas from replica 0's
-    copy, so the other replicas got no gradient for that variable ("len(v) == 27, len(v0) == 28")."""
-    read = set()
-    for node in replica_code(rule, [tower]):
-        # attributes (`self.embeddings`) wherever the towers read them; a plain name where the
-        # code the towers run does not bind it itself
-        read |= {name for name in _dotted_reads(node) if "." in name}
-        read |= {name.value for name in name_reads(node, targets=False)} - scope_bindings(node)
+def tensors_made_outside(rule, tower, region) -> list[cst.BaseStatement]:
+    """The statements before the loop that compute a tensor from trainable variables which the
+    towers read (Kyubyong's transformer: `self.embeddings = get_token_embeddings(...)`, a
+    `tf.concat` of a zero row and the embedding variable, read in `encode`/`decode`): each tower's
+    gradient reached the one variable through it, but a replica reads a tensor made outside the
+    replicas from replica 0's copy, so the other replicas gave no gradient to theirs ("len(v) ==
+    27, len(v0) == 28"). Each replica must compute it from its own copy: the rewrite moves them
+    to the start of the replica function. Refused where that cannot keep the meaning: code after
+    them or outside the towers also reads what they bind, or their variables would be made again
+    by a replica after the first (no `tf.AUTO_REUSE` around them)."""
+    replicas = replica_code(rule, [tower])
+    read = _read_by(replicas)
     variables: set[str] = set()
-    for statement in preceding:
+    moved = []
+    for position, statement in enumerate(region.preceding):
         if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
             continue
         for assign in find_own(statement, cst.Assign):
@@ -175,10 +176,70 @@ def check_tensors_made_outside(rule, tower, preceding: list[cst.BaseStatement]) 
             if _makes_trainable(rule, assign.value):
                 variables |= targets
             elif targets & read and _computed_from_variables(rule, assign.value, variables):
-                name = sorted(targets & read)[0]
-                raise Refused(f"line {line_of(rule, assign)}: `{name}` is computed from the model's variables before "
-                              "the towers, which read it: a replica would read replica 0's and give no gradient to "
-                              "its own copy of those variables; compute it in the towers (in the code they run)")
+                _check_movable(rule, tower, region, position, sorted(targets & read)[0], assign)
+                moved.append(statement)
+                break
+    return moved
+
+
+def _read_by(nodes: list) -> set[str]:
+    """Attributes (`self.embeddings`) wherever ``nodes`` read them; a plain name where the code
+    does not bind it itself."""
+    read = set()
+    for node in nodes:
+        read |= {name for name in _dotted_reads(node) if "." in name}
+        read |= {name.value for name in name_reads(node, targets=False)} - scope_bindings(node)
+    return read
+
+
+def _check_movable(rule, tower, region, position: int, name: str, assign: cst.Assign) -> None:
+    """Refused unless the statement at ``position`` of ``region.preceding`` (binding ``name``
+    from the variables) can run in each replica instead, first."""
+    statement = region.preceding[position]
+    why = (f"line {line_of(rule, assign)}: `{name}` is computed from the model's variables before the towers, which "
+           "read it: a replica would read replica 0's and give no gradient to its own copy of those variables")
+    if not isinstance(statement, (cst.SimpleStatementLine, cst.With)) or len(find_own(statement, cst.Assign)) != 1:
+        raise Refused(why + "; compute it in the towers (in the code they run)")
+    binds = {dotted_name(t.target) for t in assign.targets} - {None}
+    replicas = {id(node) for code_run in replica_code(rule, [tower]) for node in find(code_run, cst.Attribute)}
+    later = [*region.preceding[position + 1:], *region.following]
+    if _read_by(later) & binds or _read_elsewhere(rule, binds, statement, replicas):
+        raise Refused(why + ", and code outside the towers reads it too; compute it in the towers")
+    if not _reused_automatically(rule, [statement, *_functions_called_by(rule, statement)], region):
+        raise Refused(why + "; open it under `tf.variable_scope(..., reuse=tf.AUTO_REUSE)` and fix again, or "
+                      "compute it in the towers")
+
+
+def _read_elsewhere(rule, names: set[str], statement: cst.CSTNode, replicas: set[int]) -> bool:
+    """Whether the module reads one of ``names`` (attributes) outside ``statement`` and the code the
+    replicas run (a class's inference method reading `self.embeddings`)."""
+    own = {id(node) for node in find(statement, cst.Attribute)}
+    own |= {id(target.target) for target in find(rule.context.module, cst.AssignTarget)}  # stores (`= None` first)
+    for attribute in find(rule.context.module, cst.Attribute):
+        if id(attribute) not in own and id(attribute) not in replicas and dotted_name(attribute) in names:
+            return True
+    return False
+
+
+def _functions_called_by(rule, statement: cst.CSTNode) -> list[cst.FunctionDef]:
+    return [f for call in find(statement, cst.Call) if (f := _function(rule, call)) is not None]
+
+
+def _reused_automatically(rule, nodes: list, region) -> bool:
+    """Whether `tf.AUTO_REUSE` is asked for in ``nodes`` or in a `with` around the loop: the
+    variables a moved statement gets are then replica 0's again in the replicas after it."""
+    around = _withs_around(region)
+    return any(rule.imports.resolve(attribute) == "tensorflow.AUTO_REUSE"
+               for node in [*nodes, *around] for attribute in find(node, cst.Attribute))
+
+
+def _withs_around(region) -> list[cst.WithItem]:
+    items, node = [], region.loop
+    while id(node) in region.parents:
+        node = region.parents[id(node)]
+        if isinstance(node, cst.With):
+            items += list(node.items)
+    return items
 
 
 def _dotted_reads(node: cst.CSTNode) -> set[str]:
