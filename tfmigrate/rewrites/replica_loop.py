@@ -202,11 +202,7 @@ def _plan(rule, tower, group: list) -> Edit:
         update = find_update(rule, region, strategy, tf)
     else:
         update = caller_update(rule, region, caller, strategy, tf)
-    first = tensors_made_outside(rule, tower, region)
-    for member in others:
-        if tensors_made_outside(rule, member, regions[id(member.loop)]):
-            raise Refused(f"line {line_of(rule, member.loop)}: the towers read a tensor computed from the model's "
-                          "variables before them, which the rewrite moves into the replicas for one loop only")
+    first = _moved_first(rule, tower, region, others, regions)
     update.first = [statement.deep_clone() for statement in first]
     scope_region = caller or region
     if update.statements or update.wrapped:
@@ -348,6 +344,16 @@ def _module_changes(rule, members: list, scope_region: Region, strategy: str, tf
     originals = {**variables, **counters, **{key: node for pairs in (initial_values, renamed, op_names, averages)
                                              for key, (node, _) in pairs.items()}}
     return changes, originals
+
+
+def _moved_first(rule, tower, region: Region, others: list, regions: dict) -> list[cst.BaseStatement]:
+    """The statements before the loop that each replica runs first (:func:`tensors_made_outside`);
+    for the updating loop of a group only."""
+    for member in others:
+        if tensors_made_outside(rule, member, regions[id(member.loop)]):
+            raise Refused(f"line {line_of(rule, member.loop)}: the towers read a tensor computed from the model's "
+                          "variables before them, which the rewrite moves into the replicas for one loop only")
+    return tensors_made_outside(rule, tower, region)
 
 
 def _loop_changes(rule, tower, region: Region, update: Update, tf: TfNames, run_by: str, step: str) -> dict:
