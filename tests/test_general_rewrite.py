@@ -1167,6 +1167,27 @@ MORE_REFUSALS = {
                         grads.append(opt.compute_gradients(self.encode(xs[i])))
                 return opt.apply_gradients(average_gradients(grads))
     """, "and code outside the towers reads it too"),
+    # Alone in a `with tf.device('/cpu:0'):` block: moving it would leave the block empty.
+    "tensor_computed_from_variables_alone_in_a_device_block": ("""
+        import tensorflow as tf
+        def token_embeddings(vocab, units):
+            with tf.variable_scope('shared', reuse=tf.AUTO_REUSE):
+                table = tf.get_variable('table', [vocab, units])
+            return tf.concat([tf.zeros([1, units]), table[1:]], 0)
+        class Transformer(object):
+            def encode(self, x):
+                return tf.reduce_mean(tf.nn.embedding_lookup(self.embeddings, x))
+            def build(self, xs, opt):
+                with tf.device('/cpu:0'):
+                    self.embeddings = token_embeddings(100, 8)
+                grads = []
+                for i in range(2):
+                    with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
+                        grads.append(opt.compute_gradients(self.encode(xs[i])))
+                return opt.apply_gradients(average_gradients(grads))
+    """, "line 11: `self.embeddings` is computed from the model's variables before the towers, which read it: a "
+         "replica would read replica 0's and give no gradient to its own copy of those variables; compute it in the "
+         "towers"),
 }
 
 

@@ -198,7 +198,9 @@ def _check_movable(rule, tower, region, position: int, name: str, assign: cst.As
     statement = region.preceding[position]
     why = (f"line {line_of(rule, assign)}: `{name}` is computed from the model's variables before the towers, which "
            "read it: a replica would read replica 0's and give no gradient to its own copy of those variables")
-    if not isinstance(statement, (cst.SimpleStatementLine, cst.With)) or len(find_own(statement, cst.Assign)) != 1:
+    block = region.parents.get(id(statement))
+    alone = isinstance(block, cst.IndentedBlock) and len(block.body) == 1  # its block would be left empty
+    if alone or not isinstance(statement, (cst.SimpleStatementLine, cst.With)) or len(find_own(statement, cst.Assign)) != 1:
         raise Refused(why + "; compute it in the towers (in the code they run)")
     binds = {dotted_name(t.target) for t in assign.targets} - {None}
     replicas = {id(node) for code_run in replica_code(rule, [tower]) for node in find(code_run, cst.Attribute)}
