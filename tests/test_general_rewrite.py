@@ -873,6 +873,27 @@ def test_environment_settings_stay_above_the_strategy():
             "    strategy = tf.distribute.MirroredStrategy(") in out
 
 
+# A zero-padded embedding made before the towers under `tf.AUTO_REUSE`: moved into the replicas
+# as it stands (general_padded_embedding_towers); the refusals below change one thing in it.
+PADDED_EMBEDDING = textwrap.dedent("""\
+    import tensorflow as tf
+    def token_embeddings(vocab, units):
+        with tf.variable_scope('shared', reuse=tf.AUTO_REUSE):
+            table = tf.get_variable('table', [vocab, units])
+        return tf.concat([tf.zeros([1, units]), table[1:]], 0)
+    class Transformer(object):
+        def encode(self, x):
+            return tf.reduce_mean(tf.nn.embedding_lookup(self.embeddings, x))
+        def build(self, xs, opt):
+            self.embeddings = token_embeddings(100, 8)
+            grads = []
+            for i in range(2):
+                with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
+                    grads.append(opt.compute_gradients(self.encode(xs[i])))
+            return opt.apply_gradients(average_gradients(grads))
+""")
+
+
 MORE_REFUSALS = {
     # A generic ModelWrapper: `__call__` returns a dict made from its towers' outputs, and the
     # caller minimizes its loss outside the replicas (a probe trained differently from step 1).
@@ -1129,66 +1150,35 @@ MORE_REFUSALS = {
     # gave no gradient to its own ("len(v) == 27, len(v0) == 28"). Under `tf.AUTO_REUSE` the
     # statement moves into the replicas (general_padded_embedding_towers); without it a replica
     # after the first would make the table again.
-    "tensor_computed_from_variables_before_the_towers": ("""
-        import tensorflow as tf
-        def token_embeddings(vocab, units):
-            table = tf.get_variable('table', [vocab, units])
-            table = tf.concat([tf.zeros([1, units]), table[1:]], 0)
-            return table
-        class Transformer(object):
-            def encode(self, x):
-                return tf.reduce_mean(tf.nn.embedding_lookup(self.embeddings, x))
-            def build(self, xs, opt):
-                self.embeddings = token_embeddings(100, 8)
-                grads = []
-                for i in range(2):
-                    with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
-                        grads.append(opt.compute_gradients(self.encode(xs[i])))
-                return opt.apply_gradients(average_gradients(grads))
-    """, "line 10: `self.embeddings` is computed from the model's variables before the towers, which read it: a "
-         "replica would read replica 0's and give no gradient to its own copy of those variables; open it under "
-         "`tf.variable_scope(..., reuse=tf.AUTO_REUSE)`"),
-    "tensor_computed_from_variables_before_the_towers_and_read_after": ("""
-        import tensorflow as tf
-        def token_embeddings(vocab, units):
-            with tf.variable_scope('shared', reuse=tf.AUTO_REUSE):
-                table = tf.get_variable('table', [vocab, units])
-            return tf.concat([tf.zeros([1, units]), table[1:]], 0)
-        class Transformer(object):
-            def encode(self, x):
-                return tf.reduce_mean(tf.nn.embedding_lookup(self.embeddings, x))
-            def predict(self, x):
-                return tf.nn.embedding_lookup(self.embeddings, x)
-            def build(self, xs, opt):
-                self.embeddings = token_embeddings(100, 8)
-                grads = []
-                for i in range(2):
-                    with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
-                        grads.append(opt.compute_gradients(self.encode(xs[i])))
-                return opt.apply_gradients(average_gradients(grads))
-    """, "and code outside the towers reads it too"),
+    "tensor_computed_from_variables_before_the_towers": (replaced(PADDED_EMBEDDING, (
+        "    with tf.variable_scope('shared', reuse=tf.AUTO_REUSE):\n"
+        "        table = tf.get_variable('table', [vocab, units])\n"
+        "    return tf.concat([tf.zeros([1, units]), table[1:]], 0)\n",
+        "    table = tf.get_variable('table', [vocab, units])\n"
+        "    table = tf.concat([tf.zeros([1, units]), table[1:]], 0)\n"
+        "    return table\n")),
+        "line 10: `self.embeddings` is computed from the model's variables before the towers, which read it: a "
+        "replica would read replica 0's and give no gradient to its own copy of those variables; open it under "
+        "`tf.variable_scope(..., reuse=tf.AUTO_REUSE)`"),
+    "tensor_computed_from_variables_before_the_towers_and_read_after": (replaced(PADDED_EMBEDDING, (
+        "    def build(self, xs, opt):\n",
+        "    def predict(self, x):\n        return tf.nn.embedding_lookup(self.embeddings, x)\n"
+        "    def build(self, xs, opt):\n")), "and code outside the towers reads it too"),
     # Alone in a `with tf.device('/cpu:0'):` block: moving it would leave the block empty.
-    "tensor_computed_from_variables_alone_in_a_device_block": ("""
-        import tensorflow as tf
-        def token_embeddings(vocab, units):
-            with tf.variable_scope('shared', reuse=tf.AUTO_REUSE):
-                table = tf.get_variable('table', [vocab, units])
-            return tf.concat([tf.zeros([1, units]), table[1:]], 0)
-        class Transformer(object):
-            def encode(self, x):
-                return tf.reduce_mean(tf.nn.embedding_lookup(self.embeddings, x))
-            def build(self, xs, opt):
-                with tf.device('/cpu:0'):
-                    self.embeddings = token_embeddings(100, 8)
-                grads = []
-                for i in range(2):
-                    with tf.device('/gpu:%d' % i), tf.variable_scope('m', reuse=i > 0):
-                        grads.append(opt.compute_gradients(self.encode(xs[i])))
-                return opt.apply_gradients(average_gradients(grads))
-    """, "line 11: `self.embeddings` is computed from the model's variables before the towers, which read it: a "
-         "replica would read replica 0's and give no gradient to its own copy of those variables; compute it in the "
-         "towers"),
+    "tensor_computed_from_variables_alone_in_a_device_block": (replaced(PADDED_EMBEDDING, (
+        "        self.embeddings = token_embeddings(100, 8)\n",
+        "        with tf.device('/cpu:0'):\n            self.embeddings = token_embeddings(100, 8)\n")),
+        "line 11: `self.embeddings` is computed from the model's variables before the towers, which read it: a "
+        "replica would read replica 0's and give no gradient to its own copy of those variables; compute it in the "
+        "towers"),
 }
+
+
+def test_a_padded_embedding_made_before_the_towers_is_made_by_each_replica():
+    out = unsafe_fix(PADDED_EMBEDDING)
+    assert ("replica_id_in_sync_group))\n                self.embeddings = token_embeddings(100, 8)\n"
+            "                with tf.variable_scope('m', reuse=i > 0):\n") in out
+    assert out.count("self.embeddings = token_embeddings(100, 8)") == 1
 
 
 @pytest.mark.parametrize("name", sorted(MORE_REFUSALS))

@@ -177,11 +177,10 @@ def _constructor_file_renamed(module: cst.Module, assign: cst.Assign) -> dict:
     """`self.filepath = filepath` in a class's `__init__`: the `.h5` literals the module passes
     for that parameter where it makes the class (`TemplateCheckpoint(model, 'best.hdf5')`)."""
     parameter = assign.value.value if isinstance(assign.value, cst.Name) else None
-    cls = next((c for c in find(module, cst.ClassDef) for f in c.body.body if isinstance(f, cst.FunctionDef)
-                and f.name.value == "__init__" and any(a is assign for a in find(f, cst.Assign))), None)
+    cls, init = next(((c, f) for c in find(module, cst.ClassDef) for f in c.body.body if isinstance(f, cst.FunctionDef)
+                      and f.name.value == "__init__" and any(a is assign for a in find(f, cst.Assign))), (None, None))
     if parameter is None or cls is None:
         return {}
-    init = next(f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__")
     names = [p.name.value for p in init.params.params][1:]
     if parameter not in names:
         return {}

@@ -145,7 +145,8 @@ def keras2_step_classes(rule, changes: dict) -> tuple[dict, list]:
     indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
     dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
     names = {"indexed": code_in(rule.context.module, indexed), "dense": code_in(rule.context.module, dense)}
-    classes = [cst.parse_statement(_CLASSES.get(own_class, _DENSE_GRADIENT).format(name=optimizer, **names))
+    classes = [cst.parse_statement((_KERAS2_RMSPROP if own_class == "Keras2RMSprop" else _DENSE_GRADIENT)
+                                   .format(name=optimizer, **names))
                .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for optimizer, own_class in optimizers]
     anchor, after = body[imports_at[-1]], (body[imports_at[-1] + 1] if imports_at[-1] + 1 < len(body) else None)
     kept = changes.get(anchor, anchor.deep_clone())  # the import as the other changes left it: one or more statements
@@ -157,25 +158,24 @@ def keras2_step_classes(rule, changes: dict) -> tuple[dict, list]:
     return placed, imports + more + [ImportItem("keras")]
 
 
-_DENSE_GRADIENT = '''
-class DenseGradient{name}(keras.optimizers.{name}):
-    """{name} as Keras 2 stepped an `Embedding`: a row's gradients added up before they are
-    squared (Keras 3's {name} squares each occurrence's in the batch)."""
-
+#: What both classes do with an `Embedding`'s gradients by row: add up each row's first, as Keras 2 did.
+_DENSE_APPLY = '''
     def apply(self, grads, trainable_variables=None):
         grads = [{dense}(g) if isinstance(g, {indexed}) else g for g in grads]
         return super().apply(grads, trainable_variables)
 '''
 
-_CLASSES = {"Keras2RMSprop": '''
+_DENSE_GRADIENT = '''
+class DenseGradient{name}(keras.optimizers.{name}):
+    """{name} as Keras 2 stepped an `Embedding`: a row's gradients added up before they are
+    squared (Keras 3's {name} squares each occurrence's in the batch)."""
+''' + _DENSE_APPLY
+
+_KERAS2_RMSPROP = '''
 class Keras2RMSprop(keras.optimizers.RMSprop):
     """RMSprop as Keras 2 stepped: by lr * g / (sqrt(v) + epsilon) without momentum (Keras 3's
     RMSprop divides by sqrt(v + epsilon)), and an `Embedding`'s gradients added up by row first."""
-
-    def apply(self, grads, trainable_variables=None):
-        grads = [{dense}(g) if isinstance(g, {indexed}) else g for g in grads]
-        return super().apply(grads, trainable_variables)
-
+''' + _DENSE_APPLY + '''
     def update_step(self, gradient, variable, learning_rate):
         if self.momentum > 0:  # Keras 2 stepped by lr * g / sqrt(v + epsilon) then, as Keras 3 does
             return super().update_step(gradient, variable, learning_rate)
@@ -190,7 +190,7 @@ class Keras2RMSprop(keras.optimizers.RMSprop):
             self.assign(average, self.rho * average + (1 - self.rho) * gradient)
             denominator = velocity - keras.ops.square(average)
         self.assign_sub(variable, rate * gradient / (keras.ops.sqrt(denominator) + self.epsilon))
-'''}
+'''
 
 
 def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:

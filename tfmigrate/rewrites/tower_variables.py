@@ -147,10 +147,8 @@ def _parameters_given(rule, loop: cst.For, function: cst.FunctionDef, index: set
             names = params
         else:
             continue
-        for position, arg in enumerate(call.args):
-            parameter = arg.keyword.value if arg.keyword else names[position] if position < len(names) else None
-            if parameter is not None and not arg.star and names_used(arg.value) & index:
-                given.add(parameter)
+        passed = {name: argument(call, names, name) for name in names}
+        given |= {name for name, value in passed.items() if value is not None and names_used(value) & index}
     return given
 
 
@@ -230,15 +228,16 @@ def _functions_called_by(rule, statement: cst.CSTNode) -> list[cst.FunctionDef]:
 def _reused_automatically(rule, nodes: list, region) -> bool:
     """Whether `tf.AUTO_REUSE` is asked for in ``nodes`` or in a `with` around the loop: the
     variables a moved statement gets are then replica 0's again in the replicas after it."""
-    around = _withs_around(region)
+    around = _withs_around(region.loop, region.parents)
     return any(rule.imports.resolve(attribute) == "tensorflow.AUTO_REUSE"
                for node in [*nodes, *around] for attribute in find(node, cst.Attribute))
 
 
-def _withs_around(region) -> list[cst.WithItem]:
-    items, node = [], region.loop
-    while id(node) in region.parents:
-        node = region.parents[id(node)]
+def _withs_around(loop: cst.For, parents: dict) -> list[cst.WithItem]:
+    """The items of the `with` statements around ``loop``, innermost first."""
+    items, node = [], loop
+    while id(node) in parents:
+        node = parents[id(node)]
         if isinstance(node, cst.With):
             items += list(node.items)
     return items
@@ -314,12 +313,8 @@ def _check_reuse_left_at_default(rule, loop: cst.For) -> None:
 def _reuses_somehow(rule, loop: cst.For) -> bool:
     """Whether the loop, or a `with` around it, asks for reuse some way: `reuse_variables()`,
     a `reuse=` argument other than a literal False/None."""
-    parents, node, around = module_parents(rule.context), loop, []
-    while id(node) in parents:
-        node = parents[id(node)]
-        if isinstance(node, cst.With):
-            around.append(node)
-    return any(_asks_for_reuse(part) for part in [loop.body, *(item.item for w in around for item in w.items)])
+    around = _withs_around(loop, module_parents(rule.context))
+    return any(_asks_for_reuse(part) for part in [loop.body, *(item.item for item in around)])
 
 
 def _function(rule, call: cst.Call) -> cst.FunctionDef | None:

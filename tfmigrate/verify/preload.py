@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 from typing import Dict, Optional, Tuple
@@ -98,7 +99,7 @@ class ForkedRun:
 
     def kill(self) -> None:
         try:
-            os.kill(self.pid, 9)
+            os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
