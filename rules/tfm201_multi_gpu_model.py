@@ -7,11 +7,16 @@ from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, si
 from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import blank_lines_unindented, contains, enclosing, find, module_parents, single_small
+from tfmigrate.cst.traversal import (
+    blank_lines_unindented, contains, enclosing, find, module_parents, placed_after_imports, single_small,
+)
+from tfmigrate.rewrites.mirrored import is_docstring
+from tfmigrate.rewrites.tower_code import functions_called
+from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits, sequence_fed
 from tfmigrate.rewrites.keras3_leftovers import (
-    GENERATOR_METHODS, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
+    GENERATOR_METHODS, TF2_SPELLINGS, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
-    output_metrics, weight_file_renames,
+    output_metrics, tf2_spellings, weight_file_renames,
 )
 from tfmigrate.rewrites.keras3_optimizers import (
     OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
@@ -30,6 +35,8 @@ FIT_METHODS = ("fit", "fit_generator")
 
 #: multi_gpu_model(model, gpus=None, cpu_merge=True, cpu_relocation=False)
 PARAMS = ("model", "gpus", "cpu_merge", "cpu_relocation")
+#: What clears Keras's global state (`K.clear_session()`).
+CLEAR_SESSION = ("keras.backend.clear_session", "tensorflow.keras.backend.clear_session")
 #: Model.fit / fit_generator positional parameters up to batch_size.
 FIT_PARAMS = {"fit": ("x", "y", "batch_size"), "fit_generator": ()}
 #: What TF1-mode Keras (tf_keras's v1 training loop) raises NotImplementedError (or ValueError) on
@@ -169,7 +176,15 @@ class MultiGpuModel(Rule):
         paths (`keras.layers.core`, `keras.utils.np_utils`) become the package above; a metric
         function compiled into the model casts the labels to the predictions' type first, as
         Keras 2 did; `ModelCheckpoint(..., period=1)` loses `period`; another model's
-        `fit_generator` becomes `fit` with its arguments named and no worker arguments.
+        `fit_generator` becomes `fit` with its arguments named and no worker arguments;
+        `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`.
+        The parallel model's `fit_generator(gen, ...)` on a Python generator becomes
+        `BatchesInOrder.fit(model, gen, ...)`, a class written into the module: Keras 3's `fit`
+        under a strategy opens an iterator to build the model and drops the batches it read
+        ahead (fed the generator itself, it trained batches 0, 1, 6, 7, ... where Keras 2
+        trained 0, 1, 2, 3, ...), and refused a generator yielding lists; the class feeds a
+        `tf.data.Dataset` whose iterators start at the first batch not trained yet (a validation
+        generator's likewise), and stops with a TypeError on a `keras.utils.Sequence`.
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -177,9 +192,9 @@ class MultiGpuModel(Rule):
         model made in another function, a call inside an expression such as a list or a
         `return`): the variables must be created under the scope, and only the code that
         creates the model can do that. The message then says where to put the scope. No
-        fix either where the model trains from a Python generator (`fit_generator`): under a
-        distribution strategy TF1-mode Keras trains only from `tf.data`. No fix in a module that
-        keeps TF1 APIs (`tf.set_random_seed`, `tf.Session`): it runs in TF1 mode, where Keras
+        fix either where the model trains from a Python generator (`fit_generator`) in TF1 mode:
+        under a distribution strategy TF1-mode Keras trains only from `tf.data`. No fix in a module
+        that keeps TF1 APIs (`tf.Session`, `tf.logging`): it runs in TF1 mode, where Keras
         under a strategy validates and evaluates whole batches only (`validation_data=` of 96
         samples in batches of 30 failed), raises NotImplementedError for `class_weight=`, the
         `*_on_batch` methods and compile's `sample_weight_mode`, `weighted_metrics` and
@@ -200,10 +215,11 @@ class MultiGpuModel(Rule):
         replicas: twice the loss and the step); an activity regularizer (the parallel model added
         it once per device slice); a model compiled away from where it is made (but for another
         method's `self.` model), or returned to a caller that compiles it (Keras 3 makes the
-        optimizer where `compile` runs); and a model fed by `fit_generator`
-        (or `evaluate_generator`, `predict_generator`): Keras 3 under a strategy trained a
-        Python generator's batches out of order and, from the second epoch, split a Sequence's
-        batches otherwise in 2 of 5 runs.
+        optimizer where `compile` runs); a model fed by `fit_generator` a `keras.utils.Sequence`
+        (a subclass of the module, an `ImageDataGenerator(...).flow(...)`): Keras 2 read it in its
+        own order, shuffled each epoch, and Keras 3 under a strategy split its batches otherwise
+        from the second epoch in 2 of 5 runs; and `evaluate_generator`, `predict_generator` of
+        the model (the batches read ahead would be dropped).
         No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
         `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
         MirroredStrategy computes it per replica and averages, another loss.
@@ -637,21 +653,48 @@ class MultiGpuModel(Rule):
         # A hand-written helper called here goes with the call (_report_helper_call), not under the scope.
         dropped = {id(function) for function in self._helper_and_its_functions(call)}
         moved = [made_within(statement, keras3) for statement in moved if id(statement) not in dropped]
+        cleared, uncleared, blocker = self._session_cleared(moved)
+        if blocker is not None:
+            return None, blocker
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
-        create = cst.parse_statement(
-            f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n"
-        ).with_changes(leading_lines=first.leading_lines)
+        create = cst.parse_statement(f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n")
+        cleared_first = [*cleared, create]
+        cleared_first[0] = cleared_first[0].with_changes(leading_lines=first.leading_lines)
         scope = cst.With(
             items=[cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))],
             body=cst.IndentedBlock(body=[blank_lines_unindented(s) for s in moved]),
         )
-        changes: dict = {first: cst.FlattenSentinel([create, scope])}
+        changes: dict = {first: cst.FlattenSentinel([*cleared_first, scope]), **uncleared}
         for statement in body[built + 1:last + 1]:
             changes[statement] = cst.RemovalSentinel.REMOVE
         changes.update(elsewhere)
         changes.update(keras3)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
+
+    def _session_cleared(self, moved) -> tuple[list, dict, str | None]:
+        """`K.clear_session()` first in a function the statements moved under the scope call
+        (keras-yolo3's `create_model`): run under the scope, it reset what the scope had entered,
+        and leaving the scope failed ("IndexError: pop from empty list"). It moves before the
+        strategy is made, still before the model is built: (the calls, changes, blocker)."""
+        cleared, changes = [], {}
+        for function in functions_called(self, moved):
+            body = list(function.body.body)
+            for position, statement in enumerate(body):
+                expression = single_small(statement)
+                if not (isinstance(expression, cst.Expr) and isinstance(expression.value, cst.Call)
+                        and self.imports.resolve(expression.value.func) in CLEAR_SESSION):
+                    continue
+                callers = [c for c in find(self.context.module, cst.Call)
+                           if isinstance(c.func, cst.Name) and c.func.value == function.name.value]
+                if len(callers) > 1 or position > (1 if is_docstring(body[0]) else 0):
+                    return [], {}, (f"`{function.name.value}` clears the Keras session (line "
+                                    f"{self.position(statement).start.line}) after other code or for another caller "
+                                    "too, and under the strategy's scope that breaks the scope: clear it before "
+                                    "making the strategy by hand")
+                cleared.append(statement.with_changes(leading_lines=()))
+                changes[statement] = cst.RemovalSentinel.REMOVE
+        return cleared, changes, None
 
     def _built_unwrapped(self, statements) -> list[cst.BaseStatement]:
         """``statements`` (those that build the template), each `with tf.device('/cpu:0'):`
@@ -694,11 +737,20 @@ class MultiGpuModel(Rule):
         changes.update(categorical_dtypes(self))
         changes.update(boolean_inputs(self, models))
         changes.update(generator_methods(module))
+        spellings, spelling_imports = tf2_spellings(self)
+        changes.update(spellings)
+        imports += spelling_imports
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
+        fits = [call for call in self._generator_calls(models) if call.func.attr.value == "fit_generator"]
+        changes.update(generator_fits(fits, changes))
         changes.update(continuation_lines(self, changes))
-        classes, class_imports = keras2_step_classes(self, changes)
-        changes.update(classes)
+        classes, class_imports = keras2_step_classes(self)
+        if fits:
+            in_order, in_order_imports = batches_in_order_class(self)
+            classes.append(in_order)
+            class_imports += in_order_imports
+        changes.update(placed_after_imports(module, changes, classes))
         imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
 
@@ -764,20 +816,30 @@ class MultiGpuModel(Rule):
 
     def _training_blocker(self, models: set) -> str | None:
         """Why the way ``models`` train cannot run under the strategy as written; else None."""
-        generator_fit = self._generator_fit(models)
-        if generator_fit is not None and self._uses_tf1_apis():
+        generator_calls = self._generator_calls(models)
+        if generator_calls and self._uses_tf1_apis():
             return (
-                f"`{generator_fit}(...)` feeds a Python generator, and Keras's TF1-mode training under a "
-                "distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
+                f"`{self._code(generator_calls[0].func)}(...)` feeds a Python generator, and Keras's TF1-mode training "
+                "under a distribution strategy takes only `tf.data` datasets (it failed on one); feed a "
                 "`tf.data.Dataset` (`tf.data.Dataset.from_generator(...)`) or run the program as TF2"
             )
-        if generator_fit is not None:
-            return (
-                f"`{generator_fit}(...)` feeds a generator or a `keras.utils.Sequence`, and Keras 3 under a "
-                "distribution strategy does not split their batches reliably: a Python generator's batches came "
-                "in another order (the 8th of an epoch 3rd), and from the second epoch on a Sequence's batches were "
-                "split otherwise in 2 of 5 runs (the loss halved); feed arrays or a batched `tf.data.Dataset`"
-            )
+        for call in generator_calls:
+            fed = generator_argument(call)
+            if call.func.attr.value != "fit_generator":
+                return (
+                    f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}): Keras 3 under a "
+                    "distribution strategy opens an iterator on a generator to build the model and drops the "
+                    "batches it read ahead, so it would evaluate or predict on other batches; feed arrays or a "
+                    "batched `tf.data.Dataset`"
+                )
+            if fed is None or sequence_fed(self, fed):
+                return (
+                    f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) feeds a "
+                    "`keras.utils.Sequence`, which Keras 2 read in its own order (shuffled each epoch unless "
+                    "`shuffle=False`) and Keras 3 under a distribution strategy split otherwise from the second "
+                    "epoch on in 2 of 5 runs (the loss halved); feed arrays, a Python generator or a batched "
+                    "`tf.data.Dataset`"
+                )
         validated = self._validated_fit(models) if self._uses_tf1_apis() else None
         if validated is not None:
             return (
@@ -864,17 +926,14 @@ class MultiGpuModel(Rule):
         return [call for call in find(node, cst.Call) if isinstance(call.func, cst.Attribute)
                 and call.func.attr.value == "compile" and self._code(call.func.value) in models]
 
-    def _generator_fit(self, models: set) -> str | None:
-        """`parallel_model.fit_generator(...)` (or `evaluate_generator`, `predict_generator`): the
-        model run on batches from a generator or a `keras.utils.Sequence`."""
+    def _generator_calls(self, models: set) -> list[cst.Call]:
+        """`parallel_model.fit_generator(...)` (or `evaluate_generator`, `predict_generator`) calls:
+        the model run on batches from a generator or a `keras.utils.Sequence`."""
         if not self.context.mentions("_generator"):
-            return None
-        for node in find(self.context.module, cst.Call):
-            func = node.func
-            if (isinstance(func, cst.Attribute) and func.attr.value in GENERATOR_METHODS
-                    and self._code(func.value) in models):
-                return self._code(func)
-        return None
+            return []
+        return [node for node in find(self.context.module, cst.Call)
+                if isinstance(node.func, cst.Attribute) and node.func.attr.value in GENERATOR_METHODS
+                and self._code(node.func.value) in models]
 
     def _construction(self, body, index: int, model: str) -> int | None:
         """Index of the statement that builds ``model``, before ``index`` in the same block."""
@@ -903,12 +962,15 @@ class MultiGpuModel(Rule):
 
     def _uses_tf1_apis(self) -> bool:
         """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,
-        `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2). Asked
-        for each call: worked out once per module."""
+        `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2). What the
+        fix spells in TF2 (`tf.set_random_seed`, :data:`TF2_SPELLINGS`) does not count. Asked for
+        each call: worked out once per module."""
 
         def compute() -> bool:
             for node in find(self.context.module, cst.Attribute):
                 qualified = self.imports.resolve(node) or ""
+                if qualified in TF2_SPELLINGS:
+                    continue
                 if qualified.startswith("tensorflow.") and tf1_only(qualified.split(".")[1:]):
                     return True
             return False
@@ -992,9 +1054,12 @@ class MultiGpuModel(Rule):
         return ""
 
     def _removed_imports(self, call: cst.Call) -> list[ImportItem]:
-        """The imports the edit of ``call`` may leave unused: `multi_gpu_model`'s, and those of the
-        optimizers replaced by classes that step as Keras 2's (removed if nothing else uses them)."""
-        replaced = sorted(replaced_optimizer_names(self))
+        """The imports the edit of ``call`` may leave unused: `multi_gpu_model`'s, those of the
+        optimizers replaced by classes that step as Keras 2's, and TF1's names spelled in TF2
+        (`from tensorflow import set_random_seed`, which TF 2 does not have); each removed if
+        nothing else uses it."""
+        spelled = {func.value for func in tf2_spellings(self)[0] if isinstance(func, cst.Name)}
+        replaced = sorted(replaced_optimizer_names(self) | spelled)
         return self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])]
 
     def _import_of(self, call: cst.Call) -> list[ImportItem]:

@@ -2844,12 +2844,13 @@ def test_a_graph_reset_after_plain_python_stays_above_the_strategy():
             "        x = tf.placeholder(tf.float32, [8, 4])\n") in result
 
 
-def test_a_parallel_model_trained_from_a_python_generator_is_refused():
-    """Keras 2.1-era `parallel_model.fit_generator(gen, ...)`: under a distribution strategy,
-    TF1-mode Keras trains only from `tf.data` datasets (a probe failed with AssertionError in
-    `_distribution_standardize_user_data`), and Keras 3 does not split a generator's batches
-    reliably, so TFM201 says so instead of rewriting."""
-    findings = [f for f in run_check("""
+def test_a_parallel_model_trained_from_a_generator_of_unknown_kind_trains_through_batches_in_order():
+    """`parallel_model.fit_generator(gen, ...)` with `gen` a parameter: whether it is a Python
+    generator or a `keras.utils.Sequence` cannot be told here, so the class the fix writes checks
+    it when the program runs (it stops on a Sequence). In TF1 mode the fit stays refused:
+    TF1-mode Keras under a strategy trains only from `tf.data` datasets (a probe failed with
+    AssertionError in `_distribution_standardize_user_data`)."""
+    source = """
         import tensorflow as tf
         from tensorflow.keras.utils import multi_gpu_model
         def main(gen):
@@ -2858,23 +2859,29 @@ def test_a_parallel_model_trained_from_a_python_generator_is_refused():
             parallel_model = multi_gpu_model(model, gpus=2)
             parallel_model.compile(optimizer='sgd', loss='mse')
             parallel_model.fit_generator(gen, steps_per_epoch=10, epochs=3)
-    """) if f.code == "TFM201"]
+    """
+    result = unsafe_fix(textwrap.dedent(source))
+    assert "    BatchesInOrder.fit(parallel_model, gen, steps_per_epoch=10, epochs=3)\n" in result
+    assert 'raise TypeError("BatchesInOrder.fit takes a Python generator; a keras.utils.Sequence "' in result
+    tf1_mode = textwrap.dedent(source).replace("import tensorflow as tf\n", "import tensorflow as tf\nsess = tf.Session()\n")
+    findings = [f for f in run_check(tf1_mode) if f.code == "TFM201"]
     assert findings and not findings[0].fixable
-    assert "`parallel_model.fit_generator(...)` feeds a generator or a `keras.utils.Sequence`" in findings[0].message
+    assert "feeds a Python generator, and Keras's TF1-mode training" in findings[0].message
 
 
 @pytest.mark.parametrize("seed, fit, refused", [
-    ("tf.set_random_seed(1)", "parallel_model.fit(x, y, batch_size=30, validation_data=(x_val, y_val))", True),
-    ("tf.set_random_seed(1)", "parallel_model.fit(x, y, batch_size=30, validation_split=0.1)", True),
-    ("tf.set_random_seed(1)", "model.fit(x, y, batch_size=30, validation_data=(x_val, y_val))", True),  # the template
+    ("tf.logging.set_verbosity(tf.logging.ERROR)", "parallel_model.fit(x, y, batch_size=30, validation_data=(x_val, y_val))", True),
+    ("tf.logging.set_verbosity(tf.logging.ERROR)", "parallel_model.fit(x, y, batch_size=30, validation_split=0.1)", True),
+    ("tf.logging.set_verbosity(tf.logging.ERROR)", "model.fit(x, y, batch_size=30, validation_data=(x_val, y_val))", True),  # the template
     ("tf.random.set_seed(1)", "parallel_model.fit(x, y, batch_size=30, validation_data=(x_val, y_val))", False),
     ("tf.random.set_seed(1)", "parallel_model.fit(x, y, batch_size=30, validation_split=0.1)", False),
 ])
 def test_a_parallel_model_validated_during_fit_is_refused_in_tf1_mode_only(seed, fit, refused):
     """A probe (Keras 2 `multi_gpu_model` with `validation_data` of 96 samples, batch 30, and
-    `tf.set_random_seed`) ran, rewritten, into `ValueError: The number of samples 96 is not
-    divisible by batch size 30`: under a distribution strategy TF1-mode Keras evaluates whole
-    batches only. TF2's Keras validates a partial last batch (tests/test_fix_runs.py)."""
+    TF1 APIs) ran, rewritten, into `ValueError: The number of samples 96 is not divisible by
+    batch size 30`: under a distribution strategy TF1-mode Keras evaluates whole batches only.
+    TF2's Keras validates a partial last batch (tests/test_fix_runs.py). (`tf.set_random_seed`
+    alone no longer keeps a module in TF1 mode: the fix spells it `tf.random.set_seed`.)"""
     findings = [f for f in run_check(f"""
         import tensorflow as tf
         from keras.utils import multi_gpu_model
@@ -3119,10 +3126,10 @@ def test_a_callback_that_swaps_in_the_template_sets_it_through_set_model():
 
 
 @pytest.mark.parametrize("seed, fit, refusal", [
-    ("tf.set_random_seed(2)", ", class_weight={0: 1.0, 1: 3.0}", "is not supported by TF1-mode Keras"),
+    ("tf.logging.set_verbosity(tf.logging.ERROR)", ", class_weight={0: 1.0, 1: 3.0}", "is not supported by TF1-mode Keras"),
     ("np.random.seed(2)", ", class_weight={0: 1.0, 1: 3.0}", None),  # TF2 Keras takes it
-    ("tf.set_random_seed(2)", ")\nmodel.train_on_batch(x, y", "is not supported by TF1-mode Keras"),
-    ("tf.set_random_seed(2)", "", "runs in TF1 mode, where Keras under a distribution strategy trains a partial"),
+    ("tf.logging.set_verbosity(tf.logging.ERROR)", ")\nmodel.train_on_batch(x, y", "is not supported by TF1-mode Keras"),
+    ("tf.logging.set_verbosity(tf.logging.ERROR)", "", "runs in TF1 mode, where Keras under a distribution strategy trains a partial"),
     ("np.random.seed(2)", "", None),
 ])
 def test_a_module_keeping_tf1_apis_is_refused_with_the_reason(seed, fit, refusal):

@@ -144,18 +144,51 @@ def test_continuation_lines_aligned_under_a_renamed_call_move_with_its_parenthes
     assert unsafe_fix(result) == result
 
 
-@pytest.mark.parametrize("fit", [
-    "parallel.fit_generator(batches(16), steps_per_epoch=4)",
-    "parallel.fit_generator(Batches(), 4, epochs=2)",
-    "parallel.evaluate_generator(datagen.flow(x, y, batch_size=16), steps=4)",
+@pytest.mark.parametrize("fit, reason", [
+    ("parallel.fit_generator(Batches(), 4, epochs=2)", "(line 18) feeds a `keras.utils.Sequence`"),
+    ("parallel.fit_generator(datagen.flow(x, y, batch_size=16), steps_per_epoch=4)", "feeds a `keras.utils.Sequence`"),
+    ("batches = Batches()\nparallel.fit_generator(batches, steps_per_epoch=4)", "feeds a `keras.utils.Sequence`"),
+    ("parallel.fit(x, y, batch_size=16)\nparallel.evaluate_generator(batches(16), steps=4)",
+     "drops the batches it read ahead, so it would evaluate or predict on other batches"),
 ])
-def test_a_parallel_model_fed_by_a_generator_or_a_sequence_is_refused(fit):
-    """Keras 3 under MirroredStrategy (2 logical CPUs) trained a Python generator's batches in
-    another order (the 8th of an epoch came 3rd), and from the second epoch on split a Sequence's
-    batches otherwise in 2 of 5 runs, the loss halved (a held-out Kaggle kernel's fixed program
-    drifted)."""
+def test_a_parallel_model_fed_by_a_sequence_or_evaluated_on_a_generator_is_refused(fit, reason):
+    """Keras 2 read a Sequence in its own order (shuffled each epoch by default), and Keras 3 under
+    MirroredStrategy (2 logical CPUs) split its batches otherwise from the second epoch on in 2
+    of 5 runs, the loss halved (a held-out Kaggle kernel's fixed program drifted). Evaluating or
+    predicting on a generator under the strategy drops the batches read ahead."""
     message = refusal(script(fit=fit) + textwrap.dedent(SEQUENCE))
-    assert "does not split their batches reliably" in message and "feed arrays" in message
+    assert reason in message and "feed arrays" in message
+
+
+def test_a_parallel_model_fit_on_a_python_generator_trains_through_batches_in_order():
+    """Keras 3's `fit` under a strategy drops the batches it read ahead to build the model, so the
+    generator's batches go through the `BatchesInOrder` class the fix writes (once), its
+    validation generator too; the arguments after the generator are named, the worker ones go."""
+    fit = ("parallel.fit_generator(batches(16), 4, epochs=2, validation_data=batches(8),\n"
+           "                       validation_steps=2, workers=4)\n")
+    extra = """
+        def batches(size):
+            while True:
+                for start in range(0, 64, size):
+                    yield x[start:start + size], y[start:start + size]
+    """
+    result = unsafe_fix(script(fit=fit, extra=extra))
+    assert ("\nBatchesInOrder.fit(parallel, batches(16), steps_per_epoch=4, epochs=2, validation_data=batches(8),\n"
+            "                   validation_steps=2)\n") in result  # the continuation line moved with the parenthesis
+    assert result.count("class BatchesInOrder(keras.callbacks.Callback):") == 1
+    assert "\nimport threading\n" in result and "        self.dataset = tf.data.Dataset.from_generator(" in result
+    assert unsafe_fix(result) == result
+
+
+def test_tf1_s_seed_call_is_spelled_in_tf2_so_the_program_leaves_tf1_mode():
+    """The Keras FAQ's `tf.set_random_seed(1)` was all that kept held-out Keras 2 programs in TF1
+    mode, where their fit is refused; spelled `tf.random.set_seed(1)` the program runs as TF2."""
+    source = script(fit="parallel.fit(x, y, batch_size=16, validation_data=(x, y))").replace(
+        "tf.random.set_seed(0)", "tf.set_random_seed(0)")
+    result = unsafe_fix(source)
+    assert "\ntf.random.set_seed(0)\n" in result and "set_random_seed" not in result
+    source = source.replace("tf.set_random_seed(0)", "tf.set_random_seed(0)\nsess = tf.Session()")
+    assert "validates in batches of the fit's batch size" in refusal(source)  # another TF1 API: still TF1 mode
 
 
 def test_backend_math_moves_to_keras_ops_inside_out():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import itertools
 from typing import Callable, Iterator
 
 import libcst as cst
@@ -502,3 +503,22 @@ _BINDERS = frozenset({
     cst.AssignTarget, cst.AugAssign, cst.AnnAssign, cst.For, cst.AsName, cst.NamedExpr, cst.FunctionDef,
     cst.ClassDef, cst.Import, cst.ImportFrom,
 })
+
+
+def placed_after_imports(module: cst.Module, changes: dict, statements: list[cst.BaseStatement]) -> dict:
+    """Changes that write ``statements`` (classes a fix needs) after the module's last top-level
+    import, two blank lines around each (PEP 8). ``changes`` are the fix's other changes, whose
+    replacement of that import is kept; {} where the module imports nothing."""
+    body = module.body
+    imports_at = [i for i, s in enumerate(body) if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
+    if not statements or not imports_at:
+        return {}
+    spaced = [s.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for s in statements]
+    anchor, after = body[imports_at[-1]], (body[imports_at[-1] + 1] if imports_at[-1] + 1 < len(body) else None)
+    kept = changes.get(anchor, anchor.deep_clone())  # the import as the other changes left it: one or more statements
+    kept = list(kept.nodes) if isinstance(kept, cst.FlattenSentinel) else [kept]
+    placed = {anchor: cst.FlattenSentinel([*kept, *spaced])}
+    blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
+    if after is not None and after not in changes and blank < 2:
+        placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
+    return placed

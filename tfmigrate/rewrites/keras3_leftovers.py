@@ -22,9 +22,11 @@ crash), or worse, takes it and trains otherwise:
   `decay=`, which Keras 3 *ignores* with a warning: Keras 2 trained at `lr / (1 + decay * step)`,
   which is `InverseTimeDecay(lr, decay_steps=1, decay_rate=decay)`;
 - `fit_generator` / `evaluate_generator` / `predict_generator` (now `fit` / `evaluate` /
-  `predict`, without the worker arguments; the rule refuses a model off `multi_gpu_model` fed
-  so, whose batches Keras 3 under a strategy does not split reliably);
+  `predict`, without the worker arguments; a model off `multi_gpu_model` trained so goes
+  through :mod:`tfmigrate.rewrites.keras3_generators`, evaluated or fed a Sequence is refused);
 - `Model(input=..., output=...)` (now `inputs=`, `outputs=`);
+- `tf.set_random_seed(n)`, TF1's seed call that Keras 2 programs made to be repeatable (the Keras
+  FAQ's): `tf.random.set_seed(n)`, so that the program runs in TF2 mode, where Keras 3 trains;
 - Keras 2's submodules (`keras.layers.core`, `keras.utils.np_utils`): what they held is in the
   package above;
 - the backend's math (`K.sum`, `K.flatten` in a Dice loss): it is in `keras.ops` now;
@@ -59,7 +61,7 @@ from tfmigrate.rule import ImportItem
 
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
-    "generator_methods", "made_within", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
+    "TF2_SPELLINGS", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
 ]
 
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
@@ -75,6 +77,10 @@ GENERATOR_METHODS = {
 #: Arguments of the `*_generator` methods that Keras 3's `fit`/`evaluate`/`predict` do not take:
 #: how many threads or processes fill the queue, which does not change what is trained.
 WORKER_ARGUMENTS = ("max_queue_size", "workers", "use_multiprocessing")
+#: TF1-only calls a Keras 2 program makes to set itself up, and their TF2 names: spelled so, the
+#: program no longer needs TF1 mode (a Keras FAQ-style `tf.set_random_seed(1)` was all that kept
+#: held-out programs there).
+TF2_SPELLINGS = {"tensorflow.set_random_seed": "tensorflow.random.set_seed"}
 #: Keras 2's submodules that Keras 3 does not have; what they held is in the package above.
 KERAS2_SUBMODULES = {
     "keras.layers": ("core", "convolutional", "pooling", "normalization", "recurrent", "merge", "embeddings",
@@ -315,6 +321,19 @@ def generator_methods(module: cst.Module) -> dict:
             changes[call] = call.with_changes(func=func.with_changes(attr=cst.Name(method)),
                                               args=commas_mended(args, call.args))
     return changes
+
+
+def tf2_spellings(rule) -> tuple[dict, list[ImportItem]]:
+    """`tf.set_random_seed(1)` -> `tf.random.set_seed(1)` (:data:`TF2_SPELLINGS`), reached through
+    the module's own TensorFlow import: (changes, imports to add)."""
+    changes: dict = {}
+    imports: list[ImportItem] = []
+    for call in find(rule.context.module, cst.Call):
+        spelled = TF2_SPELLINGS.get(rule.imports.resolve(call.func) or "")
+        if spelled is not None:
+            changes[call.func], needed = rule.tf_ref(spelled)
+            imports += needed
+    return changes, imports
 
 
 def model_keywords(rule) -> dict:

@@ -11,7 +11,6 @@ also set; a read of the decay).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 
 import libcst as cst
@@ -19,7 +18,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import commas_mended, is_none, keyword_is, keyword_renamed
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import find, single_small
+from tfmigrate.cst.traversal import find
 from tfmigrate.rule import ImportItem
 
 __all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "compiled_optimizer", "keras2_step_classes", "learning_rate_reads",
@@ -133,29 +132,18 @@ def replaced_optimizer_names(rule) -> set[str]:
             if id(call) in stepping and isinstance(call.func, cst.Name)}
 
 
-def keras2_step_classes(rule, changes: dict) -> tuple[dict, list]:
-    """The classes :func:`keras2_step_optimizers` names (one each), after the module's last
-    import. Returns (changes, imports); ``changes`` are the other changes, whose replacement of
-    that import is kept."""
+def keras2_step_classes(rule) -> tuple[list[cst.BaseStatement], list[ImportItem]]:
+    """The classes :func:`keras2_step_optimizers` names (one each), to write after the module's
+    imports (:func:`tfmigrate.cst.codegen.placed_after_imports`): (classes, imports)."""
     optimizers = sorted(set(keras2_step_optimizers(rule).values()))
-    body = rule.context.module.body
-    imports_at = [i for i, s in enumerate(body) if isinstance(single_small(s), (cst.Import, cst.ImportFrom))]
-    if not optimizers or not imports_at:
-        return {}, []
+    if not optimizers:
+        return [], []
     indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
     dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
     names = {"indexed": code_in(rule.context.module, indexed), "dense": code_in(rule.context.module, dense)}
     classes = [cst.parse_statement((_KERAS2_RMSPROP if own_class == "Keras2RMSprop" else _DENSE_GRADIENT)
-                                   .format(name=optimizer, **names))
-               .with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for optimizer, own_class in optimizers]
-    anchor, after = body[imports_at[-1]], (body[imports_at[-1] + 1] if imports_at[-1] + 1 < len(body) else None)
-    kept = changes.get(anchor, anchor.deep_clone())  # the import as the other changes left it: one or more statements
-    kept = list(kept.nodes) if isinstance(kept, cst.FlattenSentinel) else [kept]
-    placed = {anchor: cst.FlattenSentinel([*kept, *classes])}
-    blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
-    if after is not None and after not in changes and blank < 2:  # two blank lines after a class (PEP 8)
-        placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
-    return placed, imports + more + [ImportItem("keras")]
+                                   .format(name=optimizer, **names)) for optimizer, own_class in optimizers]
+    return classes, imports + more + [ImportItem("keras")]
 
 
 #: What both classes do with an `Embedding`'s gradients by row: add up each row's first, as Keras 2 did.
