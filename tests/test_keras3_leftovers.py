@@ -600,3 +600,52 @@ def test_an_activity_regularizer_is_refused(layer, refused):
         assert "regularizes its activity" in refusal(source)
     else:
         assert "MirroredStrategy()" in unsafe_fix(source)
+
+
+def test_a_hanging_indent_call_s_inner_continuation_lines_stay():
+    """`fit_generator(` with its first argument on the next line aligns nothing under its
+    parenthesis: a line aligned under an inner call's parenthesis stays where it is."""
+    fit = ("parallel.fit_generator(\n"
+           "    batches(16), steps_per_epoch=4,\n"
+           "    validation_data=batches(8,\n"
+           "                            4), validation_steps=2)\n")
+    extra = """
+        def batches(size, more=0):
+            while True:
+                yield x[:size], y[:size]
+    """
+    result = unsafe_fix(script(fit=fit, extra=extra))
+    assert ("BatchesInOrder.fit(\n"
+            "    parallel, batches(16), steps_per_epoch=4,\n"
+            "    validation_data=batches(8,\n"
+            "                            4), validation_steps=2)\n") in result
+
+
+BUILDER_CLEARS_SESSION = """
+    def create_model(size):
+        '''keras-yolo3's create_model: a fresh session for every model it makes.'''
+        K.clear_session()  # get a new session
+        inputs = Input(shape=(size,))
+        return Model(inputs, Dense(2, activation='softmax')(inputs))
+"""
+
+
+@pytest.mark.parametrize("second_caller", [False, True])
+def test_a_keras_session_cleared_by_the_builder_is_cleared_before_the_strategy(second_caller):
+    """Under the strategy's scope `K.clear_session()` reset what the scope had entered, and leaving
+    it failed ("IndexError: pop from empty list", a held-out keras-yolo3 program): the call moves
+    before the strategy is made. A builder other code calls too keeps it: refused."""
+    source = script().replace("import keras\n", "import keras\nfrom keras import backend as K\n").replace(
+        "model = Model(input=inputs, output=Dense(2, activation='softmax')(inputs))", "model = create_model(4)")
+    source = source.replace("inputs = Input(shape=(4,))\n", "")
+    source = source.replace("x = np.zeros", textwrap.dedent(BUILDER_CLEARS_SESSION) + "\n\nx = np.zeros")
+    if second_caller:
+        message = refusal(source + "other = create_model(8)\n")
+        assert "`create_model` clears the Keras session (line 16)" in message
+        return
+    result = unsafe_fix(source)
+    assert ("K.clear_session()  # get a new session\n"
+            "strategy = tf.distribute.MirroredStrategy()\n"
+            "with strategy.scope():\n"
+            "    model = create_model(4)\n") in result
+    assert "    '''keras-yolo3's create_model: a fresh session for every model it makes.'''\n    inputs = " in result

@@ -39,7 +39,8 @@ def realigned_continuations(renamed: list[tuple[cst.Call, cst.Call, int, str]]) 
     shifts: dict[int, list] = {}
     for old, new, column, block in renamed:
         before, after = code(old.func), code(new.func)
-        if len(before) == len(after) or "\n" in before + after or "\t" in block:
+        hanging = isinstance(old.whitespace_before_args, cst.ParenthesizedWhitespace)  # nothing aligns under `(`
+        if len(before) == len(after) or "\n" in before + after or "\t" in block or hanging:
             continue
         lines = _ContinuationLines(column + len(before) + 1, len(block))
         for arg in old.args:
