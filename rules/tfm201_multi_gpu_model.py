@@ -12,7 +12,8 @@ from tfmigrate.cst.traversal import (
 )
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rewrites.tower_code import functions_called
-from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits, sequence_fed
+from tfmigrate.rewrites.keras3_session import session_setup
+from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, TF2_SPELLINGS, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
@@ -740,6 +741,7 @@ class MultiGpuModel(Rule):
         spellings, spelling_imports = tf2_spellings(self)
         changes.update(spellings)
         imports += spelling_imports
+        changes.update(session_setup(self).changes)
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
         fits = [call for call in self._generator_calls(models) if call.func.attr.value == "fit_generator"]
@@ -815,6 +817,16 @@ class MultiGpuModel(Rule):
         return None
 
     def _training_blocker(self, models: set) -> str | None:
+        """Why the way ``models`` train cannot run under the strategy as written, and where the
+        module's Keras session set-up keeps it in TF1 mode, why; else None."""
+        reason = self._training_cannot_run(models)
+        stuck = session_setup(self).blocked
+        if reason is not None and stuck is not None and self._uses_tf1_apis():
+            node, why = stuck
+            reason += f" (the Keras session set-up stays TF1, line {self.position(node).start.line}: {why})"
+        return reason
+
+    def _training_cannot_run(self, models: set) -> str | None:
         """Why the way ``models`` train cannot run under the strategy as written; else None."""
         generator_calls = self._generator_calls(models)
         if generator_calls and self._uses_tf1_apis():
@@ -832,14 +844,8 @@ class MultiGpuModel(Rule):
                     "batches it read ahead, so it would evaluate or predict on other batches; feed arrays or a "
                     "batched `tf.data.Dataset`"
                 )
-            if fed is None or sequence_fed(self, fed):
-                return (
-                    f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) feeds a "
-                    "`keras.utils.Sequence`, which Keras 2 read in its own order (shuffled each epoch unless "
-                    "`shuffle=False`) and Keras 3 under a distribution strategy split otherwise from the second "
-                    "epoch on in 2 of 5 runs (the loss halved); feed arrays, a Python generator or a batched "
-                    "`tf.data.Dataset`"
-                )
+            if fed is None:
+                return f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}): pass the generator by name"
         validated = self._validated_fit(models) if self._uses_tf1_apis() else None
         if validated is not None:
             return (
@@ -963,13 +969,15 @@ class MultiGpuModel(Rule):
     def _uses_tf1_apis(self) -> bool:
         """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,
         `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2). What the
-        fix spells in TF2 (`tf.set_random_seed`, :data:`TF2_SPELLINGS`) does not count. Asked for
-        each call: worked out once per module."""
+        fix spells in TF2 (`tf.set_random_seed`, :data:`TF2_SPELLINGS`; a Keras session's set-up,
+        :mod:`tfmigrate.rewrites.keras3_session`) does not count. Asked for each call: worked out
+        once per module."""
 
         def compute() -> bool:
+            moved_to_tf2 = {id(node) for statement in session_setup(self).removed for node in find(statement, cst.Attribute)}
             for node in find(self.context.module, cst.Attribute):
                 qualified = self.imports.resolve(node) or ""
-                if qualified in TF2_SPELLINGS:
+                if qualified in TF2_SPELLINGS or id(node) in moved_to_tf2:
                     continue
                 if qualified.startswith("tensorflow.") and tf1_only(qualified.split(".")[1:]):
                     return True
@@ -1059,6 +1067,8 @@ class MultiGpuModel(Rule):
         (`from tensorflow import set_random_seed`, which TF 2 does not have); each removed if
         nothing else uses it."""
         spelled = {func.value for func in tf2_spellings(self)[0] if isinstance(func, cst.Name)}
+        spelled |= {call.func.value for statement in session_setup(self).removed for call in find(statement, cst.Call)
+                    if isinstance(call.func, cst.Name)}
         replaced = sorted(replaced_optimizer_names(self) | spelled)
         return self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])]
 

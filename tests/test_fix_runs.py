@@ -534,15 +534,19 @@ def test_dynamically_padded_batches_are_padded_batches_with_the_same_values(tmp_
 def test_a_parallel_model_fit_on_a_generator_trains_its_batches_in_keras_2_s_order(tmp_path):
     """An ssd_keras-style script: `fit_generator(generator=...)` on a `DataGenerator.generate()`
     yielding `(images, [scores, boxes])`, validated on another generator, seeded by TF1's
-    `set_random_seed`. Fixed, it trains through `BatchesInOrder` (Keras 3 itself refused the
-    list of targets) and matches the parallel model over 4 epochs (32 steps)."""
+    `set_random_seed` and given a growing session. Fixed, it trains through `BatchesInOrder`
+    (Keras 3 itself refused the list of targets), its set-up is TF2's, and it matches the
+    parallel model over 4 epochs (32 steps); the old program runs as Keras 2 with its session."""
     from tests.conftest import run_verify
 
     legacy, fixed = _fixed_copy("fix_keras_fit_generator.py", tmp_path)
     text = fixed.read_text()
     assert ("history = BatchesInOrder.fit(parallel_model, train_generator,\n"
             "                             steps_per_epoch=8,  # 128 of the 160 images an epoch\n") in text
-    assert "\ntf.random.set_seed(11)\n" in text and "import set_random_seed" not in text
+    assert ("\ntf.random.set_seed(11)\n\n"
+            "for gpu in tf.config.list_physical_devices('GPU'):\n"
+            "    tf.config.experimental.set_memory_growth(gpu, True)\n") in text
+    assert "import set_random_seed" not in text and "import set_session" not in text and "tf.ConfigProto(" not in text
     status, report = run_verify(legacy, fixed, tmp_path, steps=32)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
@@ -580,8 +584,25 @@ class Seen(keras.callbacks.Callback):  # with zero weights and no step, a batch'
 with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, kernel_initializer="zeros")])
     model.compile(keras.optimizers.SGD(0.0), "mse")
+class Batches(keras.utils.Sequence):  # Keras 2's Sequence: 3 batches a pass, k + 1 as above
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.calls = size, []
+    def __len__(self):
+        return 3
+    def __getitem__(self, k):
+        self.calls.append(f"get {k}")
+        return np.zeros((self.size, 4), "float32"), np.full((self.size, 1), k + 1, "float32")
+    def on_epoch_end(self):
+        self.calls.append("end")
+
 if MODE == "raw":
     model.fit(batches(8), steps_per_epoch=3, epochs=2, verbose=0, callbacks=[Seen()])
+elif MODE == "sequence":  # 4 steps an epoch: the passes of 3 batches run on across epochs
+    train, validation = Batches(8), Batches(4)
+    BatchesInOrder.fit(model, train, steps_per_epoch=4, epochs=2, validation_data=validation, verbose=0,
+                       shuffle=False, callbacks=[Seen()])
+    seen["calls"] = train.calls[:11]  # those the 8 trained batches needed (more were read ahead)
 else:
     train, validation = batches(8), batches(4)
     BatchesInOrder.fit(model, train, steps_per_epoch=3, epochs=2, validation_data=validation,
@@ -591,12 +612,13 @@ print(json.dumps(seen))
 """
 
 
-@pytest.mark.parametrize("mode", ["raw", "in_order"])
+@pytest.mark.parametrize("mode", ["raw", "in_order", "sequence"])
 def test_batches_in_order_trains_and_validates_a_generator_s_batches_as_keras_2_did(tmp_path, mode):
     """Keras 3's `fit` under MirroredStrategy (2 logical CPUs), fed a generator itself, drops the
     batches it read ahead to build the model: it trained 0, 4, 5, ... (raw). The class the fix
     writes trains 0, 1, 2, ... over epochs, goes on where a first `fit` stopped, and validates
-    a validation generator's batches in order too."""
+    a validation generator's batches in order too; a Sequence is read pass after pass across
+    epochs with `on_epoch_end()` after each pass, as Keras 2's enqueuer read it."""
     _, fixed = _fixed_copy("fix_keras_fit_generator.py", tmp_path)
     text = fixed.read_text()
     start = text.index("class BatchesInOrder")
@@ -608,5 +630,8 @@ def test_batches_in_order_trains_and_validates_a_generator_s_batches_as_keras_2_
     seen = _last_json(result.stdout)
     if mode == "raw":
         assert seen["train"][0] == 0 and seen["train"][1:] != [1, 2, 3, 4, 5], seen
+    elif mode == "sequence":  # a validation Sequence is read from its first batch each time, as Keras 2 did
+        assert seen["train"] == [0, 1, 2, 0, 1, 2, 0, 1] and seen["test"] == [0, 1, 2, 0, 1, 2], seen
+        assert seen["calls"] == ["get 0", "get 1", "get 2", "end"] * 2 + ["get 0", "get 1", "get 2"], seen
     else:
         assert seen == {"train": [0, 1, 2, 3, 4, 5, 6, 7], "test": [0, 1, 2, 3]}, seen

@@ -145,19 +145,28 @@ def test_continuation_lines_aligned_under_a_renamed_call_move_with_its_parenthes
 
 
 @pytest.mark.parametrize("fit, reason", [
-    ("parallel.fit_generator(Batches(), 4, epochs=2)", "(line 18) feeds a `keras.utils.Sequence`"),
-    ("parallel.fit_generator(datagen.flow(x, y, batch_size=16), steps_per_epoch=4)", "feeds a `keras.utils.Sequence`"),
-    ("batches = Batches()\nparallel.fit_generator(batches, steps_per_epoch=4)", "feeds a `keras.utils.Sequence`"),
     ("parallel.fit(x, y, batch_size=16)\nparallel.evaluate_generator(batches(16), steps=4)",
      "drops the batches it read ahead, so it would evaluate or predict on other batches"),
+    ("datagen = keras.preprocessing.image.ImageDataGenerator()\n"
+     "parallel.fit_generator(datagen.flow(x, y, batch_size=16), steps_per_epoch=4)",
+     "`keras.preprocessing.image.ImageDataGenerator` is gone from Keras 3"),
 ])
-def test_a_parallel_model_fed_by_a_sequence_or_evaluated_on_a_generator_is_refused(fit, reason):
-    """Keras 2 read a Sequence in its own order (shuffled each epoch by default), and Keras 3 under
-    MirroredStrategy (2 logical CPUs) split its batches otherwise from the second epoch on in 2
-    of 5 runs, the loss halved (a held-out Kaggle kernel's fixed program drifted). Evaluating or
-    predicting on a generator under the strategy drops the batches read ahead."""
+def test_a_parallel_model_evaluated_on_a_generator_or_fed_an_image_data_generator_is_refused(fit, reason):
+    """Evaluating or predicting on a generator under the strategy drops the batches read ahead;
+    Keras 3 has no `ImageDataGenerator` (3.15's `keras.preprocessing.image` keeps its file
+    functions only)."""
     message = refusal(script(fit=fit) + textwrap.dedent(SEQUENCE))
-    assert reason in message and "feed arrays" in message
+    assert reason in message
+
+
+def test_a_parallel_model_fit_on_a_sequence_reads_it_as_keras_2_did():
+    """A `keras.utils.Sequence` goes through `BatchesInOrder` too, which reads it pass after pass
+    as Keras 2's `fit_generator` did (Keras 3's own reading under a strategy split its batches
+    otherwise from the second epoch in 2 of 5 runs, the loss halved); `shuffle=` reaches it."""
+    result = unsafe_fix(script(fit="parallel.fit_generator(Batches(), 4, epochs=2, shuffle=False)")
+                        + textwrap.dedent(SEQUENCE))
+    assert "\nBatchesInOrder.fit(parallel, Batches(), steps_per_epoch=4, epochs=2, shuffle=False)\n" in result
+    assert "            sequence.on_epoch_end()\n" in result and "\nimport random\n" in result
 
 
 def test_a_parallel_model_fit_on_a_python_generator_trains_through_batches_in_order():
@@ -649,3 +658,45 @@ def test_a_keras_session_cleared_by_the_builder_is_cleared_before_the_strategy(s
             "with strategy.scope():\n"
             "    model = create_model(4)\n") in result
     assert "    '''keras-yolo3's create_model: a fresh session for every model it makes.'''\n    inputs = " in result
+
+
+SESSION_SETUP = """
+    from keras.backend.tensorflow_backend import set_session
+    config = tf.ConfigProto(allow_soft_placement=True, intra_op_parallelism_threads=1)
+    config.gpu_options.allow_growth = True
+    config.log_device_placement = False
+    sess = tf.Session(config=config)
+    set_session(sess)
+"""
+
+
+def test_a_keras_session_set_up_becomes_tf2_s_settings_so_the_program_leaves_tf1_mode():
+    """The Keras FAQ's and keras-yolo3's block (`tf.ConfigProto`, `tf.Session`, `set_session`) kept
+    the program in TF1 mode, where its fit was refused; each option has a `tf.config` setting."""
+    source = script(fit="parallel.fit(x, y, batch_size=16, validation_data=(x, y))").replace(
+        "tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n" + textwrap.dedent(SESSION_SETUP))
+    result = unsafe_fix(source)
+    assert ("tf.random.set_seed(0)\n"
+            "tf.config.set_soft_device_placement(True)\n"
+            "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
+            "for gpu in tf.config.list_physical_devices('GPU'):\n"
+            "    tf.config.experimental.set_memory_growth(gpu, True)\n"
+            "tf.debugging.set_log_device_placement(False)\n"
+            "x = np.zeros") in result
+    assert "Session" not in result and "ConfigProto" not in result and "set_session" not in result
+    assert "with strategy.scope():" in result
+
+
+@pytest.mark.parametrize("old, new, reason", [
+    ("config.gpu_options.allow_growth = True", "config.gpu_options.per_process_gpu_memory_fraction = 0.4",
+     "`gpu_options.per_process_gpu_memory_fraction` has no TF2 setting of the same meaning"),
+    ("set_session(sess)", "set_session(sess)\nprint(sess.run(tf.constant(1)))", "`sess` is read outside the session set-up"),
+])
+def test_a_session_set_up_without_a_tf2_equivalent_keeps_the_module_in_tf1_mode(old, new, reason):
+    """A memory fraction has no TF2 setting of the same meaning, and a session read elsewhere is
+    TF1 code: the module stays in TF1 mode, and the refusal says which line keeps it there."""
+    source = script(fit="parallel.fit(x, y, batch_size=16, validation_data=(x, y))").replace(
+        "tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n" + textwrap.dedent(SESSION_SETUP).replace(old, new) + "\n")
+    message = refusal(source)
+    assert "evaluates whole batches only" in message and "(the Keras session set-up stays TF1, line " in message
+    assert reason in message

@@ -1,4 +1,4 @@
-"""A model off `multi_gpu_model` trained by `fit_generator` on a Python generator, on Keras 3.
+"""A model off `multi_gpu_model` trained by `fit_generator` (a generator or a Sequence), on Keras 3.
 
 Keras 3's `fit` takes a generator, but under a distribution strategy it opens an iterator on
 its data to build the model, takes one batch from it and drops that iterator with the batches
@@ -14,10 +14,11 @@ this.
 `BatchesInOrder.fit(model, gen, steps_per_epoch=100, epochs=3)`.
 
 A `keras.utils.Sequence` (a class deriving from it, an `ImageDataGenerator(...).flow(...)`)
-is refused: Keras 2 read it in its own order (shuffled each epoch by default), and Keras 3
-under a strategy split its batches otherwise from the second epoch on in 2 of 5 runs. Where
-the argument's kind cannot be told here (a method of another module), the class checks it
-when the program runs and stops on a Sequence rather than train on it otherwise.
+goes through the same class, read as Keras 2's `fit_generator` read one: pass after pass, the
+order of each shuffled by Python's `random` unless `shuffle=False`, `on_epoch_end()` after each
+pass (Keras 3's own reading of it under a strategy split its batches otherwise from the second
+epoch on in 2 of 5 runs, the loss halved). A validation Sequence is read from its first batch
+at each validation, as Keras 2 did.
 """
 
 from __future__ import annotations
@@ -26,48 +27,58 @@ import libcst as cst
 
 from tfmigrate.cst.callargs import argument, keyword_is
 from tfmigrate.cst.codegen import code_in
-from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import find
 from tfmigrate.rule import ImportItem
 
-__all__ = ["SEQUENCE_MAKERS", "batches_in_order_class", "generator_argument", "generator_fits", "sequence_fed"]
-
-#: What makes a `keras.utils.Sequence` of Keras 2 (its image iterators are ones).
-SEQUENCE_MAKERS = ("flow", "flow_from_directory", "flow_from_dataframe")
-#: The Keras classes whose subclasses are Sequences.
-SEQUENCE_BASES = ("Sequence", "PyDataset")
+__all__ = ["batches_in_order_class", "generator_argument", "generator_fits"]
 
 _BATCHES_IN_ORDER = '''
 class BatchesInOrder(keras.callbacks.Callback):
-    """A Python generator's batches, trained in the order Keras 2's `fit_generator` trained them.
+    """A generator's (or a Sequence's) batches, trained in the order Keras 2's `fit_generator`
+    trained them.
 
     Keras 3's `fit` under a distribution strategy opens an iterator on its data to build the
     model, takes a batch from it and drops it with the batches it read ahead: fed the
     generator itself, it trained from a later batch on. Every iterator over `dataset` starts at
-    the first batch not trained (or validated) yet, which this callback counts.
+    the first batch not trained (or validated) yet, which this callback counts. A Sequence is
+    read as Keras 2 read it: pass after pass, each in an order `random` shuffles (unless
+    `shuffle=False`), its `on_epoch_end()` after each pass.
     """
 
     _made = {{}}  # one for each generator: a second fit goes on where the first stopped
 
     @classmethod
-    def fit(cls, model, generator, callbacks=None, validation_data=None, **arguments):
+    def fit(cls, model, generator, callbacks=None, validation_data=None, shuffle=True, **arguments):
         """Keras 2's `model.fit_generator(generator, ...)` on Keras 3."""
-        training = cls._of(generator, "train")
+        training = cls._of(generator, "train", shuffle)
         callbacks = [training, *(callbacks or [])]
         if hasattr(validation_data, "__next__"):  # validated on a generator's batches
-            validation = cls._of(validation_data, "test", training.signature)
+            validation = cls._of(validation_data, "test", False, training.signature)
             callbacks.insert(1, validation)
             validation_data = validation.dataset
-        return model.fit(training.dataset, validation_data=validation_data, callbacks=callbacks, **arguments)
+        elif isinstance(validation_data, keras.utils.PyDataset):  # from its first batch each time
+            sequence = validation_data
+            batches = lambda: (cls._tuples(sequence[index]) for index in range(len(sequence)))
+            validation_data = {from_generator}(batches, output_signature=training.signature)
+        # The order is the class's own: Keras 3 would not shuffle a dataset anyway.
+        return model.fit(training.dataset, validation_data=validation_data, callbacks=callbacks, shuffle=False,
+                         **arguments)
 
     @classmethod
-    def _of(cls, generator, stage, signature=None):
-        if hasattr(generator, "__getitem__") and hasattr(generator, "__len__"):
-            raise TypeError("BatchesInOrder.fit takes a Python generator; a keras.utils.Sequence "
-                            "was read in another order by Keras 2")
+    def _of(cls, generator, stage, shuffle, signature=None):
         if id(generator) not in cls._made:
-            cls._made[id(generator)] = (generator, cls(generator, stage, signature))
+            batches = cls._passes(generator, shuffle) if isinstance(generator, keras.utils.PyDataset) else generator
+            cls._made[id(generator)] = (generator, cls(batches, stage, signature))
         return cls._made[id(generator)][1]
+
+    @staticmethod
+    def _passes(sequence, shuffle):
+        while True:
+            order = list(range(len(sequence)))
+            if shuffle:
+                random.shuffle(order)
+            for index in order:
+                yield sequence[index]
+            sequence.on_epoch_end()
 
     def __init__(self, generator, stage, signature=None):
         super().__init__()
@@ -126,46 +137,13 @@ class BatchesInOrder(keras.callbacks.Callback):
 
 def batches_in_order_class(rule) -> tuple[cst.BaseStatement, list[ImportItem]]:
     """The `BatchesInOrder` class, through the module's own TensorFlow import: (class, imports)."""
-    names, imports = {}, [ImportItem("threading"), ImportItem("keras")]
+    names, imports = {}, [ImportItem("random"), ImportItem("threading"), ImportItem("keras")]
     for key, target in (("convert", "convert_to_tensor"), ("spec", "TensorSpec"),
                         ("from_generator", "data.Dataset.from_generator"), ("nest", "nest.map_structure")):
         expression, needed = rule.tf_ref(f"tensorflow.{target}")
         names[key] = code_in(rule.context.module, expression)
         imports += needed
     return cst.parse_statement(_BATCHES_IN_ORDER.format(**names)), imports
-
-
-def sequence_fed(rule, fed: cst.BaseExpression) -> bool:
-    """Whether ``fed`` (a `fit_generator`'s first argument) is known to be a `keras.utils.Sequence`:
-    made by a module class deriving from one, or by `flow(...)`, there or where its name is
-    assigned."""
-    made = [fed]
-    if isinstance(fed, cst.Name):
-        made = [node.value for node in find(rule.context.module, cst.Assign)
-                if any(isinstance(t.target, cst.Name) and t.target.value == fed.value for t in node.targets)]
-    for value in made:
-        if not isinstance(value, cst.Call):
-            continue
-        if isinstance(value.func, cst.Attribute) and value.func.attr.value in SEQUENCE_MAKERS:
-            return True
-        if isinstance(value.func, cst.Name) and value.func.value in _sequence_classes(rule.context.module):
-            return True
-    return False
-
-
-def _sequence_classes(module: cst.Module) -> set[str]:
-    """The module's classes that derive from a Keras Sequence (or from one of those)."""
-    classes = {c.name.value: c for c in find(module, cst.ClassDef)}
-    found: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, cls in classes.items():
-            bases = {(dotted_name(base.value) or "").rsplit(".", 1)[-1] for base in cls.bases}
-            if name not in found and bases & (set(SEQUENCE_BASES) | found):
-                found.add(name)
-                changed = True
-    return found
 
 
 def generator_fits(calls: list[cst.Call], changes: dict) -> dict:

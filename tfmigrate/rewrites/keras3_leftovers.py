@@ -34,7 +34,8 @@ crash), or worse, takes it and trains otherwise:
   metric multiplying float32 predictions by the labels fails;
 - the labels a metric function sees, which Keras 2 cast to the predictions' type;
 - `ModelCheckpoint(..., period=1)`: Keras 3 has no `period`;
-- refused: `keras.preprocessing.text` (its `Tokenizer`), gone without a replacement; Nadam,
+- refused: `keras.preprocessing.text` (its `Tokenizer`) and `ImageDataGenerator`, gone without a
+  replacement of the same meaning; Nadam,
   which Keras 3 computes otherwise (`keras3_optimizers.COMPUTED_OTHERWISE`); a read of an
   optimizer's `decay`; a `decay=` a learning-rate callback would also set.
 
@@ -402,13 +403,21 @@ BACKEND_RANDOM = {"random_normal": "normal", "random_uniform": "uniform"}
 BACKEND_LAST_AXIS = {"argmax": 1, "argmin": 1, "concatenate": 1, "expand_dims": 1}
 #: Keras 2 modules that Keras 3 dropped without a replacement.
 GONE_MODULES = {"keras.preprocessing.text": "tokenize with `keras.layers.TextVectorization`"}
+#: Keras 2 classes that Keras 3 dropped without a replacement of the same meaning (checked on 3.15:
+#: `keras.preprocessing.image` keeps only its image file functions).
+GONE_NAMES = {
+    "keras.preprocessing.image.ImageDataGenerator":
+        "augment with Keras 3's preprocessing layers (`keras.layers.RandomFlip`, ...) or a `tf.data` pipeline",
+}
 
 
 def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
     """`K.sum(...)` -> `ops.sum(...)` (`from keras import ops`): Keras 3's backend keeps only its
     settings (`K.epsilon()` stays), its math is in `keras.ops`; `K.flatten(x)` is
     `ops.reshape(x, (-1,))`, `K.get_value(v)` `ops.convert_to_numpy(v)` and `K.set_value(v, x)`
-    `v.assign(x)`. ``names`` are the module's names: where `ops` is one, `keras_ops`. Returns (changes, imports, blocker) as :func:`optimizer_arguments` does."""
+    `v.assign(x)`. ``names`` are the module's names: where `ops` is one, `keras_ops`. A module or
+    class Keras 3 dropped (:data:`GONE_MODULES`, :data:`GONE_NAMES`) blocks the fix. Returns
+    (changes, imports, blocker) as :func:`optimizer_arguments` does."""
     ops = "ops" if "ops" not in names else "keras_ops"
     changes = {}
     for node in find(rule.context.module, cst.ImportFrom):
@@ -418,6 +427,10 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
                                   f"{GONE_MODULES[module]} first")
     for call in find(rule.context.module, cst.Call):
         func = call.func
+        gone = rule.imports.resolve(func) or ""
+        if gone in GONE_NAMES:
+            return {}, [], (call, f"`{gone}` is gone from Keras 3, which the migrated program runs on: "
+                                  f"{GONE_NAMES[gone]} first")
         if not (isinstance(func, cst.Attribute) and rule.imports.resolve(func.value) == "keras.backend"):
             continue
         name = func.attr.value

@@ -149,6 +149,28 @@ def setup_devices(tf, count: int) -> dict:
             "rewrite": True}
 
 
+def install_session_devices() -> None:
+    """A TF1 session made with a config of the program's own (`tf.Session(config=tf.ConfigProto())`,
+    the Keras FAQ's `set_session`) sees the logical CPUs too: its config is laid over the process's,
+    which holds them (alone it saw CPU:0 only, and a tower placed on CPU:1 failed)."""
+    from tensorflow.python.client import session as session_lib
+    from tensorflow.python.eager import context
+
+    original = session_lib.Session.__init__
+    if getattr(original, "sees_logical_devices", False):
+        return
+
+    def __init__(self, target="", graph=None, config=None):
+        if config is not None:
+            merged = context.context().config
+            merged.MergeFrom(config)
+            config = merged
+        original(self, target, graph, config)
+
+    __init__.sees_logical_devices = True
+    session_lib.Session.__init__ = __init__
+
+
 _GPU = re.compile(r"(?i)(/device:|/)gpu:(\d+)")
 _OTHER_CPU = re.compile(r"(?i)(/device:|/)cpu:([1-9]\d*)")  # a logical CPU standing for a GPU
 _HOST_ONLY = re.compile(r"Dataset|Iterator")  # tf.data's op types (TensorSliceDataset, OneShotIterator...)
@@ -334,10 +356,18 @@ def make_keras2_modules(tf_keras):
     # Keras 2.0-2.2's `keras.engine` (`from keras.engine.topology import Layer`): layers and models.
     engine = _Overlay("keras.engine", {"Model": tf_keras.Model, "Sequential": tf_keras.Sequential,
                                        "Network": tf_keras.Model, "Container": tf_keras.Model}, tf_keras.layers)
-    top = _Overlay("keras", {"optimizers": optimizers, "utils": utils, "engine": engine}, tf_keras)
+    # Standalone Keras 2's TF backend (`from keras.backend.tensorflow_backend import set_session`):
+    # the session functions tf_keras keeps under tf.compat.v1.keras.backend.
+    from tensorflow.compat.v1.keras import backend as v1_backend
+
+    backend = _Overlay("keras.backend", {"set_session": v1_backend.set_session,
+                                         "get_session": v1_backend.get_session}, tf_keras.backend)
+    backend._first["tensorflow_backend"] = backend
+    top = _Overlay("keras", {"optimizers": optimizers, "utils": utils, "engine": engine, "backend": backend}, tf_keras)
     # `from keras import optimizers` imports "keras" with a fromlist: the overlay too.
     submodules = {"keras": top, "keras.optimizers": optimizers, "keras.utils": utils,
-                  "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils, "keras.engine": engine}
+                  "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils, "keras.engine": engine,
+                  "keras.backend": backend, "keras.backend.tensorflow_backend": backend}
     return top, submodules
 
 
@@ -892,7 +922,10 @@ def _wrap_fit(cls, callback_base, flavour, state: State) -> None:
                 batch_size = None
         callbacks.append(_make_callback(callback_base, flavour, state, batch_size, x))
         bound.arguments["callbacks"] = callbacks
-        if state.args.in_order and "shuffle" in signature.parameters and bound.arguments.get("shuffle", True):
+        # A generator or a dataset is not shuffled by fit: its `shuffle=True` is nothing to turn off.
+        streamed = hasattr(x, "__next__") or hasattr(x, "element_spec")
+        if (state.args.in_order and "shuffle" in signature.parameters and bound.arguments.get("shuffle", True)
+                and not streamed):
             # Keras 2 and Keras 3 shuffle arrays each epoch from different random streams (a
             # held-out Kaggle kernel's migration agreed for one epoch, then 20% apart): in order.
             from tfmigrate.verify.in_order import TURNED_OFF
@@ -1203,6 +1236,7 @@ def _set_up(state: State, result: dict) -> None:
     _seed_new_graphs(args)
     if result["devices"]["rewrite"]:
         install_device_rewrite(tf, args.devices)
+        install_session_devices()
     if args.legacy:
         _enter_legacy_mode(tf, args)
     elif args.restore_multi_gpu_model:

@@ -54,6 +54,7 @@ def install(is_user_code) -> None:
     _replace(shuffle_ops.shuffle_and_repeat, _shuffle_and_repeat_in_order(shuffle_ops.shuffle_and_repeat, from_program))
     for dataset_class in (dataset_ops.DatasetV2, dataset_ops.DatasetV1):
         _dataset_in_order(dataset_class, from_program)
+    _python_shuffle_in_order(from_program)
 
 
 def _replace(original, replacement) -> None:
@@ -68,6 +69,26 @@ def _replace(original, replacement) -> None:
         for attribute, value in list(getattr(module, "__dict__", {}).items()):
             if value is original:
                 setattr(module, attribute, replacement)
+
+
+def _python_shuffle_in_order(from_program) -> None:
+    """`random.shuffle(...)` called by the program's own code leaves the list as it is: Keras 2
+    shuffled a Sequence's batches with it inside Keras (where `fit(shuffle=True)` is turned off),
+    the migrated program's `BatchesInOrder` does so in the program's file."""
+    import random
+
+    original = random.shuffle
+    if getattr(original, "in_order", False):
+        return
+
+    def shuffle(x, *args, **kwargs):
+        if not from_program():
+            return original(x, *args, **kwargs)
+        if "random.shuffle(...)" not in TURNED_OFF:
+            TURNED_OFF.append("random.shuffle(...)")
+
+    shuffle.in_order = True
+    random.shuffle = shuffle
 
 
 def _shown(value) -> str:

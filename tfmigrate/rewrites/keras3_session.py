@@ -1,0 +1,165 @@
+"""A Keras 2 program's TF1 session set-up, spelled with TF2's `tf.config`.
+
+Keras 2 programs gave Keras a session of their own to set how TensorFlow uses the GPUs (the
+Keras FAQ's and keras-yolo3's block):
+
+    config = tf.ConfigProto()
+    config.gpu_options.allow_growth = True
+    sess = tf.Session(config=config)
+    set_session(sess)
+
+`tf.ConfigProto` and `tf.Session` exist only in TF1, so the program ran in TF1 mode, where
+Keras under a distribution strategy trains otherwise (TFM201 refused it). TF2 sets the same
+options process-wide: the block becomes
+
+    for gpu in tf.config.list_physical_devices('GPU'):
+        tf.config.experimental.set_memory_growth(gpu, True)
+
+(`log_device_placement` -> `tf.debugging.set_log_device_placement`, `allow_soft_placement` ->
+`tf.config.set_soft_device_placement`, the thread counts -> `tf.config.threading`). None of
+them changes what is computed. Refused, with the line: an option with no TF2 setting of the
+same meaning (`per_process_gpu_memory_fraction`, `visible_device_list`), and a session or
+config read anywhere else (`sess.run`, `K.get_session()` is TF1 code the fix does not move).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from tfmigrate.cst.callargs import argument
+from tfmigrate.cst.codegen import code_in
+from tfmigrate.cst.names import dotted_name
+from tfmigrate.cst.traversal import find, module_parents, single_small
+
+__all__ = ["SessionSetup", "session_setup"]
+
+#: Keras's `set_session` under each name a Keras 2 program imported it by.
+SET_SESSION = ("keras.backend.set_session", "keras.backend.tensorflow_backend.set_session",
+               "tensorflow.keras.backend.set_session", "tensorflow.compat.v1.keras.backend.set_session")
+SESSIONS = ("tensorflow.Session", "tensorflow.compat.v1.Session", "tensorflow.InteractiveSession")
+CONFIGS = ("tensorflow.ConfigProto", "tensorflow.compat.v1.ConfigProto")
+#: A ConfigProto option (as `config.<path>` or a keyword) -> the TF2 statement that sets it.
+TF2_SETTINGS = {
+    "gpu_options.allow_growth": "for gpu in {config}.list_physical_devices('GPU'):\n"
+                                "    {config}.experimental.set_memory_growth(gpu, {value})\n",
+    "log_device_placement": "{debugging}.set_log_device_placement({value})\n",
+    "allow_soft_placement": "{config}.set_soft_device_placement({value})\n",
+    "intra_op_parallelism_threads": "{config}.threading.set_intra_op_parallelism_threads({value})\n",
+    "inter_op_parallelism_threads": "{config}.threading.set_inter_op_parallelism_threads({value})\n",
+}
+
+
+@dataclass
+class SessionSetup:
+    """What the fix changes: ``changes`` (the set-up statements removed, `set_session(...)`
+    replaced by the TF2 settings), the statements it removes (their TF1 calls no longer count),
+    and why it cannot, with the node to name the line of."""
+
+    changes: dict = field(default_factory=dict)
+    removed: list = field(default_factory=list)
+    blocked: tuple[cst.CSTNode, str] | None = None
+
+
+def session_setup(rule) -> SessionSetup:
+    """The module's `set_session(...)` blocks in TF2 (worked out once per module)."""
+    def compute() -> SessionSetup:
+        found = SessionSetup()
+        for call in find(rule.context.module, cst.Call):
+            if rule.imports.resolve(call.func) in SET_SESSION:
+                _one_block(rule, call, found)
+                if found.blocked is not None:
+                    return SessionSetup(blocked=found.blocked)
+        return found
+
+    return rule.context.memo("keras3.session_setup", compute)
+
+
+def _one_block(rule, call: cst.Call, found: SessionSetup) -> None:
+    """``call`` (`set_session(sess)`) and the statements before it that make its session."""
+    parents = module_parents(rule.context)
+    line = parents.get(id(parents.get(id(call))))
+    block = parents.get(id(line))
+    if not (isinstance(single_small(line), cst.Expr) and single_small(line).value is call) or block is None:
+        found.blocked = (call, "`set_session(...)` is not a statement of its own: set the TF2 options by hand")
+        return
+    body = list(block.body)
+    session = call.args[0].value if len(call.args) == 1 else None
+    statements, session = _made_by(rule, body, body.index(line), session, SESSIONS)
+    if session is None or not isinstance(session, cst.Call):
+        found.blocked = (call, "the session is not made by `tf.Session(config=...)` in this block: set the TF2 "
+                               "options (`tf.config`) by hand")
+        return
+    config = argument(session, ("target", "graph", "config"), "config")
+    more, config = _made_by(rule, body, body.index(line), config, CONFIGS)
+    statements += more
+    options = _options(rule, body, config, statements, found)
+    if found.blocked is not None:
+        return
+    names = {dotted_name(s.body[0].targets[0].target) for s in statements if isinstance(s.body[0], cst.Assign)}
+    reader = _read_elsewhere(rule, names, [line, *statements])
+    if reader is not None:
+        found.blocked = (reader, f"`{code_in(rule.context.module, reader)}` is read outside the session set-up, "
+                                 "as TF1 code the fix does not move")
+        return
+    settings = [cst.parse_statement(_setting(rule, option, value)) for option, value in options]
+    if not settings and len(body) == len(statements) + 1:  # the block held the set-up only
+        settings = [cst.parse_statement("pass\n")]
+    if settings:  # where the set-up began: its blank lines and comments above it stay
+        first = min([line, *statements], key=body.index)
+        settings[0] = settings[0].with_changes(leading_lines=first.leading_lines)
+    found.changes[line] = cst.FlattenSentinel(settings) if settings else cst.RemovalSentinel.REMOVE
+    for statement in statements:
+        found.changes[statement] = cst.RemovalSentinel.REMOVE
+    found.removed += [line, *statements]
+
+
+def _made_by(rule, body: list, end: int, value, makers: tuple) -> tuple[list, cst.BaseExpression | None]:
+    """``value`` (a name or a call) resolved to the call of one of ``makers`` that made it in
+    ``body`` before ``end``: (the statement that assigned it, if any, the call)."""
+    if isinstance(value, cst.Call) and rule.imports.resolve(value.func) in makers:
+        return [], value
+    if not isinstance(value, cst.Name):
+        return [], None
+    for statement in reversed(body[:end]):
+        small = single_small(statement)
+        if isinstance(small, cst.Assign) and any(dotted_name(t.target) == value.value for t in small.targets):
+            made = small.value
+            ok = len(small.targets) == 1 and isinstance(made, cst.Call) and rule.imports.resolve(made.func) in makers
+            return ([statement], made) if ok else ([], None)
+    return [], None
+
+
+def _options(rule, body: list, config, statements: list, found: SessionSetup) -> list[tuple[str, str]]:
+    """The options the config sets, by keyword and by `config.<path> = value` lines (those
+    lines join ``statements``), in order."""
+    if config is None:
+        return []
+    options = [(arg.keyword.value, code_in(rule.context.module, arg.value)) for arg in config.args if arg.keyword]
+    if any(arg.keyword is None for arg in config.args):
+        found.blocked = (config, "`ConfigProto(...)` is given an argument by position")
+    name = next((dotted_name(s.body[0].targets[0].target) for s in statements if isinstance(s.body[0], cst.Assign)
+                 and s.body[0].value is config), None)
+    for statement in body:
+        small = single_small(statement)
+        target = dotted_name(small.targets[0].target) if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+        if name is not None and target is not None and target.startswith(name + "."):
+            options.append((target[len(name) + 1:], code_in(rule.context.module, small.value)))
+            statements.append(statement)
+    for option, _ in options:
+        if option not in TF2_SETTINGS and found.blocked is None:
+            found.blocked = (config, f"the session's `{option}` has no TF2 setting of the same meaning: set it "
+                                     "by hand (`tf.config`)")
+    return options
+
+
+def _setting(rule, option: str, value: str) -> str:
+    names = {key: code_in(rule.context.module, rule.tf_ref(f"tensorflow.{key}")[0]) for key in ("config", "debugging")}
+    return TF2_SETTINGS[option].format(value=value, **names)
+
+
+def _read_elsewhere(rule, names: set, statements: list) -> cst.Name | None:
+    """A read of one of ``names`` outside ``statements`` (`sess.run(...)`), else None."""
+    inside = {id(n) for statement in statements for n in find(statement, cst.Name)}
+    return next((n for n in find(rule.context.module, cst.Name) if n.value in names and id(n) not in inside), None)
