@@ -178,14 +178,18 @@ class MultiGpuModel(Rule):
         function compiled into the model casts the labels to the predictions' type first, as
         Keras 2 did; `ModelCheckpoint(..., period=1)` loses `period`; another model's
         `fit_generator` becomes `fit` with its arguments named and no worker arguments;
-        `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`.
-        The parallel model's `fit_generator(gen, ...)` on a Python generator becomes
-        `BatchesInOrder.fit(model, gen, ...)`, a class written into the module: Keras 3's `fit`
-        under a strategy opens an iterator to build the model and drops the batches it read
-        ahead (fed the generator itself, it trained batches 0, 1, 6, 7, ... where Keras 2
-        trained 0, 1, 2, 3, ...), and refused a generator yielding lists; the class feeds a
-        `tf.data.Dataset` whose iterators start at the first batch not trained yet (a validation
-        generator's likewise), and stops with a TypeError on a `keras.utils.Sequence`.
+        `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`, and a Keras session set-up
+        (`tf.ConfigProto`, `tf.Session`, `set_session`) the `tf.config` settings of its options
+        (memory growth, soft placement, log placement, thread counts), so that the program
+        leaves TF1 mode.
+        The parallel model's `fit_generator(gen, ...)` becomes `BatchesInOrder.fit(model, gen,
+        ...)`, a class written into the module: Keras 3's `fit` under a strategy opens an
+        iterator to build the model and drops the batches it read ahead (fed a generator itself,
+        it trained batches 0, 1, 6, 7, ... where Keras 2 trained 0, 1, 2, 3, ...), and refused a
+        generator yielding lists; the class feeds a `tf.data.Dataset` whose iterators start at
+        the first batch not trained yet (a validation generator's likewise), and reads a
+        `keras.utils.Sequence` as Keras 2's enqueuer did (pass after pass, shuffled by `random`
+        unless `shuffle=False`, `on_epoch_end()` after each pass).
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -195,7 +199,8 @@ class MultiGpuModel(Rule):
         creates the model can do that. The message then says where to put the scope. No
         fix either where the model trains from a Python generator (`fit_generator`) in TF1 mode:
         under a distribution strategy TF1-mode Keras trains only from `tf.data`. No fix in a module
-        that keeps TF1 APIs (`tf.Session`, `tf.logging`): it runs in TF1 mode, where Keras
+        that keeps TF1 APIs (`tf.logging`, a session read by `sess.run`, a session option with no
+        TF2 setting of the same meaning): it runs in TF1 mode, where Keras
         under a strategy validates and evaluates whole batches only (`validation_data=` of 96
         samples in batches of 30 failed), raises NotImplementedError for `class_weight=`, the
         `*_on_batch` methods and compile's `sample_weight_mode`, `weighted_metrics` and
@@ -216,11 +221,9 @@ class MultiGpuModel(Rule):
         replicas: twice the loss and the step); an activity regularizer (the parallel model added
         it once per device slice); a model compiled away from where it is made (but for another
         method's `self.` model), or returned to a caller that compiles it (Keras 3 makes the
-        optimizer where `compile` runs); a model fed by `fit_generator` a `keras.utils.Sequence`
-        (a subclass of the module, an `ImageDataGenerator(...).flow(...)`): Keras 2 read it in its
-        own order, shuffled each epoch, and Keras 3 under a strategy split its batches otherwise
-        from the second epoch in 2 of 5 runs; and `evaluate_generator`, `predict_generator` of
-        the model (the batches read ahead would be dropped).
+        optimizer where `compile` runs); `ImageDataGenerator`, gone from Keras 3; and
+        `evaluate_generator`, `predict_generator` of the model (the batches read ahead would be
+        dropped).
         No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
         `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
         MirroredStrategy computes it per replica and averages, another loss.
@@ -486,10 +489,15 @@ class MultiGpuModel(Rule):
         return MULTI_GPU_MODEL in self.imports.resolve_all(call.func)
 
     def visit_Assign(self, node: cst.Assign) -> None:
-        if isinstance(node.value, cst.Call) and len(node.targets) == 1:
-            target = dotted_name(node.targets[0].target)
-            if target is not None:
-                self._assigned[id(node.value)] = target
+        target = dotted_name(node.targets[0].target) if len(node.targets) == 1 else None
+        if target is None:
+            return
+        if isinstance(node.value, cst.Call):
+            self._assigned[id(node.value)] = target
+        elif isinstance(node.value, cst.IfExp):  # `multi_gpu_model(model, gpus=n) if n > 1 else model`
+            for branch in (node.value.body, node.value.orelse):
+                if isinstance(branch, cst.Call):
+                    self._assigned[id(branch)] = target
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         if keras_parallel_helper(self.context, node):
@@ -612,7 +620,10 @@ class MultiGpuModel(Rule):
                 f"compile it under `with strategy.scope():`, and use `{model}` in place of the parallel model"
             )
         assigned = single_assign(body[index]) if body[index] is not guard else (target, call)
-        if assigned is None or assigned[1] is not call:
+        wrapped = call
+        if assigned is not None and self._template_otherwise(assigned[1], call, model):
+            wrapped = assigned[1]  # the strategy runs on one GPU too: the whole choice is the template
+        if assigned is None or assigned[1] is not wrapped:
             return None, (
                 f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
                 f"or build and compile `{model}` under `strategy.scope()` by hand and use it in place of the parallel model"
@@ -649,7 +660,7 @@ class MultiGpuModel(Rule):
                 moved += [s for s in each.body.body if s is not inner]
                 inner = each
         elif target != model:
-            moved.append(line.deep_replace(call, cst.parse_expression(model)))
+            moved.append(line.deep_replace(wrapped, cst.parse_expression(model)))
         moved += list(body[index + 1:last + 1])
         # A hand-written helper called here goes with the call (_report_helper_call), not under the scope.
         dropped = {id(function) for function in self._helper_and_its_functions(call)}
@@ -672,6 +683,15 @@ class MultiGpuModel(Rule):
         changes.update(keras3)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
+
+    @staticmethod
+    def _template_otherwise(value: cst.BaseExpression, call: cst.Call, model: str) -> bool:
+        """`multi_gpu_model(model, gpus=n) if n > 1 else model` (a Kaggle kernel's): the parallel
+        model on several GPUs, the template itself on one."""
+        if not isinstance(value, cst.IfExp):
+            return False
+        branches = [value.body, value.orelse]
+        return any(b is call for b in branches) and any(dotted_name(b) == model for b in branches)
 
     def _session_cleared(self, moved) -> tuple[list, dict, str | None]:
         """`K.clear_session()` first in a function the statements moved under the scope call

@@ -75,6 +75,10 @@ def test_optimizer_arguments_keep_their_meaning(optimizer, expected):
     ("SGD(momentum=0.9, decay=1e-4)", "", "pass `learning_rate=`"),
     ("SGD(lr=0.1, decay=1e-4)", "cb = keras.callbacks.ReduceLROnPlateau(patience=2)\n",
      "which the module's learning-rate callback cannot set"),
+    # Keras 3 under a strategy clips each replica's gradient before the sum (checked: a held-out
+    # keras-retinanet program with clipnorm=0.001 was 2e-4 apart, equal with clipnorm=100).
+    ("SGD(lr=0.1, clipnorm=1.0)", "", "clips each replica's gradient before they are summed"),
+    ("SGD(lr=0.1, clipvalue=0.5)", "", "it clips the gradients (`clipvalue=`)"),
 ])
 def test_an_optimizer_whose_meaning_keras_3_would_change_is_refused_with_its_line(optimizer, extra, reason):
     message = refusal(script(optimizer=optimizer, extra=extra))
@@ -700,3 +704,51 @@ def test_a_session_set_up_without_a_tf2_equivalent_keeps_the_module_in_tf1_mode(
     message = refusal(source)
     assert "evaluates whole batches only" in message and "(the Keras session set-up stays TF1, line " in message
     assert reason in message
+
+
+def test_a_session_made_by_a_function_of_the_module_becomes_tf2_s_settings_and_the_function_goes():
+    """keras-retinanet's `set_session(get_session())`: the function builds the config and returns
+    the session; it goes with the call, whose place takes the settings."""
+    extra = '''
+        def get_session():
+            """ Construct a modified tf session."""
+            config = tf.ConfigProto()
+            config.gpu_options.allow_growth = True
+            return tf.Session(config=config)
+    '''
+    source = script().replace("tf.random.set_seed(0)\n", "tf.random.set_seed(0)\nkeras.backend.tensorflow_backend."
+                                                           "set_session(get_session())\n") + textwrap.dedent(extra)
+    result = unsafe_fix(source)
+    assert ("tf.random.set_seed(0)\n"
+            "for gpu in tf.config.list_physical_devices('GPU'):\n"
+            "    tf.config.experimental.set_memory_growth(gpu, True)\n") in result
+    assert "get_session" not in result and "with strategy.scope():" in result
+    assert "runs in TF1 mode" in refusal(source + "sess = get_session()\n")  # made for another use too
+
+
+def test_the_template_chosen_when_one_gpu_and_a_kaggle_session_line_are_rewritten():
+    """`model = multi_gpu_model(model, gpus=n) if n > 1 else model` is the template either way under
+    the strategy; `K.set_session(tf.Session(config=config))` at the top becomes `tf.config`."""
+    source = script().replace("parallel = multi_gpu_model(model, gpus=2)", "parallel = multi_gpu_model(model, gpus=n) if n > 1 else model")
+    source = source.replace("import keras\n", "import keras\nfrom keras import backend as K\n").replace(
+        "tf.random.set_seed(0)\n", "tf.random.set_seed(0)\nn = 2\nconfig = tf.ConfigProto()\n"
+        "config.gpu_options.allow_growth = True\nK.set_session(tf.Session(config=config))\n")
+    result = unsafe_fix(source)
+    assert "    parallel = model\n    parallel.compile(" in result and "multi_gpu_model" not in result
+    assert "n = 2\nfor gpu in tf.config.list_physical_devices('GPU'):\n" in result and "Session" not in result
+
+
+def test_a_checkpoint_s_own_set_model_sets_the_template_through_super():
+    """`def set_model(self, model): self.model = self.template` becomes `super().set_model(...)`: as
+    `self.set_model(...)` it called itself forever (a held-out speech kernel)."""
+    extra = """
+        class TemplateCheckpoint(keras.callbacks.ModelCheckpoint):
+            def __init__(self, template, *args, **kwargs):
+                super(TemplateCheckpoint, self).__init__(*args, **kwargs)
+                self.template = template
+
+            def set_model(self, model):
+                self.model = self.template
+    """
+    result = unsafe_fix(script(extra=extra))
+    assert "    def set_model(self, model):\n        super().set_model(self.template)\n" in result

@@ -88,14 +88,22 @@ class BatchesInOrder(keras.callbacks.Callback):
         self._used = 0
         self._lock = threading.Lock()
 
-        def spec(part):
-            part = {convert}(part)
-            return {spec}((None, *part.shape[1:]), part.dtype)
+        def spec(first, second):  # a size the two batches differ in (a padded time axis) is left open
+            first, second = {convert}(first), {convert}(second)
+            sizes = [a if a == b else None for a, b in zip(first.shape[1:], second.shape[1:])]
+            return {spec}((None, *sizes), first.dtype)
 
         # A validation generator is read first where Keras 2 read it, after the first epoch's
         # training (a generator drawing from NumPy's global random state draws in the same order),
         # so its batches are taken to be shaped as the training ones.
-        self.signature = signature or {nest}(spec, self._batch(0))
+        if signature is None:
+            first = self._batch(0)
+            try:
+                second = self._batch(1)
+            except StopIteration:  # a generator of one batch
+                second = first
+            signature = {nest}(spec, first, second)
+        self.signature = signature
         self.dataset = {from_generator}(self._unused, output_signature=self.signature)
 
     def _batch(self, number):

@@ -57,6 +57,7 @@ from tfmigrate.cst.callargs import argument, commas_mended, keyword_is, keyword_
 from tfmigrate.cst.codegen import code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import block_indentation, find, module_parents, single_small
+from tfmigrate.rewrites.keras3_session import SET_SESSION
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rule import ImportItem
 
@@ -136,17 +137,20 @@ def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str
 def callback_models_set(module: cst.Module) -> dict:
     """`self.model = self.original_model` in a callback class of the module -> `self.set_model(...)`,
     which sets it in Keras 2 and 3. The template is now the model `fit` trains, so the
-    checkpoint saves the same model either way."""
+    checkpoint saves the same model either way. In the callback's own `set_model` it is
+    `super().set_model(...)` (calling itself, a held-out speech kernel's recursed forever)."""
     changes = {}
     for cls in find(module, cst.ClassDef):
         if not _derives(cls, ("ModelCheckpoint", "Callback")):
             continue
-        for line in find(cls.body, cst.SimpleStatementLine):
-            small = single_small(line)
-            if (isinstance(small, cst.Assign) and len(small.targets) == 1
-                    and dotted_name(small.targets[0].target) == "self.model"):
-                value = module.code_for_node(small.value).strip()
-                changes[small] = cst.Expr(cst.parse_expression(f"self.set_model({value})"))
+        for method in find(cls.body, cst.FunctionDef):
+            setter = "super().set_model" if method.name.value == "set_model" else "self.set_model"
+            for line in find(method.body, cst.SimpleStatementLine):
+                small = single_small(line)
+                if (isinstance(small, cst.Assign) and len(small.targets) == 1
+                        and dotted_name(small.targets[0].target) == "self.model"):
+                    value = module.code_for_node(small.value).strip()
+                    changes[small] = cst.Expr(cst.parse_expression(f"{setter}({value})"))
     return changes
 
 
@@ -434,7 +438,7 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
         if not (isinstance(func, cst.Attribute) and rule.imports.resolve(func.value) == "keras.backend"):
             continue
         name = func.attr.value
-        if name in BACKEND_KEPT:
+        if name in BACKEND_KEPT or rule.imports.resolve(func) in SET_SESSION:  # the latter: keras3_session's
             continue
         replacement = _backend_replacement(call, name, ops)
         if replacement is None:

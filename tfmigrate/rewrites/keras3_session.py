@@ -32,8 +32,9 @@ from tfmigrate.cst.callargs import argument
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, module_parents, single_small
+from tfmigrate.rewrites.mirrored import is_docstring
 
-__all__ = ["SessionSetup", "session_setup"]
+__all__ = ["SET_SESSION", "SessionSetup", "session_setup"]
 
 #: Keras's `set_session` under each name a Keras 2 program imported it by.
 SET_SESSION = ("keras.backend.set_session", "keras.backend.tensorflow_backend.set_session",
@@ -86,33 +87,58 @@ def _one_block(rule, call: cst.Call, found: SessionSetup) -> None:
         return
     body = list(block.body)
     session = call.args[0].value if len(call.args) == 1 else None
-    statements, session = _made_by(rule, body, body.index(line), session, SESSIONS)
+    maker = _session_function(rule, session)
+    if maker is not None:  # `set_session(get_session())`, keras-retinanet's: the function makes it
+        made_in, end = list(maker.body.body), len(maker.body.body) - 1
+        session = made_in[-1].body[0].value
+    else:
+        made_in, end = body, body.index(line)
+    statements, session = _made_by(rule, made_in, end, session, SESSIONS)
     if session is None or not isinstance(session, cst.Call):
         found.blocked = (call, "the session is not made by `tf.Session(config=...)` in this block: set the TF2 "
                                "options (`tf.config`) by hand")
         return
     config = argument(session, ("target", "graph", "config"), "config")
-    more, config = _made_by(rule, body, body.index(line), config, CONFIGS)
+    more, config = _made_by(rule, made_in, end, config, CONFIGS)
     statements += more
-    options = _options(rule, body, config, statements, found)
+    options = _options(rule, made_in, config, statements, found)
     if found.blocked is not None:
         return
     names = {dotted_name(s.body[0].targets[0].target) for s in statements if isinstance(s.body[0], cst.Assign)}
+    if maker is not None:
+        extra = [x for x in made_in[:-1] if not is_docstring(x) and not any(x is y for y in statements)]
+        if extra:
+            found.blocked = (extra[0], f"`{maker.name.value}` does more than make the session")
+            return
+        names.add(maker.name.value)
+        statements = [maker]
     reader = _read_elsewhere(rule, names, [line, *statements])
     if reader is not None:
         found.blocked = (reader, f"`{code_in(rule.context.module, reader)}` is read outside the session set-up, "
                                  "as TF1 code the fix does not move")
         return
     settings = [cst.parse_statement(_setting(rule, option, value)) for option, value in options]
-    if not settings and len(body) == len(statements) + 1:  # the block held the set-up only
+    in_block = [s for s in body if any(s is removed for removed in [line, *statements])]
+    if not settings and len(body) == len(in_block):  # the block held the set-up only
         settings = [cst.parse_statement("pass\n")]
     if settings:  # where the set-up began: its blank lines and comments above it stay
-        first = min([line, *statements], key=body.index)
-        settings[0] = settings[0].with_changes(leading_lines=first.leading_lines)
+        settings[0] = settings[0].with_changes(leading_lines=in_block[0].leading_lines)
     found.changes[line] = cst.FlattenSentinel(settings) if settings else cst.RemovalSentinel.REMOVE
     for statement in statements:
         found.changes[statement] = cst.RemovalSentinel.REMOVE
     found.removed += [line, *statements]
+
+
+def _session_function(rule, session) -> cst.FunctionDef | None:
+    """The module's function that ``session`` (`get_session()`) calls, when it ends by returning
+    what it made (`return tf.Session(config=config)`); else None."""
+    if not (isinstance(session, cst.Call) and isinstance(session.func, cst.Name) and not session.args):
+        return None
+    for function in rule.context.module.body:
+        if isinstance(function, cst.FunctionDef) and function.name.value == session.func.value:
+            last = single_small(function.body.body[-1]) if isinstance(function.body, cst.IndentedBlock) else None
+            return function if isinstance(last, cst.Return) and last.value is not None else None
+    return None
 
 
 def _made_by(rule, body: list, end: int, value, makers: tuple) -> tuple[list, cst.BaseExpression | None]:
