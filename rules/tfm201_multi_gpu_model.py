@@ -665,9 +665,22 @@ class MultiGpuModel(Rule):
         # A hand-written helper called here goes with the call (_report_helper_call), not under the scope.
         dropped = {id(function) for function in self._helper_and_its_functions(call)}
         moved = [made_within(statement, keras3) for statement in moved if id(statement) not in dropped]
-        cleared, uncleared, blocker = self._session_cleared(moved)
+        changes, imports, blocker = self._under_scope(first, moved, strategy, devices)
         if blocker is not None:
             return None, blocker
+        for statement in body[built + 1:last + 1]:
+            changes[statement] = cst.RemovalSentinel.REMOVE
+        changes.update(elsewhere)
+        changes.update(keras3)
+        title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
+        return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
+
+    def _under_scope(self, first: cst.BaseStatement, moved: list, strategy: str, devices: str) -> tuple[dict, list, str | None]:
+        """``first`` replaced by the strategy's creation and ``moved`` under its scope, a Keras
+        session the builder clears cleared before: (changes, imports, blocker)."""
+        cleared, changes, blocker = self._session_cleared(moved)
+        if blocker is not None:
+            return {}, [], blocker
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
         create = cst.parse_statement(f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n")
         cleared_first = [*cleared, create]
@@ -676,13 +689,8 @@ class MultiGpuModel(Rule):
             items=[cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))],
             body=cst.IndentedBlock(body=[blank_lines_unindented(s) for s in moved]),
         )
-        changes: dict = {first: cst.FlattenSentinel([*cleared_first, scope]), **uncleared}
-        for statement in body[built + 1:last + 1]:
-            changes[statement] = cst.RemovalSentinel.REMOVE
-        changes.update(elsewhere)
-        changes.update(keras3)
-        title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
-        return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
+        changes[first] = cst.FlattenSentinel([*cleared_first, scope])
+        return changes, imports, None
 
     @staticmethod
     def _template_otherwise(value: cst.BaseExpression, call: cst.Call, model: str) -> bool:

@@ -2846,8 +2846,8 @@ def test_a_graph_reset_after_plain_python_stays_above_the_strategy():
 
 def test_a_parallel_model_trained_from_a_generator_of_unknown_kind_trains_through_batches_in_order():
     """`parallel_model.fit_generator(gen, ...)` with `gen` a parameter: whether it is a Python
-    generator or a `keras.utils.Sequence` cannot be told here, so the class the fix writes checks
-    it when the program runs (it stops on a Sequence). In TF1 mode the fit stays refused:
+    generator or a `keras.utils.Sequence` cannot be told here, so the class the fix writes tells
+    them apart when the program runs and reads each as Keras 2 did. In TF1 mode it stays refused:
     TF1-mode Keras under a strategy trains only from `tf.data` datasets (a probe failed with
     AssertionError in `_distribution_standardize_user_data`)."""
     source = """
@@ -2862,7 +2862,7 @@ def test_a_parallel_model_trained_from_a_generator_of_unknown_kind_trains_throug
     """
     result = unsafe_fix(textwrap.dedent(source))
     assert "    BatchesInOrder.fit(parallel_model, gen, steps_per_epoch=10, epochs=3)\n" in result
-    assert 'raise TypeError("BatchesInOrder.fit takes a Python generator; a keras.utils.Sequence "' in result
+    assert "isinstance(generator, keras.utils.PyDataset)" in result  # told apart when the program runs
     tf1_mode = textwrap.dedent(source).replace("import tensorflow as tf\n", "import tensorflow as tf\nsess = tf.Session()\n")
     findings = [f for f in run_check(tf1_mode) if f.code == "TFM201"]
     assert findings and not findings[0].fixable

@@ -752,3 +752,43 @@ def test_a_checkpoint_s_own_set_model_sets_the_template_through_super():
     """
     result = unsafe_fix(script(extra=extra))
     assert "    def set_model(self, model):\n        super().set_model(self.template)\n" in result
+
+
+def test_k_l2_normalize_becomes_ops_normalize_with_tf_s_epsilon():
+    """`K.l2_normalize` divides by sqrt(max(sum(x^2), 1e-12)) over all axes unless given one;
+    `ops.normalize` by max(norm, epsilon) over the last: the same with `epsilon=1e-6` (checked
+    equal on TF 2.21, a near-zero row included)."""
+    extra = """
+        def embed(t):
+            return K.l2_normalize(t, axis=1) + K.l2_normalize(t)
+    """
+    result = unsafe_fix(script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n"))
+    assert ("return ops.normalize(t, axis=1, epsilon=1e-6) + ops.normalize(t, axis=None, epsilon=1e-6)\n") in result
+
+
+def test_gpu_options_given_to_the_config_become_their_settings():
+    source = script().replace("tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n"
+                              "gpu_options = tf.GPUOptions(allow_growth=True)\n"
+                              "keras.backend.set_session(tf.Session(config=tf.ConfigProto(gpu_options=gpu_options)))\n")
+    result = unsafe_fix(source)
+    assert "tf.random.set_seed(0)\nfor gpu in tf.config.list_physical_devices('GPU'):\n" in result
+    assert "GPUOptions" not in result and "Session" not in result
+
+
+@pytest.mark.parametrize("init, made", [
+    ("def __init__(self, template, filepath, **kwargs):\n                super().__init__(filepath, **kwargs)",
+     "TemplateCheckpoint(model, 'w.h5', save_weights_only=True)"),
+    ("def __init__(self, template, *args, **kwargs):\n                super().__init__(*args, **kwargs)",
+     "TemplateCheckpoint(model, 'w.h5', save_weights_only=True)"),
+])
+def test_a_checkpoint_subclass_s_file_is_found_by_its_own_parameters(init, made):
+    """A subclass taking the template first (`(self, template_model, filepath, **kwargs)`, a held-out
+    DeepLab trainer's) had its template renamed, not its file; Keras 3 then refused the `.h5`."""
+    extra = f"""
+        class TemplateCheckpoint(keras.callbacks.ModelCheckpoint):
+            {init}
+
+        checkpoint = {made}
+    """
+    result = unsafe_fix(script(extra=extra))
+    assert "checkpoint = TemplateCheckpoint(model, 'w.weights.h5', save_weights_only=True)\n" in result

@@ -109,12 +109,25 @@ def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], ch
             changes.update(_bound_file_renamed(module, call.args[0].value))
     for call in checkpoint_calls:
         if _is_checkpoint(module, call):
-            for arg in call.args:
-                if arg.keyword is None or arg.keyword.value == "filepath":
-                    changes.update(_weights_h5_renamed(arg.value))
-                    changes.update(_bound_file_renamed(module, arg.value))
-                    break
+            filepath = argument(call, _checkpoint_parameters(module, call), "filepath")
+            if filepath is not None:
+                changes.update(_weights_h5_renamed(filepath))
+                changes.update(_bound_file_renamed(module, filepath))
     return changes
+
+
+def _checkpoint_parameters(module: cst.Module, call: cst.Call) -> tuple[str, ...]:
+    """The positional parameters of the checkpoint class ``call`` makes: Keras's (`filepath`
+    first), or its subclass's own `__init__`'s (`(self, template_model, filepath, **kwargs)`, a
+    held-out DeepLab trainer's)."""
+    name = module.code_for_node(call.func).strip().rsplit(".", 1)[-1]
+    for cls in find(module, cst.ClassDef):
+        init = next((f for f in find(cls.body, cst.FunctionDef) if f.name.value == "__init__"), None)
+        if cls.name.value == name and init is not None:
+            named = tuple(p.name.value for p in init.params.params[1:])
+            # `(self, template, *args, **kwargs)` hands the rest on to ModelCheckpoint: `filepath` first
+            return named + ("filepath",) if isinstance(init.params.star_arg, cst.Param) else named
+    return ("filepath",)
 
 
 def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
@@ -519,6 +532,13 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
         return None
     if name == "constant" and len(args) <= 2 and all(a.keyword is None or a.keyword.value == "dtype" for a in args):
         return call.with_changes(func=cst.parse_expression(f"{ops}.convert_to_tensor"))
+    if name == "l2_normalize" and len(args) <= 2:
+        # tf.nn.l2_normalize: x / sqrt(max(sum(x^2), 1e-12)) over `axis` (all axes by default);
+        # ops.normalize divides by max(norm, epsilon): the same with epsilon 1e-6.
+        new = call.with_changes(func=cst.parse_expression(f"{ops}.normalize"))
+        if len(args) < 2 and not any(keyword_is(a, "axis") for a in args):
+            new = with_keyword(new, "axis", "None")
+        return with_keyword(new, "epsilon", "1e-6")
     if name in BACKEND_RANDOM:  # the same parameters, in `keras.random`
         return call.with_changes(func=cst.parse_expression(f"keras.random.{BACKEND_RANDOM[name]}"))
     if name not in BACKEND_OPS:

@@ -41,6 +41,7 @@ SET_SESSION = ("keras.backend.set_session", "keras.backend.tensorflow_backend.se
                "tensorflow.keras.backend.set_session", "tensorflow.compat.v1.keras.backend.set_session")
 SESSIONS = ("tensorflow.Session", "tensorflow.compat.v1.Session", "tensorflow.InteractiveSession")
 CONFIGS = ("tensorflow.ConfigProto", "tensorflow.compat.v1.ConfigProto")
+GPU_OPTIONS = ("tensorflow.GPUOptions", "tensorflow.compat.v1.GPUOptions")
 #: A ConfigProto option (as `config.<path>` or a keyword) -> the TF2 statement that sets it.
 TF2_SETTINGS = {
     "gpu_options.allow_growth": "for gpu in {config}.list_physical_devices('GPU'):\n"
@@ -162,9 +163,7 @@ def _options(rule, body: list, config, statements: list, found: SessionSetup) ->
     lines join ``statements``), in order."""
     if config is None:
         return []
-    options = [(arg.keyword.value, code_in(rule.context.module, arg.value)) for arg in config.args if arg.keyword]
-    if any(arg.keyword is None for arg in config.args):
-        found.blocked = (config, "`ConfigProto(...)` is given an argument by position")
+    options = _keyword_options(rule, body, config, statements, found)
     name = next((dotted_name(s.body[0].targets[0].target) for s in statements if isinstance(s.body[0], cst.Assign)
                  and s.body[0].value is config), None)
     for statement in body:
@@ -177,6 +176,25 @@ def _options(rule, body: list, config, statements: list, found: SessionSetup) ->
         if option not in TF2_SETTINGS and found.blocked is None:
             found.blocked = (config, f"the session's `{option}` has no TF2 setting of the same meaning: set it "
                                      "by hand (`tf.config`)")
+    return options
+
+
+def _keyword_options(rule, body: list, made: cst.Call, statements: list, found: SessionSetup,
+                     prefix: str = "") -> list[tuple[str, str]]:
+    """The options ``made`` (`ConfigProto(...)`) sets by keyword; `gpu_options=tf.GPUOptions(...)`
+    (made there or by a line of ``body``, which joins ``statements``) gives `gpu_options.<name>`."""
+    options = []
+    for arg in made.args:
+        if arg.keyword is None:
+            found.blocked = (made, f"`{code_in(rule.context.module, made.func)}(...)` is given an argument by position")
+            continue
+        option = prefix + arg.keyword.value
+        more, gpu = _made_by(rule, body, len(body), arg.value, GPU_OPTIONS) if option == "gpu_options" else ([], None)
+        if gpu is not None:
+            statements += more
+            options += _keyword_options(rule, body, gpu, statements, found, "gpu_options.")
+        else:
+            options.append((option, code_in(rule.context.module, arg.value)))
     return options
 
 
