@@ -15,7 +15,7 @@ from tfmigrate.rewrites.tower_code import functions_called
 from tfmigrate.rewrites.keras3_session import session_setup
 from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits
 from tfmigrate.rewrites.keras3_leftovers import (
-    GENERATOR_METHODS, TF2_SPELLINGS, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
+    GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
     output_metrics, tf2_spellings, weight_file_renames,
 )
@@ -760,6 +760,7 @@ class MultiGpuModel(Rule):
         casts, cast_imports = metric_label_casts(self, self._names, compiles)
         changes.update(casts)
         changes.update(output_metrics(compiles))
+        changes.update(accuracy_log_names(module, compiles))
         imports += cast_imports
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))

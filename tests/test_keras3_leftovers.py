@@ -792,3 +792,18 @@ def test_a_checkpoint_subclass_s_file_is_found_by_its_own_parameters(init, made)
     """
     result = unsafe_fix(script(extra=extra))
     assert "checkpoint = TemplateCheckpoint(model, 'w.weights.h5', save_weights_only=True)\n" in result
+
+
+def test_keras_2_s_acc_log_names_become_keras_3_s_where_the_model_compiles_accuracy():
+    """Keras 2.2 logged `metrics=['accuracy']` as `acc`/`val_acc`, Keras 3 as `accuracy`: a
+    checkpoint monitoring `val_acc` failed in Keras 3 (a held-out DenseNet trainer), and a
+    history read by the old name would fail after training."""
+    fit = ("parallel.compile(loss='categorical_crossentropy', optimizer='sgd', metrics=['accuracy'])\n"
+           "stop = keras.callbacks.EarlyStopping(monitor='val_acc', patience=2)\n"
+           "history = parallel.fit(x, y, batch_size=16, validation_data=(x, y), callbacks=[stop])\n"
+           "print(history.history['acc'][-1], history.history.get('val_acc'), history.history['loss'])\n")
+    result = unsafe_fix(script(fit=fit))
+    assert "EarlyStopping(monitor='val_accuracy', patience=2)" in result
+    assert "print(history.history['accuracy'][-1], history.history.get('val_accuracy'), history.history['loss'])" in result
+    unchanged = unsafe_fix(script(fit=fit.replace("metrics=['accuracy']", "metrics=['acc']")))
+    assert "monitor='val_acc'" in unchanged  # Keras 3 logs `acc` under the name it was given

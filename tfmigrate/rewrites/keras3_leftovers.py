@@ -34,6 +34,8 @@ crash), or worse, takes it and trains otherwise:
   metric multiplying float32 predictions by the labels fails;
 - the labels a metric function sees, which Keras 2 cast to the predictions' type;
 - `ModelCheckpoint(..., period=1)`: Keras 3 has no `period`;
+- `monitor='val_acc'` (and `history['acc']`) of a model compiled with `metrics=['accuracy']`,
+  which Keras 2.2 logged as `acc` and Keras 3 logs as `accuracy`;
 - refused: `keras.preprocessing.text` (its `Tokenizer`) and `ImageDataGenerator`, gone without a
   replacement of the same meaning; Nadam,
   which Keras 3 computes otherwise (`keras3_optimizers.COMPUTED_OTHERWISE`); a read of an
@@ -63,7 +65,7 @@ from tfmigrate.rule import ImportItem
 
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
-    "TF2_SPELLINGS", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
+    "TF2_SPELLINGS", "accuracy_log_names", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
 ]
 
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
@@ -509,6 +511,26 @@ def output_metrics(compiles: list[cst.Call]) -> dict:
                 isinstance(e, cst.StarredElement) for e in loss.elements):
             changes[metrics] = cst.List(_on_one_line([cst.Element(flat.deep_clone()) for _ in loss.elements]))
     return changes
+
+
+def accuracy_log_names(module: cst.Module, compiles: list[cst.Call]) -> dict:
+    """`monitor='val_acc'` (and `history.history['acc']`, `logs.get('val_acc')`) -> `'val_accuracy'`
+    where the model compiles `metrics=['accuracy']`: Keras 2 up to 2.2 logged that metric as
+    `acc`, Keras 3 logs it as `accuracy`, and a callback monitoring a name it cannot find never
+    acts (Keras 3's `ModelCheckpoint` refused one: it could not tell whether to maximize it)."""
+    accuracy = any(isinstance(e, cst.Element) and isinstance(e.value, cst.SimpleString)
+                   and e.value.evaluated_value == "accuracy"
+                   for call in compiles for arg in call.args if keyword_is(arg, "metrics")
+                   and isinstance(arg.value, cst.List) for e in arg.value.elements)
+    if not accuracy:
+        return {}
+    named = [arg.value for arg in find(module, cst.Arg) if keyword_is(arg, "monitor")]
+    named += [e.slice.value for e in find(module, cst.SubscriptElement) if isinstance(e.slice, cst.Index)]
+    named += [c.args[0].value for c in find(module, cst.Call) if isinstance(c.func, cst.Attribute)
+              and c.func.attr.value == "get" and c.args]
+    renamed = {"acc": "accuracy", "val_acc": "val_accuracy"}
+    return {s: s.with_changes(value=s.value.replace(s.evaluated_value, renamed[s.evaluated_value]))
+            for s in named if isinstance(s, cst.SimpleString) and s.evaluated_value in renamed}
 
 
 def _on_one_line(elements) -> list:
