@@ -807,3 +807,15 @@ def test_keras_2_s_acc_log_names_become_keras_3_s_where_the_model_compiles_accur
     assert "print(history.history['accuracy'][-1], history.history.get('val_accuracy'), history.history['loss'])" in result
     unchanged = unsafe_fix(script(fit=fit.replace("metrics=['accuracy']", "metrics=['acc']")))
     assert "monitor='val_acc'" in unchanged  # Keras 3 logs `acc` under the name it was given
+
+
+@pytest.mark.parametrize("layer, rewritten", [("keras.layers.LSTM(4)", True), ("Dense(4)", False)])
+def test_predictions_of_a_recurrent_model_go_through_predict_rows(layer, rewritten):
+    """Keras 3 under a strategy fails to predict fewer rows than replicas with a recurrent layer
+    (a held-out addition_rnn crashed after training; tests/test_fix_runs.py shows it)."""
+    source = script(fit="parallel.fit(x, y, batch_size=16)\nprint(model.predict(x[:1], verbose=0))").replace(
+        "model = Model(input=inputs, output=Dense(2, activation='softmax')(inputs))",
+        f"model = Model(input=inputs, output=Dense(2, activation='softmax')({layer}(keras.layers.Reshape((4, 1))(inputs))))")
+    result = unsafe_fix(source)
+    assert ("print(predict_rows(model, x[:1], verbose=0))" in result) is rewritten
+    assert ("\ndef predict_rows(model, x, **arguments):\n" in result) is rewritten
