@@ -13,12 +13,15 @@ this.
 `model.fit_generator(gen, steps_per_epoch=100, epochs=3)` becomes
 `BatchesInOrder.fit(model, gen, steps_per_epoch=100, epochs=3)`.
 
-A `keras.utils.Sequence` (a class deriving from it, an `ImageDataGenerator(...).flow(...)`)
-goes through the same class, read as Keras 2's `fit_generator` read one: pass after pass, the
+A `keras.utils.Sequence` (told apart when the program runs: the argument's kind often cannot
+be told from the source) goes through the same class, read as Keras 2's `fit_generator` read one: pass after pass, the
 order of each shuffled by Python's `random` unless `shuffle=False`, `on_epoch_end()` after each
 pass (Keras 3's own reading of it under a strategy split its batches otherwise from the second
 epoch on in 2 of 5 runs, the loss halved). A validation Sequence is read from its first batch
-at each validation, as Keras 2 did.
+at each validation, as Keras 2 did. A validation generator is read first after the first
+epoch's training, as Keras 2 read it; where it and the training generator draw from NumPy's
+global random state, which batches each draws still depends on how far the training one is
+read ahead (in Keras 2, on its queue's thread), so they may differ from Keras 2's.
 """
 
 from __future__ import annotations
