@@ -12,7 +12,7 @@ from tfmigrate.cst.traversal import (
 )
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rewrites.tower_code import functions_called
-from tfmigrate.rewrites.keras3_predict import predict_rows_function, recurrent_predictions
+from tfmigrate.rewrites.keras3_predict import prediction_functions, predictions
 from tfmigrate.rewrites.keras3_session import session_setup
 from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits
 from tfmigrate.rewrites.keras3_leftovers import (
@@ -774,17 +774,19 @@ class MultiGpuModel(Rule):
         changes.update(session_setup(self).changes)
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
-        predictions = recurrent_predictions(self, models)
-        changes.update(predictions)
+        predicted = predictions(self, models)
+        changes.update(predicted)
         fits = [call for call in self._generator_calls(models) if call.func.attr.value == "fit_generator"]
         changes.update(generator_fits(fits, changes))
         changes.update(continuation_lines(self, changes))
         classes, class_imports = keras2_step_classes(self)
-        for needed, written in ((fits, batches_in_order_class), (predictions, predict_rows_function)):
-            if needed:
-                statement, statement_imports = written(self)
-                classes.append(statement)
-                class_imports += statement_imports
+        if fits:
+            in_order, in_order_imports = batches_in_order_class(self)
+            classes.append(in_order)
+            class_imports += in_order_imports
+        functions, function_imports = prediction_functions(self, predicted)
+        classes += functions
+        class_imports += function_imports
         changes.update(placed_after_imports(module, changes, classes))
         imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None

@@ -819,3 +819,29 @@ def test_predictions_of_a_recurrent_model_go_through_predict_rows(layer, rewritt
     result = unsafe_fix(source)
     assert ("print(predict_rows(model, x[:1], verbose=0))" in result) is rewritten
     assert ("\ndef predict_rows(model, x, **arguments):\n" in result) is rewritten
+
+
+def test_predict_classes_and_predict_proba_which_keras_3_dropped_become_keras_2_s_meaning():
+    """Keras 2's `Sequential.predict_classes` took the argmax of the predictions, or thresholded
+    one sigmoid output at 0.5; `predict_proba` was `predict`. Keras 3 has neither (AttributeError
+    after training). The function the fix writes is run here on predictions of both kinds."""
+    fit = ("parallel.fit(x, y, batch_size=16)\n"
+           "print(model.predict_classes(x, verbose=0), parallel.predict_proba(x), other.predict_proba(x))\n")
+    result = unsafe_fix(script(fit=fit))
+    assert "print(predict_classes(model, x, verbose=0), parallel.predict(x), other.predict_proba(x))\n" in result
+    start = result.index("def predict_classes")
+    namespace: dict = {}
+    exec(result[start:result.index("\n\n\n", start)], namespace)
+
+    class Predicts:
+        def __init__(self, rows):
+            self.rows = rows
+
+        def predict(self, x, **arguments):
+            return self.rows
+
+    import numpy as np
+    softmax = np.array([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3]])
+    sigmoid = np.array([[0.2], [0.9], [0.5]])
+    assert namespace["predict_classes"](Predicts(softmax), None).tolist() == [1, 0]
+    assert namespace["predict_classes"](Predicts(sigmoid), None).tolist() == [[0], [1], [0]]
