@@ -182,7 +182,9 @@ class MultiGpuModel(Rule):
         `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`, and a Keras session set-up
         (`tf.ConfigProto`, `tf.Session`, `set_session`) the `tf.config` settings of its options
         (memory growth, soft placement, log placement, thread counts), so that the program
-        leaves TF1 mode.
+        leaves TF1 mode. An optimizer that clips its gradients (`clipnorm=`, `clipvalue=`) becomes
+        a `SummedClip<Name>` subclass that clips the gradients summed over the replicas, as the
+        parallel model clipped them (Keras 3's own clips each replica's part before the sum).
         The parallel model's `fit_generator(gen, ...)` becomes `BatchesInOrder.fit(model, gen,
         ...)`, a class written into the module: Keras 3's `fit` under a strategy opens an
         iterator to build the model and drops the batches it read ahead (fed a generator itself,

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -694,3 +695,68 @@ def test_a_recurrent_model_s_predictions_of_few_rows_go_through_predict_rows(tmp
     report = _last_json(result.stdout)
     assert all(apart < 1e-5 for apart in report["apart"].values()), report
     assert report["failed"] == {"1": True, "3": False, "33": False, "64": False}, report
+
+
+SUMMED_CLIP_AGAINST_KERAS_2 = """
+import json
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras
+import keras
+CLASS
+rng = np.random.RandomState(0)
+x = rng.randn(64, 10).astype("float32")
+y = rng.randn(64, 1).astype("float32")
+w0 = rng.randn(10, 1).astype("float32")
+
+def trained(module, optimizer, strategy=None):
+    with strategy.scope() if strategy else tf.distribute.get_strategy().scope():
+        model = module.Sequential([module.Input((10,)), module.layers.Dense(1, use_bias=False)])
+        model.layers[0].set_weights([w0])
+        model.compile(optimizer() if callable(optimizer) else optimizer, "mse")
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    return model.layers[0].get_weights()[0].ravel()
+
+two = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+apart = {}
+for label, kwargs in [("norm", {"clipnorm": 0.05}), ("value", {"clipvalue": 0.01})]:
+    keras2 = trained(tf_keras, tf_keras.optimizers.legacy.SGD(0.1, **kwargs))  # the parallel model's step
+    for name, made in [("ours", lambda: SummedClipSGD(0.1, **kwargs)), ("keras3", lambda: keras.optimizers.SGD(0.1, **kwargs))]:
+        apart[f"{label}/{name}"] = float(np.abs(trained(keras, made, two) - keras2).max() / np.abs(keras2).max())
+print(json.dumps(apart))
+"""
+
+
+def test_summed_clip_sgd_clips_the_replicas_sum_as_the_parallel_model_did(tmp_path):
+    """Against Keras 2's SGD on the whole batch (the parallel model's step: the sum of its slices'
+    gradients, clipped): Keras 3's own SGD under 2 replicas clips each replica's half and ends
+    apart; the class the fix writes within rounding, by norm and by value."""
+    legacy = tmp_path / "legacy.py"
+    legacy.write_text(textwrap.dedent(KERAS_CLIPPING))
+    fixed = unsafe_fix(legacy.read_text())
+    start = fixed.index("class SummedClipSGD")
+    program = tmp_path / "summed_clip.py"
+    program.write_text(SUMMED_CLIP_AGAINST_KERAS_2.replace("CLASS", fixed[start:fixed.index("\n\n\n", start)]))
+    result = _run(program)
+    assert result.returncode == 0, result.stderr[-3000:]
+    apart = _last_json(result.stdout)
+    assert apart["norm/ours"] < 1e-5 and apart["value/ours"] < 1e-5, apart
+    assert apart["norm/keras3"] > 1e-3 and apart["value/keras3"] > 1e-3, apart
+
+
+KERAS_CLIPPING = """
+    import numpy as np
+    import tensorflow as tf
+    from keras.layers import Dense, Input
+    from keras.models import Model
+    from keras.optimizers import SGD
+    from keras.utils import multi_gpu_model
+
+    inputs = Input(shape=(10,))
+    model = Model(inputs, Dense(1)(inputs))
+    parallel = multi_gpu_model(model, gpus=2)
+    parallel.compile(loss='mse', optimizer=SGD(lr=0.1, clipnorm=0.05))
+    parallel.fit(np.zeros((64, 10)), np.zeros((64, 1)), batch_size=16)
+"""

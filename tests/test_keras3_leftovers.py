@@ -75,14 +75,13 @@ def test_optimizer_arguments_keep_their_meaning(optimizer, expected):
     ("SGD(momentum=0.9, decay=1e-4)", "", "pass `learning_rate=`"),
     ("SGD(lr=0.1, decay=1e-4)", "cb = keras.callbacks.ReduceLROnPlateau(patience=2)\n",
      "which the module's learning-rate callback cannot set"),
-    # Keras 3 under a strategy clips each replica's gradient before the sum (checked: a held-out
-    # keras-retinanet program with clipnorm=0.001 was 2e-4 apart, equal with clipnorm=100).
-    ("SGD(lr=0.1, clipnorm=1.0)", "", "clips each replica's gradient before they are summed"),
-    ("SGD(lr=0.1, clipvalue=0.5)", "", "it clips the gradients (`clipvalue=`)"),
+    # Keras 3 under a strategy clips each replica's gradient before the sum; an RMSprop stepped as
+    # Keras 2's cannot also clip the sum (a clipping SGD or Adam can: below).
+    ("keras.optimizers.RMSprop(lr=0.1, clipnorm=1.0)", "", "clips each replica's gradient before they are summed"),
 ])
 def test_an_optimizer_whose_meaning_keras_3_would_change_is_refused_with_its_line(optimizer, extra, reason):
     message = refusal(script(optimizer=optimizer, extra=extra))
-    assert "line 17: `SGD(...)`: " in message and reason in message
+    assert f"line 17: `{optimizer.split('(')[0]}(...)`: " in message and reason in message
 
 
 def test_learning_rate_reads_are_renamed():
@@ -845,3 +844,13 @@ def test_predict_classes_and_predict_proba_which_keras_3_dropped_become_keras_2_
     sigmoid = np.array([[0.2], [0.9], [0.5]])
     assert namespace["predict_classes"](Predicts(softmax), None).tolist() == [1, 0]
     assert namespace["predict_classes"](Predicts(sigmoid), None).tolist() == [[0], [1], [0]]
+
+
+@pytest.mark.parametrize("optimizer", ["SGD(lr=0.1, clipnorm=1.0)", "keras.optimizers.Adam(clipvalue=0.5)"])
+def test_an_optimizer_that_clips_becomes_one_that_clips_the_replicas_sum(optimizer):
+    """Keras 3 under a strategy clips each replica's gradient before the sum; the parallel model
+    clipped the sum. `SummedClip<Name>` sums first (tests/test_fix_runs.py trains it)."""
+    result = unsafe_fix(script(optimizer=optimizer))
+    name = "SGD" if optimizer.startswith("SGD") else "Adam"
+    assert f"class SummedClip{name}(keras.optimizers.{name}):" in result
+    assert f"optimizer=SummedClip{name}(" in result and "summed = context.all_reduce(\"sum\", summed)" in result

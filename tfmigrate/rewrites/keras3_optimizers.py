@@ -64,13 +64,12 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
             changes[compiled_optimizer(call)] = cst.parse_expression(f"{own_class}()")
         if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
             continue
-        clipped = next((arg for arg in call.args if any(keyword_is(arg, k, lambda v: not is_none(v)) for k in CLIPS)), None)
-        if clipped is not None:
+        clipped = _clipping(rule, call)
+        if clipped is not None and not (own_class or "").startswith("SummedClip"):
             return {}, [], (call, f"it clips the gradients (`{clipped.keyword.value}=`), and Keras 3 under a "
                                   "distribution strategy clips each replica's gradient before they are summed where "
-                                  "the parallel model clipped the summed one: the steps differ whenever it clips (a "
-                                  "held-out keras-retinanet program, `clipnorm=0.001`: 2e-4 apart from the second step, "
-                                  "equal with a bound never reached); clip by hand after the replicas' sum, or drop it")
+                                  f"the parallel model clipped the summed one; with {optimizer} stepped as Keras 2's "
+                                  "the fix cannot also clip the sum: clip by hand after the replicas' sum, or drop it")
         if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
             return {}, [], (call, "pass its arguments after the learning rate by keyword: Keras 2 and Keras 3 "
                                   "order them differently")
@@ -120,7 +119,11 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
       occurs more than once in a batch, Keras 3's Adam squares each occurrence's gradient of the
       row, Keras 2 squared their sum (a row seen 3 times ended one step at -0.030 on Keras 3, 0.0
       on Keras 2; a held-out Kaggle text kernel's loss differed from the second step):
-      `DenseGradientAdam` sums the rows' gradients first. (`Keras2RMSprop` does too.)"""
+      `DenseGradientAdam` sums the rows' gradients first. (`Keras2RMSprop` does too.)
+    - Any other optimizer that clips its gradients (`clipnorm=`, `clipvalue=`): Keras 3 under a
+      strategy clips each replica's gradient before they are summed, the parallel model clipped
+      the sum (a held-out keras-retinanet program with `clipnorm=0.001` was 2e-4 apart from the
+      second step, equal with a bound never reached): `SummedClip<Name>` clips the sum."""
     def compute() -> dict[int, tuple[str, str]]:
         calls = find(rule.context.module, cst.Call)
         embedding = any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls)
@@ -130,6 +133,9 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
                 found[id(call)] = ("RMSprop", "Keras2RMSprop")
             elif embedding and (adaptive := _optimizer_named(rule, call, ADAPTIVE)) is not None:
                 found[id(call)] = (adaptive, f"DenseGradient{adaptive}")
+            elif _clipping(rule, call) is not None:
+                name = next(n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS).rsplit(".", 1)[-1]
+                found[id(call)] = (name, f"SummedClip{name}")
         return found
 
     return rule.context.memo("keras3.keras2_step_optimizers", compute)
@@ -153,7 +159,13 @@ def keras2_step_classes(rule) -> tuple[list[cst.BaseStatement], list[ImportItem]
     indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
     dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
     names = {"indexed": code_in(rule.context.module, indexed), "dense": code_in(rule.context.module, dense)}
-    classes = [cst.parse_statement((_KERAS2_RMSPROP if own_class == "Keras2RMSprop" else _DENSE_GRADIENT)
+    for key, target in (("replica_context", "distribute.get_replica_context"), ("clip_by_norm", "clip_by_norm"),
+                        ("clip_by_value", "clip_by_value")):
+        expression, needed = rule.tf_ref(f"tensorflow.{target}")
+        names[key] = code_in(rule.context.module, expression)
+        more += needed
+    templates = {"Keras2RMSprop": _KERAS2_RMSPROP, "DenseGradient": _DENSE_GRADIENT, "SummedClip": _SUMMED_CLIP}
+    classes = [cst.parse_statement(next(t for k, t in templates.items() if own_class.startswith(k))
                                    .format(name=optimizer, **names)) for optimizer, own_class in optimizers]
     return classes, imports + more + [ImportItem("keras")]
 
@@ -170,6 +182,32 @@ class DenseGradient{name}(keras.optimizers.{name}):
     """{name} as Keras 2 stepped an `Embedding`: a row's gradients added up before they are
     squared (Keras 3's {name} squares each occurrence's in the batch)."""
 ''' + _DENSE_APPLY
+
+_SUMMED_CLIP = '''
+class SummedClip{name}(keras.optimizers.{name}):
+    """{name} clipping the gradients summed over the replicas, as Keras 2's parallel model clipped
+    them (Keras 3 under a distribution strategy clips each replica's part before the sum)."""
+
+    def __init__(self, *args, clipnorm=None, clipvalue=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.summed_clipnorm, self.summed_clipvalue = clipnorm, clipvalue
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        summed = [{dense}(grads[i]) for i in present]
+        context = {replica_context}()
+        replicas = context.num_replicas_in_sync if context is not None else 1
+        if replicas > 1 and summed:
+            summed = context.all_reduce("sum", summed)
+        if self.summed_clipnorm:
+            summed = [{clip_by_norm}(g, self.summed_clipnorm) for g in summed]
+        if self.summed_clipvalue:
+            summed = [{clip_by_value}(g, -self.summed_clipvalue, self.summed_clipvalue) for g in summed]
+        for i, g in zip(present, summed):  # the optimizer sums the replicas' parts again: each gives its share
+            grads[i] = g / replicas
+        return super().apply(grads, trainable_variables)
+'''
 
 _KERAS2_RMSPROP = '''
 class Keras2RMSprop(keras.optimizers.RMSprop):
@@ -191,6 +229,13 @@ class Keras2RMSprop(keras.optimizers.RMSprop):
             denominator = velocity - keras.ops.square(average)
         self.assign_sub(variable, rate * gradient / (keras.ops.sqrt(denominator) + self.epsilon))
 '''
+
+
+def _clipping(rule, call: cst.Call) -> cst.Arg | None:
+    """The argument by which a Keras optimizer ``call`` clips its gradients (`clipnorm=1.0`), else None."""
+    if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
+        return None
+    return next((arg for arg in call.args if any(keyword_is(arg, k, lambda v: not is_none(v)) for k in CLIPS)), None)
 
 
 def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
