@@ -604,6 +604,8 @@ elif MODE == "sequence":  # 4 steps an epoch: the passes of 3 batches run on acr
     BatchesInOrder.fit(model, train, steps_per_epoch=4, epochs=2, validation_data=validation, verbose=0,
                        shuffle=False, callbacks=[Seen()])
     seen["calls"] = train.calls[:11]  # those the 8 trained batches needed (more were read ahead)
+    history = BatchesInOrder.fit(model, Batches(8), epochs=2, verbose=0, shuffle=False)
+    seen["epoch_steps"] = history.params["steps"]  # without steps_per_epoch: one pass, as in Keras 2
 else:
     train, validation = batches(8), batches(4)
     BatchesInOrder.fit(model, train, steps_per_epoch=3, epochs=2, validation_data=validation,
@@ -634,6 +636,7 @@ def test_batches_in_order_trains_and_validates_a_generator_s_batches_as_keras_2_
     elif mode == "sequence":  # a validation Sequence is read from its first batch each time, as Keras 2 did
         assert seen["train"] == [0, 1, 2, 0, 1, 2, 0, 1] and seen["test"] == [0, 1, 2, 0, 1, 2], seen
         assert seen["calls"] == ["get 0", "get 1", "get 2", "end"] * 2 + ["get 0", "get 1", "get 2"], seen
+        assert seen["epoch_steps"] == 3, seen
     else:
         assert seen == {"train": [0, 1, 2, 3, 4, 5, 6, 7], "test": [0, 1, 2, 3]}, seen
 

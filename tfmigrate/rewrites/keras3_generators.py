@@ -52,6 +52,8 @@ class BatchesInOrder(keras.callbacks.Callback):
     @classmethod
     def fit(cls, model, generator, callbacks=None, validation_data=None, shuffle=True, **arguments):
         """Keras 2's `model.fit_generator(generator, ...)` on Keras 3."""
+        if isinstance(generator, keras.utils.PyDataset) and arguments.get("steps_per_epoch") is None:
+            arguments["steps_per_epoch"] = len(generator)  # Keras 2's epoch of a Sequence: one pass
         training = cls._of(generator, "train", shuffle)
         callbacks = [training, *(callbacks or [])]
         if hasattr(validation_data, "__next__"):  # validated on a generator's batches
