@@ -36,7 +36,8 @@ def predict_rows(model, x, **arguments):
     """`model.predict(x, ...)` of a recurrent model under a distribution strategy: Keras 3 fails
     when there are fewer rows than replicas (a replica's empty part reaches the RNN), so those
     are computed by calling the model on them whole."""
-    if len({nest}.flatten(x)[0]) >= model.distribute_strategy.num_replicas_in_sync:
+    first = {nest}.flatten(x)[0]  # arrays have rows; a dataset or a Sequence goes to `predict`
+    if not hasattr(first, "shape") or first.shape[0] >= model.distribute_strategy.num_replicas_in_sync:
         return model.predict(x, **arguments)
     return {nest}.map_structure(keras.ops.convert_to_numpy, model(x, training=False))
 '''
