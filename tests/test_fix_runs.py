@@ -554,6 +554,7 @@ def test_a_parallel_model_fit_on_a_generator_trains_its_batches_in_keras_2_s_ord
 
 GENERATOR_ORDER = """
 import json
+import numpy
 import numpy as np
 import tensorflow as tf
 import keras

@@ -691,13 +691,13 @@ def test_a_keras_session_set_up_becomes_tf2_s_settings_so_the_program_leaves_tf1
 
 
 @pytest.mark.parametrize("old, new, reason", [
-    ("config.gpu_options.allow_growth = True", "config.gpu_options.per_process_gpu_memory_fraction = 0.4",
-     "`gpu_options.per_process_gpu_memory_fraction` has no TF2 setting of the same meaning"),
+    ("config.gpu_options.allow_growth = True", "config.gpu_options.force_gpu_compatible = True",
+     "`gpu_options.force_gpu_compatible` has no TF2 setting of the same meaning"),
     ("set_session(sess)", "set_session(sess)\nprint(sess.run(tf.constant(1)))", "`sess` is read outside the session set-up"),
 ])
 def test_a_session_set_up_without_a_tf2_equivalent_keeps_the_module_in_tf1_mode(old, new, reason):
-    """A memory fraction has no TF2 setting of the same meaning, and a session read elsewhere is
-    TF1 code: the module stays in TF1 mode, and the refusal says which line keeps it there."""
+    """An option without a TF2 setting, and a session read elsewhere (TF1 code): the module stays in
+    TF1 mode, and the refusal says which line keeps it there."""
     source = script(fit="parallel.fit(x, y, batch_size=16, validation_data=(x, y))").replace(
         "tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n" + textwrap.dedent(SESSION_SETUP).replace(old, new) + "\n")
     message = refusal(source)
@@ -854,3 +854,20 @@ def test_an_optimizer_that_clips_becomes_one_that_clips_the_replicas_sum(optimiz
     name = "SGD" if optimizer.startswith("SGD") else "Adam"
     assert f"class SummedClip{name}(keras.optimizers.{name}):" in result
     assert f"optimizer=SummedClip{name}(" in result and "summed = context.all_reduce(\"sum\", summed)" in result
+
+
+def test_visible_gpus_and_a_memory_fraction_become_tf2_settings():
+    """`visible_device_list` is `tf.config.set_visible_devices` (where there are GPUs: TF1 ignored
+    the list without them); a memory fraction, which TF2 caps in megabytes only, becomes memory
+    growth, with a comment saying so, and growth asked twice is set once."""
+    setup = textwrap.dedent(SESSION_SETUP).replace(
+        "config.log_device_placement = False\n",
+        "config.gpu_options.per_process_gpu_memory_fraction = 0.4\nconfig.gpu_options.visible_device_list = '0,1'\n")
+    result = unsafe_fix(script().replace("tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n" + setup))
+    assert ("# per_process_gpu_memory_fraction=0.4: TF2 caps GPU memory in MB only (memory_limit); it grows as needed\n"
+            "for gpu in tf.config.list_physical_devices('GPU'):\n"
+            "    tf.config.experimental.set_memory_growth(gpu, True)\n"
+            "gpus = tf.config.list_physical_devices('GPU')\n"
+            "if gpus:\n"
+            "    tf.config.set_visible_devices([gpus[int(i)] for i in str('0,1').split(',')], 'GPU')\n") in result
+    assert result.count("set_memory_growth") == 1

@@ -17,8 +17,9 @@ A `keras.utils.Sequence` (told apart when the program runs: the argument's kind 
 be told from the source) goes through the same class, read as Keras 2's `fit_generator` read one: pass after pass, the
 order of each shuffled by Python's `random` unless `shuffle=False`, `on_epoch_end()` after each
 pass (Keras 3's own reading of it under a strategy split its batches otherwise from the second
-epoch on in 2 of 5 runs, the loss halved). A validation Sequence is read from its first batch
-at each validation, as Keras 2 did. A validation generator is read first after the first
+epoch on in 2 of 5 runs, the loss halved). A validation Sequence is validated on from its first
+batch each time, as Keras 2 did, as arrays of its batches read once (read as a dataset it
+changed the training of a held-out program's second epoch, for a reason not found). A validation generator is read first after the first
 epoch's training, as Keras 2 read it; where it and the training generator draw from NumPy's
 global random state, which batches each draws still depends on how far the training one is
 read ahead (in Keras 2, on its queue's thread), so they may differ from Keras 2's.
@@ -60,10 +61,12 @@ class BatchesInOrder(keras.callbacks.Callback):
             validation = cls._of(validation_data, "test", False, training.signature)
             callbacks.insert(1, validation)
             validation_data = validation.dataset
-        elif isinstance(validation_data, keras.utils.PyDataset):  # from its first batch each time
-            sequence = validation_data
-            batches = lambda: (cls._tuples(sequence[index]) for index in range(len(sequence)))
-            validation_data = {from_generator}(batches, output_signature=training.signature)
+        elif isinstance(validation_data, keras.utils.PyDataset):
+            # Keras 2 validated on its batches from the first each time: as arrays, batch by batch
+            steps = arguments.get("validation_steps") or len(validation_data)
+            batches = [cls._tuples(validation_data[index]) for index in range(steps)]
+            validation_data = {nest}(lambda *parts: numpy.concatenate(parts), *batches)
+            arguments["validation_batch_size"] = len({flatten}(batches[0])[0])
         # The order is the class's own: Keras 3 would not shuffle a dataset anyway.
         return model.fit(training.dataset, validation_data=validation_data, callbacks=callbacks, shuffle=False,
                          **arguments)
@@ -150,9 +153,10 @@ class BatchesInOrder(keras.callbacks.Callback):
 
 def batches_in_order_class(rule) -> tuple[cst.BaseStatement, list[ImportItem]]:
     """The `BatchesInOrder` class, through the module's own TensorFlow import: (class, imports)."""
-    names, imports = {}, [ImportItem("random"), ImportItem("threading"), ImportItem("keras")]
+    names, imports = {}, [ImportItem("numpy"), ImportItem("random"), ImportItem("threading"), ImportItem("keras")]
     for key, target in (("convert", "convert_to_tensor"), ("spec", "TensorSpec"),
-                        ("from_generator", "data.Dataset.from_generator"), ("nest", "nest.map_structure")):
+                        ("from_generator", "data.Dataset.from_generator"), ("nest", "nest.map_structure"),
+                        ("flatten", "nest.flatten")):
         expression, needed = rule.tf_ref(f"tensorflow.{target}")
         names[key] = code_in(rule.context.module, expression)
         imports += needed

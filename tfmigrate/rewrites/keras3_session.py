@@ -16,10 +16,11 @@ options process-wide: the block becomes
         tf.config.experimental.set_memory_growth(gpu, True)
 
 (`log_device_placement` -> `tf.debugging.set_log_device_placement`, `allow_soft_placement` ->
-`tf.config.set_soft_device_placement`, the thread counts -> `tf.config.threading`). None of
-them changes what is computed. Refused, with the line: an option with no TF2 setting of the
-same meaning (`per_process_gpu_memory_fraction`, `visible_device_list`), and a session or
-config read anywhere else (`sess.run`, `K.get_session()` is TF1 code the fix does not move).
+`tf.config.set_soft_device_placement`, the thread counts -> `tf.config.threading`,
+`visible_device_list` -> `tf.config.set_visible_devices`; `per_process_gpu_memory_fraction`, a
+cap TF2 sets in megabytes only, -> memory growth, with a comment saying so). None of them
+changes what is computed. Refused, with the line: another option, and a session or config read
+anywhere else (`sess.run`, `K.get_session()` is TF1 code the fix does not move).
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ TF2_SETTINGS = {
     "allow_soft_placement": "{config}.set_soft_device_placement({value})\n",
     "intra_op_parallelism_threads": "{config}.threading.set_intra_op_parallelism_threads({value})\n",
     "inter_op_parallelism_threads": "{config}.threading.set_inter_op_parallelism_threads({value})\n",
+    # The GPUs the process sees, by index: where there are any (TF1 ignored the list without them).
+    "gpu_options.visible_device_list": "gpus = {config}.list_physical_devices('GPU')\n"
+                                       "if gpus:\n"
+                                       "    {config}.set_visible_devices([gpus[int(i)] for i in str({value}).split(',')], 'GPU')\n",
+    # A cap on the GPU memory, which TF2 sets in megabytes only (`memory_limit`): the memory grows as
+    # it is needed instead, which changes no result.
+    "gpu_options.per_process_gpu_memory_fraction":
+        "# per_process_gpu_memory_fraction={value}: TF2 caps GPU memory in MB only (memory_limit); it grows as needed\n"
+        "for gpu in {config}.list_physical_devices('GPU'):\n"
+        "    {config}.experimental.set_memory_growth(gpu, True)\n",
 }
 
 
@@ -118,7 +129,17 @@ def _one_block(rule, call: cst.Call, found: SessionSetup) -> None:
         found.blocked = (reader, f"`{code_in(rule.context.module, reader)}` is read outside the session set-up, "
                                  "as TF1 code the fix does not move")
         return
-    settings = [cst.parse_statement(_setting(rule, option, value)) for option, value in options]
+    settings = []
+    for option, value in options:
+        # (after a `pass`: a module's first comment would be its header, not the statement's)
+        for setting in cst.parse_module("pass\n" + _setting(rule, option, value)).body[1:]:
+            bare = setting.with_changes(leading_lines=())
+            same = next((i for i, made in enumerate(settings) if bare.deep_equals(made.with_changes(leading_lines=()))), None)
+            if same is None:
+                settings.append(setting)
+            else:  # memory growth asked twice is set once, under both comments
+                settings[same] = settings[same].with_changes(
+                    leading_lines=[*settings[same].leading_lines, *setting.leading_lines])
     in_block = [s for s in body if any(s is removed for removed in [line, *statements])]
     if not settings and len(body) == len(in_block):  # the block held the set-up only
         settings = [cst.parse_statement("pass\n")]

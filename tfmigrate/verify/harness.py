@@ -992,7 +992,10 @@ def _make_callback(base, flavour, state: State, batch_size, x):
 def handle_keras_weights(state: State, model, flavour) -> None:
     import numpy as np
 
-    variables = list(model.trainable_weights)
+    # The frozen layers' weights too (`layer.trainable = False` before compile, a fine-tuning
+    # program's): their initial values differed between the runs, and the losses from step 0.
+    # (Moving statistics come along; both runs start them alike. Neither Keras lists seed states.)
+    variables = list(model.trainable_weights) + list(model.non_trainable_weights)
     named: dict = {}
     for var in variables:
         name = getattr(var, "path", None) or var.name
