@@ -871,3 +871,17 @@ def test_visible_gpus_and_a_memory_fraction_become_tf2_settings():
             "if gpus:\n"
             "    tf.config.set_visible_devices([gpus[int(i)] for i in str('0,1').split(',')], 'GPU')\n") in result
     assert result.count("set_memory_growth") == 1
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("from keras.engine.topology import Layer, InputSpec", "from keras.layers import Layer, InputSpec"),
+    ("from keras.engine import Layer", "from keras.layers import Layer"),
+    ("from keras.engine.training import Model as Trainable", "from keras.models import Model as Trainable"),
+    ("from keras.engine.topology import Layer, Network", "from keras.engine.topology import Layer, Network"),
+])
+def test_keras_2_engine_imports_move_to_where_keras_3_keeps_the_names(line, expected):
+    """A custom layer's `from keras.engine.topology import Layer` failed on Keras 3 (no
+    `keras.engine`; a held-out DeepFM program). A name with no Keras 3 home keeps the line."""
+    result = unsafe_fix(script().replace("from keras.utils import multi_gpu_model\n",
+                                         f"from keras.utils import multi_gpu_model\n{line}\n"))
+    assert f"\n{expected}\n" in result

@@ -91,6 +91,11 @@ KERAS2_SUBMODULES = {
                      "advanced_activations", "wrappers", "noise", "local", "convolutional_recurrent"),
     "keras.utils": ("np_utils", "generic_utils", "data_utils", "io_utils", "vis_utils", "layer_utils", "conv_utils"),
 }
+#: Keras 2's `keras.engine` modules, which Keras 3 does not have, and where their names are now.
+KERAS2_ENGINE = ("keras.engine", "keras.engine.topology", "keras.engine.base_layer", "keras.engine.input_layer",
+                 "keras.engine.training", "keras.engine.network")
+KERAS2_ENGINE_NAMES = {"Layer": "keras.layers", "InputSpec": "keras.layers", "Input": "keras.layers",
+                       "InputLayer": "keras.layers", "Model": "keras.models"}
 
 
 def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], checkpoint_calls: Iterable[cst.Call],
@@ -370,7 +375,8 @@ def model_keywords(rule) -> dict:
 
 
 def module_paths(module: cst.Module) -> dict:
-    """`from keras.layers.core import Dense` -> `from keras.layers import Dense`; `from keras.utils
+    """`from keras.layers.core import Dense` -> `from keras.layers import Dense`; `from
+    keras.engine.topology import Layer` -> `from keras.layers import Layer`; `from keras.utils
     import np_utils` -> `from keras import utils as np_utils` (on a line of its own);
     `keras.utils.np_utils.to_categorical` -> `keras.utils.to_categorical`."""
     changes = {}
@@ -380,6 +386,11 @@ def module_paths(module: cst.Module) -> dict:
         package, _, sub = (name or "").rpartition(".")
         if sub in KERAS2_SUBMODULES.get(package, ()):
             changes[node] = node.with_changes(module=cst.parse_expression(package))
+        elif name in KERAS2_ENGINE and not isinstance(node.names, cst.ImportStar):
+            # `from keras.engine.topology import Layer` (a custom layer's): one home for all the names
+            homes = {KERAS2_ENGINE_NAMES.get(dotted_name(a.name) or "") for a in node.names}
+            if len(homes) == 1 and None not in homes:
+                changes[node] = node.with_changes(module=cst.parse_expression(homes.pop()))
         elif name in KERAS2_SUBMODULES and not isinstance(node.names, cst.ImportStar):
             submodules = [a for a in node.names if isinstance(a.name, cst.Name) and a.name.value in KERAS2_SUBMODULES[name]]
             if submodules:
