@@ -63,6 +63,17 @@ def _last_json(output: str):
     return json.loads(output.strip().splitlines()[-1])
 
 
+def _written_run(program: str, fixed: str, opening: str, tmp_path, placeholder: str = "CLASS"):
+    """Runs ``program`` with what the fix wrote into ``fixed`` from ``opening`` (a class or a
+    function, up to the next two blank lines) in place of ``placeholder``: its last JSON line."""
+    start = fixed.index(opening)
+    path = tmp_path / "written.py"
+    path.write_text(program.replace(placeholder, fixed[start:fixed.index("\n\n\n", start)]))
+    result = _run(path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _last_json(result.stdout)
+
+
 def test_fixed_keras_program_trains_without_multi_gpu_model(tmp_path):
     legacy, fixed = _fixed_copy("fix_keras_mgpu.py", tmp_path)
     text = fixed.read_text()
@@ -217,14 +228,8 @@ def test_the_keras2_rmsprop_the_fix_writes_steps_as_keras_2_s_with_momentum_and_
     """Against tf_keras's legacy RMSprop (Keras 2's): plain and centred, Keras 3's RMSprop ends
     far apart (x2.4 here) and the class within rounding; with momentum both use sqrt(v + eps)."""
     _, fixed = _fixed_copy("fix_keras_seq2seq_rmsprop.py", tmp_path)
-    text = fixed.read_text()
-    start = text.index("class Keras2RMSprop")
-    end = text.index("\n\n\n", start)
-    program = tmp_path / "rmsprop_steps.py"
-    program.write_text(KERAS2_RMSPROP_AGAINST_KERAS_2.replace("CLASS", "import keras\n" + text[start:end]))
-    result = _run(program)
-    assert result.returncode == 0, result.stderr[-3000:]
-    apart = _last_json(result.stdout)
+    program = KERAS2_RMSPROP_AGAINST_KERAS_2.replace("CLASS", "import keras\nCLASS")
+    apart = _written_run(program, fixed.read_text(), "class Keras2RMSprop", tmp_path)
     assert all(apart[f"{name}/ours"] < 1e-5 for name in ("plain", "momentum", "centered")), apart
     assert apart["plain/keras3"] > 0.1 and apart["centered/keras3"] > 0.1 and apart["momentum/keras3"] < 1e-5, apart
 
@@ -624,14 +629,7 @@ def test_batches_in_order_trains_and_validates_a_generator_s_batches_as_keras_2_
     a validation generator's batches in order too; a Sequence is read pass after pass across
     epochs with `on_epoch_end()` after each pass, as Keras 2's enqueuer read it."""
     _, fixed = _fixed_copy("fix_keras_fit_generator.py", tmp_path)
-    text = fixed.read_text()
-    start = text.index("class BatchesInOrder")
-    program = tmp_path / "generator_order.py"
-    program.write_text(GENERATOR_ORDER.replace("CLASS", text[start:text.index("\n\n\n", start)])
-                       .replace("MODE", repr(mode)))
-    result = _run(program)
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = _last_json(result.stdout)
+    seen = _written_run(GENERATOR_ORDER.replace("MODE", repr(mode)), fixed.read_text(), "class BatchesInOrder", tmp_path)
     if mode == "raw":
         assert seen["train"][0] == 0 and seen["train"][1:] != [1, 2, 3, 4, 5], seen
     elif mode == "sequence":  # a validation Sequence is read from its first batch each time, as Keras 2 did
@@ -691,12 +689,7 @@ def test_a_recurrent_model_s_predictions_of_few_rows_go_through_predict_rows(tmp
     gives the model's own outputs for every row count, two outputs included."""
     fixed = unsafe_fix(RECURRENT_PROGRAM)
     assert "print(predict_rows(model, np.ones((1, 5, 7), 'float32'), verbose=0))" in fixed
-    start = fixed.index("def predict_rows")
-    program = tmp_path / "predict_rows.py"
-    program.write_text(PREDICT_ROWS.replace("FUNCTION", fixed[start:fixed.index("\n\n\n", start)]))
-    result = _run(program)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = _last_json(result.stdout)
+    report = _written_run(PREDICT_ROWS, fixed, "def predict_rows", tmp_path, placeholder="FUNCTION")
     assert all(apart < 1e-5 for apart in report["apart"].values()), report
     assert report["failed"] == {"1": True, "3": False, "33": False, "64": False}, report
 
@@ -740,12 +733,7 @@ def test_summed_clip_sgd_clips_the_replicas_sum_as_the_parallel_model_did(tmp_pa
     legacy = tmp_path / "legacy.py"
     legacy.write_text(textwrap.dedent(KERAS_CLIPPING))
     fixed = unsafe_fix(legacy.read_text())
-    start = fixed.index("class SummedClipSGD")
-    program = tmp_path / "summed_clip.py"
-    program.write_text(SUMMED_CLIP_AGAINST_KERAS_2.replace("CLASS", fixed[start:fixed.index("\n\n\n", start)]))
-    result = _run(program)
-    assert result.returncode == 0, result.stderr[-3000:]
-    apart = _last_json(result.stdout)
+    apart = _written_run(SUMMED_CLIP_AGAINST_KERAS_2, fixed, "class SummedClipSGD", tmp_path)
     assert apart["norm/ours"] < 1e-5 and apart["value/ours"] < 1e-5, apart
     assert apart["norm/keras3"] > 1e-3 and apart["value/keras3"] > 1e-3, apart
 
