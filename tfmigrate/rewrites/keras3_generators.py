@@ -30,7 +30,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.cst.callargs import argument, keyword_is
-from tfmigrate.cst.codegen import code_in
+from tfmigrate.rewrites.mirrored import TfNames
 from tfmigrate.rule import ImportItem
 
 __all__ = ["batches_in_order_class", "generator_argument", "generator_fits"]
@@ -153,13 +153,11 @@ class BatchesInOrder(keras.callbacks.Callback):
 
 def batches_in_order_class(rule) -> tuple[cst.BaseStatement, list[ImportItem]]:
     """The `BatchesInOrder` class, through the module's own TensorFlow import: (class, imports)."""
-    names, imports = {}, [ImportItem("numpy"), ImportItem("random"), ImportItem("threading"), ImportItem("keras")]
-    for key, target in (("convert", "convert_to_tensor"), ("spec", "TensorSpec"),
-                        ("from_generator", "data.Dataset.from_generator"), ("nest", "nest.map_structure"),
-                        ("flatten", "nest.flatten")):
-        expression, needed = rule.tf_ref(f"tensorflow.{target}")
-        names[key] = code_in(rule.context.module, expression)
-        imports += needed
+    tf = TfNames(rule)
+    names = {key: tf(f"tensorflow.{target}") for key, target in (
+        ("convert", "convert_to_tensor"), ("spec", "TensorSpec"), ("from_generator", "data.Dataset.from_generator"),
+        ("nest", "nest.map_structure"), ("flatten", "nest.flatten"))}
+    imports = [ImportItem("numpy"), ImportItem("random"), ImportItem("threading"), ImportItem("keras"), *tf.imports]
     return cst.parse_statement(_BATCHES_IN_ORDER.format(**names)), imports
 
 

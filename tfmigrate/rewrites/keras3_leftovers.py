@@ -123,13 +123,18 @@ def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], ch
     return changes
 
 
+def _init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
+    """The class's own `__init__` (not a nested class's)."""
+    return next((f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
+
+
 def _checkpoint_parameters(module: cst.Module, call: cst.Call) -> tuple[str, ...]:
     """The positional parameters of the checkpoint class ``call`` makes: Keras's (`filepath`
     first), or its subclass's own `__init__`'s (`(self, template_model, filepath, **kwargs)`, a
     held-out DeepLab trainer's)."""
     name = module.code_for_node(call.func).strip().rsplit(".", 1)[-1]
     for cls in find(module, cst.ClassDef):
-        init = next((f for f in find(cls.body, cst.FunctionDef) if f.name.value == "__init__"), None)
+        init = _init_of(cls)
         if cls.name.value == name and init is not None:
             named = tuple(p.name.value for p in init.params.params[1:])
             # `(self, template, *args, **kwargs)` hands the rest on to ModelCheckpoint: `filepath` first
@@ -208,8 +213,8 @@ def _constructor_file_renamed(module: cst.Module, assign: cst.Assign) -> dict:
     """`self.filepath = filepath` in a class's `__init__`: the `.h5` literals the module passes
     for that parameter where it makes the class (`TemplateCheckpoint(model, 'best.hdf5')`)."""
     parameter = assign.value.value if isinstance(assign.value, cst.Name) else None
-    cls, init = next(((c, f) for c in find(module, cst.ClassDef) for f in c.body.body if isinstance(f, cst.FunctionDef)
-                      and f.name.value == "__init__" and any(a is assign for a in find(f, cst.Assign))), (None, None))
+    cls, init = next(((c, init) for c in find(module, cst.ClassDef) if (init := _init_of(c)) is not None
+                      and any(a is assign for a in find(init, cst.Assign))), (None, None))
     if parameter is None or cls is None:
         return {}
     names = [p.name.value for p in init.params.params][1:]
@@ -350,15 +355,19 @@ def generator_methods(module: cst.Module) -> dict:
 
 def tf2_spellings(rule) -> tuple[dict, list[ImportItem]]:
     """`tf.set_random_seed(1)` -> `tf.random.set_seed(1)` (:data:`TF2_SPELLINGS`), reached through
-    the module's own TensorFlow import: (changes, imports to add)."""
-    changes: dict = {}
-    imports: list[ImportItem] = []
-    for call in find(rule.context.module, cst.Call):
-        spelled = TF2_SPELLINGS.get(rule.imports.resolve(call.func) or "")
-        if spelled is not None:
-            changes[call.func], needed = rule.tf_ref(spelled)
-            imports += needed
-    return changes, imports
+    the module's own TensorFlow import: (changes, imports to add). Asked by the edit and by the
+    imports it removes: worked out once per module."""
+    def compute() -> tuple[dict, list[ImportItem]]:
+        changes: dict = {}
+        imports: list[ImportItem] = []
+        for call in find(rule.context.module, cst.Call):
+            spelled = TF2_SPELLINGS.get(rule.imports.resolve(call.func) or "")
+            if spelled is not None:
+                changes[call.func], needed = rule.tf_ref(spelled)
+                imports += needed
+        return changes, imports
+
+    return rule.context.memo("keras3.tf2_spellings", compute)
 
 
 def model_keywords(rule) -> dict:

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 import libcst as cst
 
 from tfmigrate.cst.callargs import commas_mended, is_none, keyword_is, keyword_renamed
-from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find
+from tfmigrate.rewrites.mirrored import TfNames
 from tfmigrate.rule import ImportItem
 
 __all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "compiled_optimizer", "keras2_step_classes", "learning_rate_reads",
@@ -156,18 +156,14 @@ def keras2_step_classes(rule) -> tuple[list[cst.BaseStatement], list[ImportItem]
     optimizers = sorted(set(keras2_step_optimizers(rule).values()))
     if not optimizers:
         return [], []
-    indexed, imports = rule.tf_ref("tensorflow.IndexedSlices")
-    dense, more = rule.tf_ref("tensorflow.convert_to_tensor")
-    names = {"indexed": code_in(rule.context.module, indexed), "dense": code_in(rule.context.module, dense)}
-    for key, target in (("replica_context", "distribute.get_replica_context"), ("clip_by_norm", "clip_by_norm"),
-                        ("clip_by_value", "clip_by_value")):
-        expression, needed = rule.tf_ref(f"tensorflow.{target}")
-        names[key] = code_in(rule.context.module, expression)
-        more += needed
+    tf = TfNames(rule)
+    names = {key: tf(f"tensorflow.{target}") for key, target in (
+        ("indexed", "IndexedSlices"), ("dense", "convert_to_tensor"), ("replica_context", "distribute.get_replica_context"),
+        ("clip_by_norm", "clip_by_norm"), ("clip_by_value", "clip_by_value"))}
     templates = {"Keras2RMSprop": _KERAS2_RMSPROP, "DenseGradient": _DENSE_GRADIENT, "SummedClip": _SUMMED_CLIP}
     classes = [cst.parse_statement(next(t for k, t in templates.items() if own_class.startswith(k))
                                    .format(name=optimizer, **names)) for optimizer, own_class in optimizers]
-    return classes, imports + more + [ImportItem("keras")]
+    return classes, tf.imports + [ImportItem("keras")]
 
 
 #: What both classes do with an `Embedding`'s gradients by row: add up each row's first, as Keras 2 did.

@@ -22,6 +22,7 @@ import libcst as cst
 
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.traversal import find
+from tfmigrate.rewrites.mirrored import TfNames
 from tfmigrate.rule import ImportItem
 
 __all__ = ["RECURRENT_LAYERS", "prediction_functions", "predictions"]
@@ -58,11 +59,10 @@ def prediction_functions(rule, changes: dict) -> tuple[list[cst.BaseStatement], 
     """The functions the calls :func:`predictions` rewrote into (``changes``) call, through the
     module's own TensorFlow import: (functions, imports)."""
     called = {new.func.value for new in changes.values() if isinstance(new.func, cst.Name)}
-    functions, imports = [], []
+    functions, imports, tf = [], [], TfNames(rule)
     if "predict_rows" in called:
-        nest, imports = rule.tf_ref("tensorflow.nest")
-        functions.append(cst.parse_statement(_PREDICT_ROWS.format(nest=code_in(rule.context.module, nest))))
-        imports = imports + [ImportItem("keras")]
+        functions.append(cst.parse_statement(_PREDICT_ROWS.format(nest=tf("tensorflow.nest"))))
+        imports = [*tf.imports, ImportItem("keras")]
     if "predict_classes" in called:
         predict = "predict_rows(model, " if "predict_rows" in called else "model.predict("
         functions.append(cst.parse_statement(_PREDICT_CLASSES.replace("{predict}(", predict)))

@@ -33,7 +33,7 @@ from tfmigrate.cst.callargs import argument
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, module_parents, single_small
-from tfmigrate.rewrites.mirrored import is_docstring
+from tfmigrate.rewrites.mirrored import TfNames, is_docstring
 
 __all__ = ["SET_SESSION", "SessionSetup", "session_setup"]
 
@@ -220,7 +220,8 @@ def _keyword_options(rule, body: list, made: cst.Call, statements: list, found: 
 
 
 def _setting(rule, option: str, value: str) -> str:
-    names = {key: code_in(rule.context.module, rule.tf_ref(f"tensorflow.{key}")[0]) for key in ("config", "debugging")}
+    tf = TfNames(rule)  # (the module imports TensorFlow: it made a session with it)
+    names = {key: tf(f"tensorflow.{key}") for key in ("config", "debugging")}
     return TF2_SETTINGS[option].format(value=value, **names)
 
 
