@@ -175,6 +175,23 @@ def test_harness_helpers():
     assert rewrite_device_string("/cpu:0", 2) == "/cpu:0"
 
 
+def test_a_batch_loss_is_recovered_from_keras_3s_running_mean_by_examples():
+    """Keras 3 reports the epoch's running mean of the loss, each batch weighed by its examples:
+    a partial last batch (16 of 432 after `validation_split=0.1` of 480, in batches of 32) counts
+    half a batch (a held-out text classifier's last batch had been read 20% off)."""
+    from tfmigrate.verify.harness import _batch_loss
+
+    losses, sizes = [1.0, 3.0, 0.5], [32, 32, 16]
+    total, seen, previous, recovered = 0.0, 0, 0.0, []
+    for batch, (loss, size) in enumerate(zip(losses, sizes)):
+        total += loss * size
+        mean = total / (seen + size)  # what Keras 3 logs after this batch
+        recovered.append(_batch_loss(mean, previous, seen, size, batch))
+        seen, previous = seen + size, mean
+    assert recovered == pytest.approx(losses)
+    assert _batch_loss(2.0, 1.0, 0, None, 1) == pytest.approx(3.0)  # sizes unknown: batches of one size
+
+
 def test_preload_servers_are_kept_per_import_setting_and_two_at_most(monkeypatch):
     """A variable no import reads (pytest's PYTEST_CURRENT_TEST, new for every test) reaches the
     run but keeps its server; a third setting of the import's variables ends the least recently

@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import functools
 import json
+import math
 import os
 import platform
 import random
@@ -348,6 +350,7 @@ def make_keras2_modules(tf_keras):
     legacy = tf_keras.optimizers.legacy
     optimizer_names = {n: getattr(legacy, n) for n in dir(legacy) if not n.startswith("_")}
     _name_legacy_optimizers(tf_keras)
+    _evaluate_in_order()
     optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)
     utils = _Overlay("keras.utils", {"multi_gpu_model": multi_gpu_model}, tf_keras.utils)
     # Keras 2.0-2.2's utility submodules (`from keras.utils import np_utils`): what they held is in
@@ -369,6 +372,32 @@ def make_keras2_modules(tf_keras):
                   "keras.utils.training_utils": utils, "keras.utils.multi_gpu_utils": utils, "keras.engine": engine,
                   "keras.backend": backend, "keras.backend.tensorflow_backend": backend}
     return top, submodules
+
+
+def _evaluate_in_order() -> None:
+    """tf_keras's graph-mode `fit` validates through its batch loop with `shuffle` left at its
+    default, True: it shuffled the validation rows with NumPy's global random state each epoch.
+    Keras 2.2-2.3 (standalone, what `import keras` programs ran on) and Keras 3 validate in order
+    without drawing; the draws changed no loss but moved the random state, and a program's next
+    `np.random` data (a second training phase's) differed from its migration's. Evaluation and
+    prediction read in order here, as Keras 2 read them."""
+    from tf_keras.src.engine import training_arrays_v1
+    from tf_keras.src.utils.mode_keys import ModeKeys
+
+    original = training_arrays_v1.model_iteration
+    if getattr(original, "_tfmigrate", False):
+        return
+
+    def model_iteration(*args, **kwargs):
+        if kwargs.get("mode", ModeKeys.TRAIN) != ModeKeys.TRAIN:
+            kwargs["shuffle"] = False
+        return original(*args, **kwargs)
+
+    model_iteration._tfmigrate = True
+    training_arrays_v1.model_iteration = model_iteration
+    # `evaluate` and `predict` go through these partials of the original loop
+    training_arrays_v1.test_loop = functools.partial(model_iteration, mode=ModeKeys.TEST)
+    training_arrays_v1.predict_loop = functools.partial(model_iteration, mode=ModeKeys.PREDICT)
 
 
 def _name_legacy_optimizers(tf_keras) -> None:
@@ -894,6 +923,7 @@ def install_keras(state: State, flavours: list) -> None:
             continue
         for cls in classes:
             _wrap_fit(cls, callback_base, flavour, state)
+            _wrap_train_on_batch(cls, flavour, state)
 
 
 def _wrap_fit(cls, callback_base, flavour, state: State) -> None:
@@ -920,7 +950,8 @@ def _wrap_fit(cls, callback_base, flavour, state: State) -> None:
                 batch_size = spec.shape[0]
             except Exception:
                 batch_size = None
-        callbacks.append(_make_callback(callback_base, flavour, state, batch_size, x))
+        callbacks.append(_make_callback(callback_base, flavour, state, batch_size, x,
+                                        bound.arguments.get("validation_split") or 0.0))
         bound.arguments["callbacks"] = callbacks
         # A generator or a dataset is not shuffled by fit: its `shuffle=True` is nothing to turn off.
         streamed = hasattr(x, "__next__") or hasattr(x, "element_spec")
@@ -932,18 +963,71 @@ def _wrap_fit(cls, callback_base, flavour, state: State) -> None:
 
             TURNED_OFF.append(f"fit(shuffle={bound.arguments.get('shuffle', True)!r})")
             bound.arguments["shuffle"] = False
-        return original(*bound.args, **bound.kwargs)
+        _FITTING[0] += 1
+        try:
+            return original(*bound.args, **bound.kwargs)
+        finally:
+            _FITTING[0] -= 1
 
     fit._tfmigrate = True
     setattr(cls, "fit", fit)
 
 
-def _make_callback(base, flavour, state: State, batch_size, x):
+#: How many `fit` calls are running (a Keras 2 `fit_generator` may step through `train_on_batch`:
+#: those steps are fit's, recorded by its callback).
+_FITTING = [0]
+
+
+def _wrap_train_on_batch(cls, flavour, state: State) -> None:
+    """`model.train_on_batch(x, y)` called by the program (Keras-GAN's loops, warm-up steps before
+    `fit`): each call one step, its loss what the call returns (the loss first, then the
+    metrics); the model's weights are set from OLD's before the first step, as for `fit`."""
+    original = getattr(cls, "train_on_batch", None)
+    if original is None or getattr(original, "_tfmigrate", False):
+        return
+
+    def train_on_batch(self, x, *args, **kwargs):
+        if _FITTING[0]:
+            return original(self, x, *args, **kwargs)
+        if not state.weights_done and self.built:
+            state.weights_done = True
+            handle_keras_weights(state, self, flavour)
+        start = time.perf_counter()
+        result = original(self, x, *args, **kwargs)
+        end = time.perf_counter()
+        loss = result
+        if isinstance(loss, dict):
+            loss = loss.get("loss")
+        elif isinstance(loss, (list, tuple)):
+            loss = loss[0] if loss else None
+        state.note("Keras train_on_batch: loss as the call returns it")
+        state.record(loss, _rows(x), start, end, "keras")
+        return result
+
+    train_on_batch._tfmigrate = True
+    setattr(cls, "train_on_batch", train_on_batch)
+
+
+def _rows(x) -> int | None:
+    """The examples in a batch of arrays (or a list or dict of them)."""
+    if isinstance(x, dict):
+        x = next(iter(x.values()), None)
+    elif isinstance(x, (list, tuple)):
+        x = x[0] if x else None
+    try:
+        return int(x.shape[0])
+    except Exception:
+        return None
+
+
+def _make_callback(base, flavour, state: State, batch_size, x, validation_split: float = 0.0):
     total = None
     try:
         total = int(x.shape[0]) if hasattr(x, "shape") else None
     except Exception:
         total = None
+    if total and validation_split:  # the examples fit trains on (Keras 3 rounds them up; only it reads this)
+        total = math.ceil(total * (1.0 - validation_split))
 
     class Capture(base):
         def __init__(self):
@@ -959,6 +1043,7 @@ def _make_callback(base, flavour, state: State, batch_size, x):
 
         def on_epoch_begin(self, epoch, logs=None):
             self.previous_mean = 0.0
+            self.seen = 0
 
         def on_train_batch_begin(self, batch, logs=None):
             self.t_prev = time.perf_counter()
@@ -966,17 +1051,6 @@ def _make_callback(base, flavour, state: State, batch_size, x):
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
             logs = logs or {}
-            value = logs.get("loss")
-            loss = None
-            if value is not None:
-                value = float(value)
-                if "size" in logs:          # graph-mode loop: the batch's own loss
-                    loss = value
-                    state.note("Keras fit: loss per batch as reported by the graph-mode loop")
-                else:                       # TF2 loops: running mean over the epoch
-                    loss = (batch + 1) * value - batch * self.previous_mean
-                    self.previous_mean = value
-                    state.note("Keras fit: batch loss recovered from the running mean fit reports")
             examples = logs.get("size")
             if examples is None and batch_size:
                 examples = batch_size
@@ -984,9 +1058,30 @@ def _make_callback(base, flavour, state: State, batch_size, x):
                     per_epoch = -(-total // batch_size)
                     if batch % per_epoch == per_epoch - 1 and total % batch_size:
                         examples = total % batch_size
+            value = logs.get("loss")
+            loss = None
+            if value is not None:
+                value = float(value)
+                if "size" in logs:          # graph-mode loop: the batch's own loss
+                    loss = value
+                    state.note("Keras fit: loss per batch as reported by the graph-mode loop")
+                else:                       # TF2 loops: running mean over the epoch, by examples
+                    loss = _batch_loss(value, self.previous_mean, self.seen, examples, batch)
+                    self.previous_mean = value
+                    self.seen += examples or 0
+                    state.note("Keras fit: batch loss recovered from the running mean fit reports")
             state.record(loss, examples, self.t_prev, now, "keras")
 
     return Capture()
+
+
+def _batch_loss(mean: float, previous_mean: float, seen: int, examples: int | None, batch: int) -> float:
+    """One batch's loss from the epoch's running mean after it (``mean``) and before it: Keras 3
+    weighs each batch by its examples (a partial last batch counts less), so by examples where
+    they are known, else as batches of one size."""
+    if examples:
+        return ((seen + examples) * mean - seen * previous_mean) / examples
+    return (batch + 1) * mean - batch * previous_mean
 
 
 def handle_keras_weights(state: State, model, flavour) -> None:
