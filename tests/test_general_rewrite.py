@@ -4103,3 +4103,34 @@ def test_a_global_step_made_above_the_tower_function_and_a_picked_dependency_lis
     assert "with strategy.scope():\n    global_step = tf.train.get_or_create_global_step()\n" in out
     assert ("        def apply_share():\n"
             "            with tf.control_dependencies([g for g in avg if g is not None]):\n") in out
+
+
+def test_towers_walking_models_another_tower_loop_built_per_device_are_refused():
+    """bi-att-flow: `get_multi_gpu_models()` builds one model per GPU, a trainer's loop over
+    `enumerate(models)` takes each one's gradients. The models' variables are made in the first
+    loop, outside any strategy, where replicas cannot update them (the fix had rewritten the
+    second loop alone, and the program failed: "destinations must be one of a
+    `DistributedValues` object")."""
+    findings = tower_findings(textwrap.dedent("""
+        import tensorflow as tf
+
+        def get_models(num_gpus):
+            models = []
+            for i in range(num_gpus):
+                with tf.device('/gpu:%d' % i), tf.variable_scope(tf.get_variable_scope(), reuse=i > 0):
+                    models.append(Tower(i))
+            return models
+
+        class Trainer(object):
+            def __init__(self, models):
+                self.opt = tf.train.GradientDescentOptimizer(0.1)
+                grads_list = []
+                for i, model in enumerate(models):
+                    with tf.device('/gpu:%d' % i):
+                        grads_list.append(self.opt.compute_gradients(model.loss))
+                grads = [(tf.add_n([g for g, _ in gv]) / len(gv), gv[0][1]) for gv in zip(*grads_list)]
+                self.train_op = self.opt.apply_gradients(grads)
+    """))
+    trainer = next(f for f in findings if f.start.row == 14)
+    assert not trainer.fixable
+    assert "the towers walk `models`, which the tower loop on line 5 fills with one object per device" in trainer.refusal

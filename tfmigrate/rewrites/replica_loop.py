@@ -80,7 +80,7 @@ from tfmigrate.rewrites.tower_callers import (
     user_called_update,
 )
 from tfmigrate.rewrites.tower_checks import (
-    check_body, check_keras_parallel, check_only_computes, check_tower_variables, check_training_state,
+    check_body, check_keras_parallel, check_prebuilt_towers, check_only_computes, check_tower_variables, check_training_state,
     check_variable_updates, check_waits, loads_per_copy, tower_counters,
 )
 from tfmigrate.rewrites.tower_code import (
@@ -265,6 +265,7 @@ def _check_loops(rule, towers: list, regions: list[Region]) -> None:
         check_tower(rule, tower, tower_functions=True, grouped=len(towers) > 1)
         check_body(tower.loop)
         check_keras_parallel(rule, tower)
+        check_prebuilt_towers(rule, tower.loop)
         check_tower_variables(rule, tower)
         check_variable_copies(rule, tower.loop)
         check_variable_updates(rule, tower)

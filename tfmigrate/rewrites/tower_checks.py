@@ -19,7 +19,7 @@ import re
 import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
-from tfmigrate.analysis.devices import enclosing_class
+from tfmigrate.analysis.devices import enclosing_class, tower_loop_at
 from tfmigrate.analysis.training import (
     KNOWN_LIBRARIES, module_functions, tensors_read, training_call, trains, variable_update,
 )
@@ -79,6 +79,36 @@ def check_body(loop: cst.For) -> None:
             # another (a YOLOv3 "multi-GPU" trainer), and the replicas would call the session.
             raise Refused(f"the loop body runs the graph (`{code(node.func)}(...)`): its device scope places nothing, "
                           "and this loop runs training steps one by one, not towers")
+
+
+def check_prebuilt_towers(rule, loop: cst.For) -> None:
+    """The loop walks objects another tower loop made, one per device (bi-att-flow: models built
+    under `/gpu:i` by `get_multi_gpu_models()`, then a trainer's loop over `enumerate(models)`
+    computing each one's gradients): their variables were made there, outside the strategy's
+    scope, and a replica cannot update them (checked: "destinations must be one of a
+    `DistributedValues` object")."""
+    iterable = loop.iter
+    if isinstance(iterable, cst.Call) and code(iterable.func) == "enumerate" and iterable.args:
+        iterable = iterable.args[0].value
+    if not isinstance(iterable, (cst.Name, cst.Attribute)):
+        return
+    walked = iterable.value if isinstance(iterable, cst.Name) else iterable.attr.value
+    for other in find(rule.context.module, cst.For):
+        if other is loop or tower_loop_at(rule.context, other) is None:
+            continue
+        filled = next((call for call in find(other.body, cst.Call) if method_call(call, "append")
+                       and _last_name(call.func.value) == walked), None)  # type: ignore[attr-defined]
+        if filled is not None:
+            raise Refused(f"the towers walk `{code(iterable)}`, which the tower loop on line {line_of(rule, other)} fills "
+                          "with one object per device: their variables are made there, outside the strategy's scope, "
+                          "where replicas cannot update them; build each tower's model in this loop")
+
+
+def _last_name(node: cst.BaseExpression) -> str | None:
+    """`models` of `models` and of `self.models`."""
+    if isinstance(node, cst.Name):
+        return node.value
+    return node.attr.value if isinstance(node, cst.Attribute) else None
 
 
 def check_keras_parallel(rule, tower) -> None:
