@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
+from tfmigrate.analysis.passed_models import passed_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
@@ -18,7 +21,7 @@ from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generat
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
-    output_metrics, tf2_spellings, weight_file_renames,
+    output_metrics, tf2_spellings, weight_file_renames, weighted_named_targets,
 )
 from tfmigrate.rewrites.keras3_optimizers import (
     OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
@@ -82,6 +85,21 @@ def _unpacked(statement: cst.BaseStatement) -> set[str]:
 #: Builtins that compute data, and make no layer.
 _DATA_BUILTINS = {"len", "int", "float", "str", "tuple", "list", "dict", "set", "sorted", "max", "min", "sum", "range",
                   "zip", "enumerate", "abs", "round"}
+
+
+@dataclass
+class _Placed:
+    """Where one `multi_gpu_model` line's edit goes, as :meth:`MultiGpuModel._edit` works it out."""
+
+    call: cst.Call
+    body: tuple  # the statements of the block the line (or its guard) is in
+    index: int  # the line's (or guard's) position there
+    last: int  # the `compile` right after it, else ``index``
+    lines: list  # the statements from ``index`` to ``last`` as they run under the scope
+    strategy: str  # the name the strategy is bound to
+    devices: str  # MirroredStrategy's arguments
+    blocks: StatementBlocks
+    keras3: dict  # what the module changes to train the same on Keras 3
 
 
 class MultiGpuModel(Rule):
@@ -165,9 +183,16 @@ class MultiGpuModel(Rule):
         occurrence's gradient of a row seen more than once in a batch, Keras 2 their sum. A callback of the module that swaps
         in the template (`self.model = self.original_model`, the widely copied
         `ModelCheckpointMGPU`) sets it with `self.set_model(...)`: Keras 3's `Callback.model`
-        cannot be assigned. A hand-written helper (or `ParallelModel` class) called once goes
-        with its call, and the imports only it read (`Lambda`); used anywhere else, it is
-        refused with the line.
+        cannot be assigned. A hand-written helper (or `ParallelModel` class, or a `ModelMGPU`
+        class whose `__init__` makes `multi_gpu_model` around the template and takes its
+        attributes) called once goes with its call, and the imports only it read (`Lambda`);
+        used anywhere else, it is refused with the line.
+        A template the function with `multi_gpu_model` receives as a parameter (`def
+        train(model, ...)`, Keras's mnist_transfer_cnn with GPUs added) is built under the scope
+        where each caller builds it (once for calls that pass the same model), and the function
+        compiles it under the model's own strategy (`with model.distribute_strategy.scope():`,
+        Keras 3 makes the optimizer where `compile` runs); a function passed around, a caller
+        passing an expression, or a model not built in the caller's block is refused, naming it.
         The migrated program runs on Keras 3, so the fix moves Keras 2's spellings onto it:
         optimizer `lr=` becomes `learning_rate=` (and `.lr` `.learning_rate`); `decay=d`, which
         Keras 3 ignores with a warning, becomes the learning rate
@@ -196,9 +221,9 @@ class MultiGpuModel(Rule):
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
-        No fix where the template is not built in the same block (a function argument, a
-        model made in another function, a call inside an expression such as a list or a
-        `return`): the variables must be created under the scope, and only the code that
+        No fix where the template is not built in the same block or by the callers of the
+        function (a model made in another function, a call inside an expression such as a list
+        or a `return`): the variables must be created under the scope, and only the code that
         creates the model can do that. The message then says where to put the scope. No
         fix either where the model trains from a Python generator (`fit_generator`) in TF1 mode:
         under a distribution strategy TF1-mode Keras trains only from `tf.data`. No fix in a module
@@ -226,7 +251,11 @@ class MultiGpuModel(Rule):
         method's `self.` model), or returned to a caller that compiles it (Keras 3 makes the
         optimizer where `compile` runs); `ImageDataGenerator`, gone from Keras 3; and
         `evaluate_generator`, `predict_generator` of the model (the batches read ahead would be
-        dropped).
+        dropped); `train_on_batch` of a model with batch normalization (Keras 3 under a strategy
+        runs it on the whole batch on every replica, checked equal to one device, where the
+        parallel model normalized each GPU's slice by its own statistics; without normalization it
+        trains the same, though without the split's speed-up); `sample_weight=` with targets given
+        as a dict by output name (Keras 3.15 fails: "KeyError: 0").
         No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
         `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
         MirroredStrategy computes it per replica and averages, another loss.
@@ -507,8 +536,20 @@ class MultiGpuModel(Rule):
             self._helpers[node.name.value] = node
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        if keras_parallel_class(self.context, node):
+        if keras_parallel_class(self.context, node) or self._wraps_multi_gpu_model(node):
             self._helpers[node.name.value] = node
+
+    def _wraps_multi_gpu_model(self, cls: cst.ClassDef) -> bool:
+        """`class ModelMGPU(Model)` (from a Keras issue, widely copied): its `__init__(self,
+        ser_model, gpus)` makes `multi_gpu_model(ser_model, gpus)` and takes its attributes, and
+        its `__getattribute__` sends `save`/`load` to the template. Made around the template, it
+        is the parallel model."""
+        init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        params = [p.name.value for p in init.params.params] if init is not None else []
+        if len(params) < 2:
+            return False
+        calls = [call for call in find(init, cst.Call) if self._is_multi_gpu_model(call)]
+        return len(calls) == 1 and dotted_name(argument(calls[0], PARAMS, "model") or cst.Name("_")) == params[1]
 
     def visit_Call(self, node: cst.Call) -> None:
         if self._is_multi_gpu_model(node):
@@ -539,7 +580,10 @@ class MultiGpuModel(Rule):
             return
         blocks = StatementBlocks()
         visit_read_only(original_node, blocks)
+        inside_helpers = {id(n) for c in helped for n in find(self._helpers[c.func.value], cst.Call)}  # type: ignore[attr-defined]
         for call, target in self._calls:
+            if id(call) in inside_helpers:
+                continue  # reported, and deleted, with the call of the helper around it
             edit, blocker = self._edit(call, target, blocks)
             message = self._message(call, target)
             if blocker:
@@ -572,6 +616,8 @@ class MultiGpuModel(Rule):
             edit.remove_imports = list(edit.remove_imports) + helper_imports
         subject = (f"`{name}(...)` is a hand-written Keras `multi_gpu_model` (Lambda slices of the batch per GPU, "
                    "outputs concatenated)")
+        if self._wraps_multi_gpu_model(self._helpers[name]):
+            subject = f"`{name}(...)` wraps Keras `multi_gpu_model(...)`"
         message = f"{self._message(call, target, subject)}, and delete `{name}`"
         if blocker:
             message += f"; no automatic fix: {blocker}"
@@ -614,14 +660,13 @@ class MultiGpuModel(Rule):
         if guard is not None:
             body, index = blocks.where(guard)
         built = self._construction(body, index, model)
+        sites: list[tuple[tuple, int, int, str]] = []  # where the callers build a template passed in
         if built is not None:
             built = self._first_layer_call(body, built)
-        if built is None:
-            return None, (
-                f"`{model}` is not built in this block (a parameter, or made elsewhere): create "
-                f"`strategy = tf.distribute.MirroredStrategy()` where `{model}` is built, build and "
-                f"compile it under `with strategy.scope():`, and use `{model}` in place of the parallel model"
-            )
+        else:
+            sites, blocker = self._passed_template_sites(body[index], model, blocks)
+            if blocker is not None:
+                return None, blocker
         assigned = single_assign(body[index]) if body[index] is not guard else (target, call)
         wrapped = call
         if assigned is not None and self._template_otherwise(assigned[1], call, model):
@@ -631,7 +676,8 @@ class MultiGpuModel(Rule):
                 f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
                 f"or build and compile `{model}` under `strategy.scope()` by hand and use it in place of the parallel model"
             )
-        blocker = self._training_blocker({model, target} - {None})
+        models = {model, target, *(site[3] for site in sites)} - {None}
+        blocker = self._training_blocker(models)
         if blocker is not None:
             return None, blocker
         devices = self._devices(call)
@@ -640,7 +686,7 @@ class MultiGpuModel(Rule):
         strategy = next((n for n in ("strategy", "mirrored_strategy") if n not in self._names), None)
         if strategy is None:
             return None, "the names `strategy` and `mirrored_strategy` are both taken"
-        keras3, keras3_imports, blocker = self._keras3_changes({model, target})
+        keras3, keras3_imports, blocker = self._keras3_changes(models)
         if blocker is not None:
             return None, blocker
         last = self._compile_index(body, index, model, target)
@@ -648,35 +694,124 @@ class MultiGpuModel(Rule):
             outside = self._compiled_outside(body, {model, target} - {None})
             if outside is not None:
                 return None, outside
-        elsewhere, blocker = self._compiles_elsewhere(blocks, body[built:last + 1], {model, target} - {None}, keras3)
+        lines = self._parallel_lines_replaced(call, body, index, last, guards, target, model, wrapped, blocks)
+        placed = _Placed(call, body, index, last, lines, strategy, devices, blocks, keras3)
+        if sites:
+            changes, imports, blocker = self._passed_template_changes(placed, model, sites)
+        else:
+            changes, imports, blocker = self._built_here_changes(placed, built, models)
         if blocker is not None:
             return None, blocker
-        built = self._optimizer_made(body, built, last)
-        first = body[built]
-        moved = self._built_unwrapped(body[built:index])
-        line = body[index]
-        if line is guard:  # the fallback (`except`, `else`) is what the strategy does: the template itself
-            if target != model:
-                moved.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
-            inner = next(s for s in guards[0].body.body if blocks.guarded.get(id(s)) is guards[0])
-            for each in guards:  # what the guard logged around the call (`print('Training on GPUs')`)
-                moved += [s for s in each.body.body if s is not inner]
-                inner = each
-        elif target != model:
-            moved.append(line.deep_replace(wrapped, cst.parse_expression(model)))
-        moved += list(body[index + 1:last + 1])
-        # A hand-written helper called here goes with the call (_report_helper_call), not under the scope.
-        dropped = {id(function) for function in self._helper_and_its_functions(call)}
-        moved = [made_within(statement, keras3) for statement in moved if id(statement) not in dropped]
-        changes, imports, blocker = self._under_scope(first, moved, strategy, devices)
-        if blocker is not None:
-            return None, blocker
-        for statement in body[built + 1:last + 1]:
-            changes[statement] = cst.RemovalSentinel.REMOVE
-        changes.update(elsewhere)
         changes.update(keras3)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
+
+    def _parallel_lines_replaced(self, call, body, index, last, guards, target, model, wrapped, blocks) -> list:
+        """The statements from the `multi_gpu_model` line (or its guard) to the `compile` after it,
+        as they run under the scope: the parallel model is the template itself."""
+        line = body[index]
+        lines: list[cst.BaseStatement] = []
+        if guards and line is guards[-1]:  # the fallback (`except`, `else`) is what the strategy does: the template
+            if target != model:
+                lines.append(cst.parse_statement(f"{target} = {model}\n").with_changes(leading_lines=line.leading_lines))
+            inner = next(s for s in guards[0].body.body if blocks.guarded.get(id(s)) is guards[0])
+            for each in guards:  # what the guard logged around the call (`print('Training on GPUs')`)
+                lines += [s for s in each.body.body if s is not inner]
+                inner = each
+        elif target != model:
+            lines.append(line.deep_replace(wrapped, cst.parse_expression(model)))
+        return lines + list(body[index + 1:last + 1])
+
+    def _without_helper(self, call: cst.Call, statements: list) -> list:
+        """``statements`` less a hand-written helper ``call`` calls, which goes with the call
+        (_report_helper_call), not under the scope."""
+        dropped = {id(function) for function in self._helper_and_its_functions(call)}
+        return [statement for statement in statements if id(statement) not in dropped]
+
+    def _built_here_changes(self, placed: _Placed, built: int, models: set) -> tuple[dict, list, str | None]:
+        """The template built in the block of the `multi_gpu_model` line (from statement ``built``
+        on): from its first layer to the `compile`, under the scope of a strategy made in place of
+        the first statement: (changes, imports, blocker)."""
+        body, last, keras3 = placed.body, placed.last, placed.keras3
+        elsewhere, blocker = self._compiles_elsewhere(placed.blocks, body[built:last + 1], models, keras3)
+        if blocker is not None:
+            return {}, [], blocker
+        built = self._optimizer_made(body, built, last)
+        moved = [*self._built_unwrapped(self._without_helper(placed.call, body[built:placed.index])),
+                 *self._without_helper(placed.call, placed.lines)]
+        moved = [made_within(statement, keras3) for statement in moved]
+        changes, imports, blocker = self._under_scope(body[built], moved, placed.strategy, placed.devices)
+        if blocker is not None:
+            return {}, [], blocker
+        for statement in body[built + 1:last + 1]:
+            changes[statement] = cst.RemovalSentinel.REMOVE
+        changes.update(elsewhere)
+        return changes, imports, None
+
+    def _passed_template_sites(self, line: cst.BaseStatement, model: str,
+                               blocks: StatementBlocks) -> tuple[list[tuple[tuple, int, int, str]], str | None]:
+        """Where a template the function with the `multi_gpu_model` line receives as a parameter is
+        built by its callers (`def train_model(model, ...)`, called with a model the module builds):
+        each place once, as (the caller's block, its first layer statement, its construction, the
+        name it is passed by). ([], why not) when it cannot be told."""
+        by_hand = (f"create `strategy = tf.distribute.MirroredStrategy()` where `{model}` is built, build and "
+                   f"compile it under `with strategy.scope():`, and use `{model}` in place of the parallel model")
+        not_here = f"`{model}` is not built in this block (a parameter, or made elsewhere): {by_hand}"
+        parents = module_parents(self.context)
+        function = enclosing(line, parents, cst.FunctionDef)
+        if function is None or model not in {p.name.value for p in find(function.params, cst.Param)}:
+            return [], not_here
+        if any(single_assign(s) and single_assign(s)[0] == model for s in find(function.body, cst.SimpleStatementLine)):
+            return [], not_here  # the parameter is rebound in the function
+        passed, why = passed_models(self.context.module, parents, function, model)
+        if why is not None:
+            return [], f"`{model}` is a parameter of `{function.name.value}`, and {why}: {by_hand}"
+        sites: dict[int, tuple[tuple, int, int, str]] = {}
+        for caller, name in passed:
+            if id(caller) not in blocks.of_call:
+                return [], f"the call of `{function.name.value}` on line {self.position(caller).start.line} is not in a statement block"
+            body, index = blocks.of_call[id(caller)]
+            built = self._construction(body, index, name)
+            if built is None:
+                return [], (f"`{name}`, passed to `{function.name.value}` on line {self.position(caller).start.line}, "
+                            f"is not built in the caller's block: {by_hand}")
+            first = self._first_layer_call(body, built)
+            sites.setdefault(id(body[first]), (body, first, built, name))
+        return list(sites.values()), None
+
+    def _passed_template_changes(self, placed: _Placed, model: str, sites: list) -> tuple[dict, list, str | None]:
+        """A template passed in: each caller builds it under a strategy's scope (``sites``, from
+        :meth:`_passed_template_sites`), and the function compiles it under the model's own
+        strategy (`model.distribute_strategy.scope()`: Keras 3 makes the optimizer where `compile`
+        runs): (changes, imports, blocker)."""
+        body, index, last, keras3 = placed.body, placed.index, placed.last, placed.keras3
+        changes: dict = {}
+        imports: list[ImportItem] = []
+        for caller_body, first, built, name in sites:
+            elsewhere, blocker = self._compiles_elsewhere(placed.blocks, caller_body[first:built + 1], {name}, keras3)
+            if blocker is not None:
+                return {}, [], blocker
+            moved = [made_within(statement, keras3) for statement in self._built_unwrapped(caller_body[first:built + 1])]
+            made, made_imports, blocker = self._under_scope(caller_body[first], moved, placed.strategy, placed.devices)
+            if blocker is not None:
+                return {}, [], blocker
+            changes.update(made)
+            changes.update(elsewhere)
+            imports += made_imports
+            for statement in caller_body[first + 1:built + 1]:
+                changes[statement] = cst.RemovalSentinel.REMOVE
+        start = self._optimizer_made(body, index, last) if last > index else index
+        compiled = self._without_helper(placed.call, [*body[start:index], *placed.lines])
+        compiled = [made_within(statement, keras3) for statement in compiled]
+        if last > index:
+            scope = cst.parse_expression(f"{model}.distribute_strategy.scope()")
+            inner = [compiled[0].with_changes(leading_lines=()), *compiled[1:]]
+            compiled = [cst.With(items=[cst.WithItem(scope)], leading_lines=body[start].leading_lines,
+                                 body=cst.IndentedBlock(body=[blank_lines_unindented(s) for s in inner]))]
+        changes[body[start]] = cst.FlattenSentinel(compiled) if compiled else cst.RemovalSentinel.REMOVE
+        for statement in body[start + 1:last + 1]:
+            changes[statement] = cst.RemovalSentinel.REMOVE
+        return changes, imports, None
 
     def _under_scope(self, first: cst.BaseStatement, moved: list, strategy: str, devices: str) -> tuple[dict, list, str | None]:
         """``first`` replaced by the strategy's creation and ``moved`` under its scope, a Keras
@@ -732,13 +867,16 @@ class MultiGpuModel(Rule):
         """``statements`` (those that build the template), each `with tf.device('/cpu:0'):`
         block among them unwrapped: the strategy places the variables."""
         moved: list[cst.BaseStatement] = []
-        for statement in statements:
+        for position, statement in enumerate(statements):
+            # The first statement's comments go above the strategy (_under_scope); the first line
+            # of an unwrapped block keeps its own comments, under the block's.
+            above = statement.leading_lines if position else ()
             if isinstance(statement, cst.With) and self._is_cpu_device_scope(statement):
                 inner = list(cst.ensure_type(statement.body, cst.IndentedBlock).body)
-                moved += [inner[0].with_changes(leading_lines=statement.leading_lines)] + inner[1:]
+                moved += [inner[0].with_changes(leading_lines=(*above, *inner[0].leading_lines)), *inner[1:]]
             else:
-                moved.append(statement)
-        return [moved[0].with_changes(leading_lines=()), *moved[1:]]
+                moved.append(statement.with_changes(leading_lines=above) if not position else statement)
+        return moved
 
     def _keras3_changes(self, models: set) -> tuple[dict, list[ImportItem], str | None]:
         """What the module must change to train the same on Keras 3, which the migrated program
@@ -751,6 +889,7 @@ class MultiGpuModel(Rule):
         if blocked is None:
             periods, blocked = checkpoint_periods(module)
             changes.update(periods)
+        blocked = blocked or weighted_named_targets(module)
         if blocked is None:
             backend, backend_imports, blocked = backend_calls(self, self._names)
             changes.update(backend)
@@ -808,8 +947,8 @@ class MultiGpuModel(Rule):
                 return {}, (f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) compiles the "
                             "model away from where it is built: build and compile it under `strategy.scope()` by hand")
             body, index = blocks.of_call[id(call)]
-            # In the block the model is built in, what the scope covers is not covered twice.
-            floor = next((i + 1 for i, s in enumerate(body) if s is moved[-1]), 0)
+            # In the block the model is built in (or one around it), what the scope covers is not covered twice.
+            floor = next((i + 1 for i, s in enumerate(body) if contains(s, moved[-1])), 0)
             start = self._first_layer_call(body, index, floor)
             if any(statement in changes for statement in body[start:index + 1]):
                 return {}, (f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}) compiles the "
@@ -907,7 +1046,23 @@ class MultiGpuModel(Rule):
                 "model trains, validates, evaluates or predicts on holds a multiple of the global batch: move the "
                 "module to TF2 APIs first (`tf.random.set_seed`, no Session), or build and compile the model under "
                 "`strategy.scope()` by hand and keep the data a multiple of the batch")
-        return self._batch_coupled_loss(models) or self._activity_regularized()
+        return self._batch_coupled_loss(models) or self._activity_regularized() or self._stepped_whole(models)
+
+    def _stepped_whole(self, models: set) -> str | None:
+        """`parallel.train_on_batch(x, y)` of a model with batch normalization: Keras 3 under a
+        strategy runs `train_on_batch` on the whole batch on every replica (checked: the same
+        weights as one device, to the bit), where the parallel model normalized each GPU's slice by
+        its own statistics; the losses differ from the first step (a held-out warm-up loop)."""
+        stepped = [call for call in find(self.context.module, cst.Call) if isinstance(call.func, cst.Attribute)
+                   and call.func.attr.value == "train_on_batch" and self._code(call.func.value) in models]
+        normalized = any((self.imports.resolve(call.func) or "").endswith(".BatchNormalization")
+                         for call in find(self.context.module, cst.Call))
+        if not (stepped and normalized):
+            return None
+        return (f"`{self._code(stepped[0].func)}(...)` (line {self.position(stepped[0]).start.line}) trains a model with "
+                "batch normalization, and Keras 3 under a strategy runs `train_on_batch` on the whole batch on every "
+                "replica, where the parallel model normalized each GPU's slice by its own statistics (another loss "
+                "from the first step): train through `fit` (or a distributed dataset) to split the batch")
 
     def _activity_regularized(self) -> str | None:
         """A layer with an activity regularizer (`Dense(..., activity_regularizer=l1(1e-4))`, an
@@ -1107,7 +1262,13 @@ class MultiGpuModel(Rule):
         spelled |= {call.func.value for statement in session_setup(self).removed for call in find(statement, cst.Call)
                     if isinstance(call.func, cst.Name)}
         replaced = sorted(replaced_optimizer_names(self) | spelled)
-        return self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])]
+        # Keras's backend (`K`), called by the program, may be read by nothing once its calls are
+        # spelled in Keras 3 (`K.set_value(v, x)` is `v.assign(x)`).
+        called = any(isinstance(c.func, cst.Attribute) and self.imports.resolve(c.func.value) == "keras.backend"
+                     for c in find(self.context.module, cst.Call))
+        backend = [item for items in self._imports.values() for item in items
+                   if called and (item.module, item.obj_name) in (("keras", "backend"), ("keras.backend", None))]
+        return self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])] + backend
 
     def _import_of(self, call: cst.Call) -> list[ImportItem]:
         """The imports binding the called name's head: removed if nothing else uses them."""

@@ -286,6 +286,25 @@ def test_a_keras_parallel_model_class_is_replaced_by_its_template_runs_to_the_en
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
 
+def test_a_template_handed_to_a_training_function_runs_to_the_end_and_trains_the_same(tmp_path):
+    """The template built at module level and handed twice to `train(model, ...)`, which wraps it
+    in a `ModelMGPU` class, warms it up with `train_on_batch` and fits it with a held-out tenth
+    (a partial last batch); the feature layers are frozen between the calls. The module builds
+    the template under the scope, `train` compiles it under the model's strategy, the class goes.
+    verify reads the `train_on_batch` steps too: all 30 compared (3 + 2 x 6, twice)."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_template_passed_to_train.py", tmp_path)
+    text = fixed.read_text()
+    assert "class ModelMGPU" not in text and "with model.distribute_strategy.scope():\n        parallel = model\n" in text
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["accuracy"] > 0.9
+    status, report = run_verify(legacy, fixed, tmp_path, steps=40)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert len(report["new"]["steps"]) == 30
+
+
 TF2_ERA_KERAS = """
 import numpy as np
 import tensorflow as tf

@@ -885,3 +885,165 @@ def test_keras_2_engine_imports_move_to_where_keras_3_keeps_the_names(line, expe
     result = unsafe_fix(script().replace("from keras.utils import multi_gpu_model\n",
                                          f"from keras.utils import multi_gpu_model\n{line}\n"))
     assert f"\n{expected}\n" in result
+
+
+PASSED_TEMPLATE = """
+    import numpy as np
+    import tensorflow as tf
+    from keras import backend as K
+    from keras.layers import Dense, Input
+    from keras.models import Model
+    from keras.optimizers import SGD
+    from keras.utils import multi_gpu_model
+
+
+    def train(model, x, y, lr=0.1):
+        parallel = multi_gpu_model(model, gpus=2)
+        parallel.compile(loss='mse', optimizer=SGD(lr=lr))
+        K.set_value(parallel.optimizer.lr, lr * 0.1)
+        return parallel.fit(x, y, batch_size=16)
+
+
+    x = np.zeros((64, 4), 'float32')
+    with tf.device('/cpu:0'):
+        # the template, built once
+        inputs = Input(shape=(4,))
+        template = Model(inputs, Dense(1)(inputs))
+    train(template, x, x[:, :1])
+    CALLED_AGAIN
+"""
+
+
+def test_a_template_passed_to_the_function_that_wraps_it_is_built_under_the_scope_by_its_caller():
+    """`def train(model, ...)` wrapping the model it receives (Keras's mnist_transfer_cnn with GPUs
+    added): the caller builds the template under the strategy's scope, once for both calls, and
+    the function compiles it under the model's own strategy (Keras 3 makes the optimizer where
+    `compile` runs). Keras's backend import, read by nothing after `K.set_value` is `assign`, goes."""
+    source = textwrap.dedent(PASSED_TEMPLATE).replace("CALLED_AGAIN", "train(template, x, x[:, 1:2])")
+    result = unsafe_fix(source)
+    assert ("def train(model, x, y, lr=0.1):\n"
+            "    with model.distribute_strategy.scope():\n"
+            "        parallel = model\n"
+            "        parallel.compile(loss='mse', optimizer=SGD(learning_rate=lr))\n"
+            "    parallel.optimizer.learning_rate.assign(lr * 0.1)\n") in result
+    assert ("strategy = tf.distribute.MirroredStrategy()\n"
+            "with strategy.scope():\n"
+            "    # the template, built once\n"
+            "    inputs = Input(shape=(4,))\n") in result
+    assert result.count("MirroredStrategy()") == 1 and "backend" not in result and "multi_gpu_model" not in result
+
+
+@pytest.mark.parametrize("called, reason", [
+    ("callbacks = [train]", "`train` is passed around, not only called"),
+    ("train(template.layers[0], x, x)", "a call of `train` does not pass the model by name"),
+    ("train(other, x, x)", "`other`, passed to `train` on line 23, is not built in the caller's block"),
+])
+def test_a_template_parameter_whose_callers_cannot_be_followed_is_refused_with_the_reason(called, reason):
+    source = textwrap.dedent(PASSED_TEMPLATE).replace("CALLED_AGAIN", called)
+    message = refusal(source)
+    assert reason in message and "use `model` in place of the parallel model" in message
+
+
+def test_a_model_mgpu_wrapper_class_is_the_parallel_model_and_goes_with_its_one_call():
+    """`class ModelMGPU(Model)` (from a Keras issue, widely copied) makes `multi_gpu_model` in its
+    `__init__` and sends save/load to the template: one finding, on its call, and the class goes."""
+    wrapper = textwrap.dedent("""
+        class ModelMGPU(Model):
+            def __init__(self, ser_model, gpus):
+                pmodel = multi_gpu_model(ser_model, gpus)
+                self.__dict__.update(pmodel.__dict__)
+                self._smodel = ser_model
+
+            def __getattribute__(self, attrname):
+                if 'load' in attrname or 'save' in attrname:
+                    return getattr(self._smodel, attrname)
+                return super(ModelMGPU, self).__getattribute__(attrname)
+
+    """)
+    source = script().replace("inputs = Input", wrapper + "inputs = Input").replace(
+        "multi_gpu_model(model, gpus=2)", "ModelMGPU(model, 2)")
+    findings = [f for f in run_check(source) if f.code == "TFM201"]
+    assert len(findings) == 1 and findings[0].fixable and "`ModelMGPU(...)` wraps Keras `multi_gpu_model(...)`" in findings[0].message
+    result = unsafe_fix(source)
+    assert "ModelMGPU" not in result and "    parallel = model\n" in result
+
+
+def test_train_on_batch_of_a_batch_normalized_model_is_refused():
+    """Keras 3 under a strategy runs `train_on_batch` on the whole batch on every replica (checked:
+    the weights of one device, to the bit): batch statistics over the whole batch, where the
+    parallel model normalized each GPU's slice by its own. Without normalization it is fixed."""
+    fit = "parallel.train_on_batch(x, y)"
+    assert "on the whole batch on every replica" in refusal(
+        script(fit=fit).replace("(inputs))", "(BatchNormalization()(inputs)))").replace(
+            "from keras.layers import Input\n", "from keras.layers import Input, BatchNormalization\n"))
+    assert "parallel.train_on_batch(x, y)" in unsafe_fix(script(fit=fit))
+
+
+def test_per_example_weights_with_targets_by_output_name_are_refused():
+    """Keras 3.15 fails on `sample_weight` when the targets are a dict by output name ("KeyError:
+    0"), whatever form the weights take (checked: a dict, a list, one array)."""
+    fit = "parallel.fit(x, {'out': y}, sample_weight={'out': np.ones(64)}, batch_size=16)"
+    assert "targets are a dict by output name" in refusal(script(fit=fit))
+
+
+def test_a_weights_file_pattern_a_callback_formats_and_a_file_read_back_are_renamed_together():
+    """A callback saving the template to `self.path.format(epoch=...)` (the pattern passed where
+    the callback is made), and the final file read back into a rebuilt model: all `.weights.h5`."""
+    callback = textwrap.dedent("""
+        class TemplateCheckpoint(keras.callbacks.Callback):
+            def __init__(self, template, path):
+                super().__init__()
+                self.template = template
+                self.path = path
+
+            def on_epoch_end(self, epoch, logs=None):
+                self.template.save_weights(self.path.format(epoch=epoch + 1))
+
+    """)
+    fit = ("parallel.fit(x, y, batch_size=16, callbacks=[TemplateCheckpoint(model, 'w{epoch:02d}.h5')])\n"
+           "model.save_weights('final.h5')\n"
+           "again = Model(inputs, Dense(2)(inputs))\n"
+           "again.load_weights('final.h5')")
+    result = unsafe_fix(script(fit=fit).replace("inputs = Input", callback + "inputs = Input"))
+    assert "TemplateCheckpoint(model, 'w{epoch:02d}.weights.h5')" in result
+    assert result.count("'final.weights.h5'") == 2
+
+
+def test_a_compile_after_the_branch_choosing_the_parallel_model_starts_its_scope_at_the_optimizer():
+    """`if gpus > 1:` building the template on the CPU and wrapping it, `else:` building it alone,
+    then the optimizer and `compile` after the `if` (age-gender-estimation's train.py): the
+    compile's scope starts at the optimizer, not above the branch (which it had wrapped again on
+    each fix, the call never rewritten); the comment over the template's line stays."""
+    source = textwrap.dedent("""
+        import tensorflow as tf
+        from keras.layers import Dense, Input
+        from keras.models import Model
+        from keras.optimizers import SGD
+        from keras.utils import multi_gpu_model
+
+
+        def build():
+            inputs = Input(shape=(4,))
+            return Model(inputs, Dense(1)(inputs))
+
+
+        def main(gpus, lr):
+            settings = dict(lr=lr)
+            if gpus > 1:
+                with tf.device('/cpu:0'):
+                    # built on the CPU
+                    single = build()
+                model = multi_gpu_model(single, gpus=gpus)
+            else:
+                single = model = build()
+            sgd = SGD(lr=settings['lr'])
+            model.compile(optimizer=sgd, loss='mse')
+    """)
+    result = unsafe_fix(source)
+    assert ("        with strategy.scope():\n"
+            "            # built on the CPU\n"
+            "            single = build()\n"
+            "            model = single\n"
+            "    else:\n") in result
+    assert ("    with model.distribute_strategy.scope():\n"
+            "        sgd = SGD(learning_rate=settings['lr'])\n") in result

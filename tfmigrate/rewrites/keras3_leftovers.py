@@ -66,6 +66,7 @@ from tfmigrate.rule import ImportItem
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
     "TF2_SPELLINGS", "accuracy_log_names", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
+    "weighted_named_targets",
 ]
 
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
@@ -120,6 +121,12 @@ def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], ch
             if filepath is not None:
                 changes.update(_weights_h5_renamed(filepath))
                 changes.update(_bound_file_renamed(module, filepath))
+    # The same file read back elsewhere (`fresh.load_weights('final.h5')` of a model rebuilt to
+    # evaluate) is read by its new name.
+    renamed = {old.value for old in changes if isinstance(old, cst.SimpleString)}
+    for string in find(module, cst.SimpleString):
+        if string.value in renamed and string not in changes:
+            changes.update(_weights_h5_renamed(string))
     return changes
 
 
@@ -140,6 +147,21 @@ def _checkpoint_parameters(module: cst.Module, call: cst.Call) -> tuple[str, ...
             # `(self, template, *args, **kwargs)` hands the rest on to ModelCheckpoint: `filepath` first
             return named + ("filepath",) if isinstance(init.params.star_arg, cst.Param) else named
     return ("filepath",)
+
+
+def weighted_named_targets(module: cst.Module) -> tuple[cst.CSTNode, str] | None:
+    """`fit(x, {'age': ya, 'gender': yg}, sample_weight=...)`: Keras 3.15 fails on per-example
+    weights with targets given by output name, whatever form the weights take ("KeyError: 0";
+    checked with a dict, a list and one array; lists of both work): (the call, why), else None."""
+    for call in find(module, cst.Call):
+        if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "fit"):
+            continue
+        weighted = any(keyword_is(arg, "sample_weight") for arg in call.args)
+        targets = argument(call, ("x", "y"), "y")
+        if weighted and isinstance(targets, cst.Dict):
+            return call, ("Keras 3 fails on `sample_weight` when the targets are a dict by output name "
+                          "(\"KeyError: 0\"): pass the targets and the weights as lists in the model's output order")
+    return None
 
 
 def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
@@ -196,8 +218,13 @@ def _weights_h5_renamed(value: cst.BaseExpression) -> dict:
 
 
 def _bound_file_renamed(module: cst.Module, value: cst.BaseExpression) -> dict:
-    """A weights file named through a name or attribute (`save_weights(self.weights_file)`):
-    its `.h5` literals where the module binds it (`self.weights_file = os.path.join(d, 'w.h5')`)."""
+    """A weights file named through a name or attribute (`save_weights(self.weights_file)`, or a
+    pattern filled in: `self.path_fmt.format(epoch=epoch)`, `pattern % epoch`): its `.h5`
+    literals where the module binds it (`self.weights_file = os.path.join(d, 'w.h5')`)."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
+        value = value.func.value
+    elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
+        value = value.left
     name = dotted_name(value)
     if name is None:
         return {}
@@ -480,8 +507,11 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
             return {}, [], (call, f"`{code_in(rule.context.module, func)}` is gone from Keras 3's backend, which the migrated program "
                                   "runs on: write it with `keras.ops` first")
         changes[call] = replacement
-    imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if changes else []
-    if any(code_in(rule.context.module, new.func).startswith("keras.random.") for new in changes.values()):
+    spelled = [code_in(rule.context.module, new.func) for new in changes.values()]
+    # (`K.set_value(v, x)` becomes `v.assign(x)`: no `ops` to import for it)
+    imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if any(
+        s.startswith(f"{ops}.") for s in spelled) else []
+    if any(s.startswith("keras.random.") for s in spelled):
         imports.append(ImportItem("keras"))
     return changes, imports, None
 
