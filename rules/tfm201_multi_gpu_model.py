@@ -21,7 +21,7 @@ from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generat
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
-    output_metrics, tf2_spellings, weight_file_renames, weighted_named_targets,
+    output_metrics, period_checkpoint_class, tf2_spellings, weight_file_renames, weighted_named_targets,
 )
 from tfmigrate.rewrites.keras3_optimizers import (
     OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
@@ -202,7 +202,9 @@ class MultiGpuModel(Rule):
         float64 labels); `Model(input=, output=)` takes `inputs=`, `outputs=`; Keras 2 module
         paths (`keras.layers.core`, `keras.utils.np_utils`) become the package above; a metric
         function compiled into the model casts the labels to the predictions' type first, as
-        Keras 2 did; `ModelCheckpoint(..., period=1)` loses `period`; another model's
+        Keras 2 did; `ModelCheckpoint(..., period=1)` loses `period`, and another period saves
+        through a `PeriodCheckpoint` class written into the module, which counts the epochs as
+        Keras 2 did (Keras 3 counts `save_freq` in batches); another model's
         `fit_generator` becomes `fit` with its arguments named and no worker arguments;
         `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`, and a Keras session set-up
         (`tf.ConfigProto`, `tf.Session`, `set_session`) the `tf.config` settings of its options
@@ -243,9 +245,8 @@ class MultiGpuModel(Rule):
         a learning-rate callback (a schedule cannot be set) or without a learning rate; a read of
         an optimizer's `decay`; Nadam (weights 1.7% apart after 20 steps; RMSprop, which Keras 3
         also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
-        becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a checkpoint `period=`
-        other than 1; a backend function with no `keras.ops` equivalent; `keras.preprocessing.text`
-        (gone); a loss that returns one mean for the whole batch (Keras 3 adds it over the
+        becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a backend function with
+        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one mean for the whole batch (Keras 3 adds it over the
         replicas: twice the loss and the step); an activity regularizer (the parallel model added
         it once per device slice); a model compiled away from where it is made (but for another
         method's `self.` model), or returned to a caller that compiles it (Keras 3 makes the
@@ -928,6 +929,9 @@ class MultiGpuModel(Rule):
         functions, function_imports = prediction_functions(self, predicted)
         classes += functions
         class_imports += function_imports
+        checkpoint, checkpoint_imports = period_checkpoint_class(changes)
+        classes += checkpoint
+        class_imports += checkpoint_imports
         changes.update(placed_after_imports(module, changes, classes))
         imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
@@ -1268,7 +1272,11 @@ class MultiGpuModel(Rule):
                      for c in find(self.context.module, cst.Call))
         backend = [item for items in self._imports.values() for item in items
                    if called and (item.module, item.obj_name) in (("keras", "backend"), ("keras.backend", None))]
-        return self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])] + backend
+        # Keras's `ModelCheckpoint`, once a `PeriodCheckpoint` saves in its place.
+        periodic = period_checkpoint_class(checkpoint_periods(self.context.module)[0])[0]
+        checkpoint = list(self._imports.get("ModelCheckpoint", [])) if periodic else []
+        return (self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])] + backend
+                + checkpoint)
 
     def _import_of(self, call: cst.Call) -> list[ImportItem]:
         """The imports binding the called name's head: removed if nothing else uses them."""

@@ -365,15 +365,52 @@ def test_an_optimizer_decay_read_is_refused():
     assert "`self.model.optimizer.decay` is read, and Keras 3's optimizers have no decay" in message
 
 
-@pytest.mark.parametrize("period, kept", [("1", True), ("5", False)])
-def test_a_checkpoint_period_of_one_epoch_goes_and_another_is_refused(period, kept):
+def test_a_checkpoint_period_of_one_epoch_goes():
     """Keras 3's ModelCheckpoint has no `period=` (its construction fails); every epoch is its default."""
-    extra = f"ckpt = keras.callbacks.ModelCheckpoint('best.h5', monitor='val_loss', period={period})\n"
-    source = script(extra=extra)
-    if kept:
-        assert "ckpt = keras.callbacks.ModelCheckpoint('best.h5', monitor='val_loss')\n" in unsafe_fix(source)
-    else:
-        assert "Keras 3's `ModelCheckpoint` has no `period=`" in refusal(source)
+    extra = "ckpt = keras.callbacks.ModelCheckpoint('best.h5', monitor='val_loss', period=1)\n"
+    assert "ckpt = keras.callbacks.ModelCheckpoint('best.h5', monitor='val_loss')\n" in unsafe_fix(script(extra=extra))
+
+
+def test_a_checkpoint_saving_every_few_epochs_saves_through_a_class_that_counts_them():
+    """`period=5`: Keras 3 counts its `save_freq` in batches; a `PeriodCheckpoint` written into the
+    module saves every 5 epochs as Keras 2 did, in place of Keras's class where it is made and as
+    the base of the module's subclass (keras-yolo3's `period=3`, a VAE's template checkpoint)."""
+    extra = """
+        class TemplateCheckpoint(ModelCheckpoint):
+            def __init__(self, filepath, template, **kwargs):
+                super().__init__(filepath, **kwargs)
+                self.template = template
+
+        ckpt = ModelCheckpoint('best.h5', monitor='val_loss', period=5)
+        mine = TemplateCheckpoint('w.h5', model, save_weights_only=True, period=2)
+    """
+    source = script(extra=extra).replace("import keras\n", "import keras\nfrom keras.callbacks import ModelCheckpoint\n")
+    result = unsafe_fix(source)
+    assert "class PeriodCheckpoint(keras.callbacks.ModelCheckpoint):" in result
+    assert "ckpt = PeriodCheckpoint('best.h5', monitor='val_loss', period=5)\n" in result
+    assert "class TemplateCheckpoint(PeriodCheckpoint):" in result and "ModelCheckpoint\n" not in result
+
+
+def test_the_period_checkpoint_saves_every_nth_epoch():
+    """The class written into the module saves on epochs 2 and 4 of 5 with `period=2`, as Keras 2
+    did (Keras 3's `_save_model`, where `save_best_only` compares, runs on those epochs only)."""
+    pytest.importorskip("keras")
+    import keras
+
+    from tfmigrate.rewrites.keras3_leftovers import _PERIOD_CHECKPOINT_CLASS
+
+    namespace = {"keras": keras}
+    exec(_PERIOD_CHECKPOINT_CLASS, namespace)
+    saved = []
+
+    class Recorded(namespace["PeriodCheckpoint"]):
+        def _save_model(self, epoch, batch, logs):
+            saved.append((epoch, logs["loss"]))
+
+    checkpoint = Recorded("w.weights.h5", save_weights_only=True, period=2)
+    for epoch, loss in enumerate([5.0, 4.0, 3.0, 2.0, 1.0]):
+        checkpoint.on_epoch_end(epoch, {"loss": loss})
+    assert saved == [(1, 4.0), (3, 2.0)]
 
 
 @pytest.mark.parametrize("loss, metrics", [

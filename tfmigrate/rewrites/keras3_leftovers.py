@@ -66,7 +66,7 @@ from tfmigrate.rule import ImportItem
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
     "TF2_SPELLINGS", "accuracy_log_names", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
-    "weighted_named_targets",
+    "weighted_named_targets", "PERIOD_CHECKPOINT", "period_checkpoint_class",
 ]
 
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
@@ -165,20 +165,74 @@ def weighted_named_targets(module: cst.Module) -> tuple[cst.CSTNode, str] | None
 
 
 def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
-    """`ModelCheckpoint(..., period=1)` (or a subclass's): Keras 3 has no `period` (it fails at
-    the construction); every epoch is its default, so `period=1` goes. Any other period is
-    counted in epochs, which Keras 3's `save_freq` counts in batches: the blocker says so."""
+    """`ModelCheckpoint(..., period=N)` (or a subclass's): Keras 3 has no `period` (it fails at
+    the construction) and counts its `save_freq` in batches. Every epoch is its default, so
+    `period=1` goes; another period makes a :data:`PERIOD_CHECKPOINT` (written into the module by
+    :func:`period_checkpoint_class`), which saves every N epochs as Keras 2 did: in place of
+    Keras's class where it is called, as the base of the module's subclass otherwise."""
     changes = {}
     for call in find(module, cst.Call):
         period = next((arg for arg in call.args if keyword_is(arg, "period")), None)
-        if period is None or not _is_checkpoint(module, call):
+        if not _is_checkpoint(module, call):
             continue
-        if not (isinstance(period.value, cst.Integer) and period.value.evaluated_value == 1):
-            return {}, (call, "Keras 3's `ModelCheckpoint` has no `period=` (epochs); pass `save_freq=` in batches "
-                              "(period x steps per epoch) by hand")
-        kept = [arg for arg in call.args if arg is not period]
-        changes[call] = call.with_changes(args=commas_mended(kept, call.args))
+        if period is None:
+            if sum(arg.keyword is None and not arg.star for arg in call.args) > 6:  # Keras 2's 7th: `period`
+                return {}, (call, "pass `period=` by keyword")
+            continue
+        if isinstance(period.value, cst.Integer) and period.value.evaluated_value == 1:
+            kept = [arg for arg in call.args if arg is not period]
+            changes[call] = call.with_changes(args=commas_mended(kept, call.args))
+        elif module.code_for_node(call.func).strip().rsplit(".", 1)[-1] == "ModelCheckpoint":
+            changes[call] = call.with_changes(func=cst.Name(PERIOD_CHECKPOINT))
+        else:
+            changes.update(_periodic_bases(module, call))
     return changes, None
+
+
+#: The `ModelCheckpoint` subclass that saves every `period` epochs.
+PERIOD_CHECKPOINT = "PeriodCheckpoint"
+
+_PERIOD_CHECKPOINT_CLASS = '''
+class PeriodCheckpoint(keras.callbacks.ModelCheckpoint):
+    """`ModelCheckpoint(..., period=N)` as Keras 2 saved: every N epochs (Keras 3 has no
+    `period`, and its `save_freq` counts batches)."""
+
+    def __init__(self, *args, period=1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.period = period
+        self.epochs_since_last_save = 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs_since_last_save += 1
+        if self.epochs_since_last_save >= self.period:
+            self.epochs_since_last_save = 0
+            super().on_epoch_end(epoch, logs)
+'''
+
+
+def period_checkpoint_class(changes: dict) -> tuple[list[cst.BaseStatement], list[ImportItem]]:
+    """The :data:`PERIOD_CHECKPOINT` class, where ``changes`` use it: ([class], imports)."""
+    used = any(PERIOD_CHECKPOINT in {n.value for n in find(new, cst.Name)}
+               for new in changes.values() if isinstance(new, cst.CSTNode))
+    return ([cst.parse_statement(_PERIOD_CHECKPOINT_CLASS)], [ImportItem("keras")]) if used else ([], [])
+
+
+def _periodic_bases(module: cst.Module, call: cst.Call) -> dict:
+    """The module's checkpoint class ``call`` makes, and those between it and Keras's, derived
+    from :data:`PERIOD_CHECKPOINT` where they named `ModelCheckpoint`."""
+    classes = {c.name.value: c for c in find(module, cst.ClassDef)}
+    changes, pending = {}, [module.code_for_node(call.func).strip().rsplit(".", 1)[-1]]
+    while pending:
+        cls = classes.get(pending.pop())
+        if cls is None:
+            continue
+        for base in cls.bases:
+            named = (dotted_name(base.value) or "").rsplit(".", 1)[-1]
+            if named == "ModelCheckpoint":
+                changes[base] = base.with_changes(value=cst.Name(PERIOD_CHECKPOINT))
+            elif named in classes and named != cls.name.value:
+                pending.append(named)
+    return changes
 
 
 def callback_models_set(module: cst.Module) -> dict:
