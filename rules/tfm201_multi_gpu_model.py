@@ -19,7 +19,7 @@ from tfmigrate.rewrites.keras3_predict import prediction_functions, predictions
 from tfmigrate.rewrites.keras3_session import session_setup
 from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits
 from tfmigrate.rewrites.keras3_leftovers import (
-    GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
+    GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, backend_functions, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
     continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
     output_metrics, period_checkpoint_class, tf2_spellings, weight_file_renames, weighted_named_targets,
 )
@@ -198,7 +198,8 @@ class MultiGpuModel(Rule):
         Keras 3 ignores with a warning, becomes the learning rate
         `InverseTimeDecay(lr, decay_steps=1, decay_rate=d)` (Keras 2's `lr / (1 + d * step)`); a
         zero `decay=` and `epsilon=None` go; backend math (`K.sum`, `K.square`, `K.flatten`) moves
-        to `keras.ops`; `to_categorical(...)` stays float32 (`.astype('float32')`: Keras 3 makes
+        to `keras.ops`, and `K.ctc_batch_cost` and `K.function`, which Keras 3 has not, call
+        functions of the same meaning written into the module; `to_categorical(...)` stays float32 (`.astype('float32')`: Keras 3 makes
         float64 labels); `Model(input=, output=)` takes `inputs=`, `outputs=`; Keras 2 module
         paths (`keras.layers.core`, `keras.utils.np_utils`) become the package above; a metric
         function compiled into the model casts the labels to the predictions' type first, as
@@ -219,7 +220,9 @@ class MultiGpuModel(Rule):
         generator yielding lists; the class feeds a `tf.data.Dataset` whose iterators start at
         the first batch not trained yet (a validation generator's likewise), and reads a
         `keras.utils.Sequence` as Keras 2's enqueuer did (pass after pass, shuffled by `random`
-        unless `shuffle=False`, `on_epoch_end()` after each pass).
+        unless `shuffle=False`, `on_epoch_end()` after each pass); a one-output model's targets
+        given by the output's name (`{'ctc': zeros}`), which Keras 3 fails on, are taken as the
+        one target, as Keras 2 took them.
         The `multi_gpu_model` import is removed once unused (inside a
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
@@ -930,8 +933,9 @@ class MultiGpuModel(Rule):
         classes += functions
         class_imports += function_imports
         checkpoint, checkpoint_imports = period_checkpoint_class(changes)
-        classes += checkpoint
-        class_imports += checkpoint_imports
+        written, written_imports = backend_functions(self, changes)
+        classes += checkpoint + written
+        class_imports += checkpoint_imports + written_imports
         changes.update(placed_after_imports(module, changes, classes))
         imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None

@@ -15,8 +15,8 @@ import json
 import os
 import shutil
 import subprocess
-import textwrap
 import sys
+import textwrap
 
 import pytest
 
@@ -303,6 +303,73 @@ def test_a_template_handed_to_a_training_function_runs_to_the_end_and_trains_the
     status, report = run_verify(legacy, fixed, tmp_path, steps=40)
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
     assert len(report["new"]["steps"]) == 30
+
+
+def test_an_ocr_model_with_its_ctc_loss_inside_runs_to_the_end_and_trains_the_same(tmp_path):
+    """Keras's image_ocr layout: `K.ctc_batch_cost` in a `Lambda` named 'ctc', a Sequence yielding
+    inputs and a dummy 'ctc' target by name, a clipped SGD, `K.function` reading the softmax
+    back. Keras 3 has neither backend function, and fails on a one-output model's targets given
+    by name: the functions written into the module, and `BatchesInOrder` taking the one target,
+    train it as Keras 2 did (every step of 3 epochs compared)."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_ctc_sequence.py", tmp_path)
+    text = fixed.read_text()
+    assert "return ctc_batch_cost(labels, y_pred, input_length, label_length)" in text
+    assert "return model, backend_function([image], [y_pred])" in text and "backend as K" not in text
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["shape"] == [32, 16, 4]
+    status, report = run_verify(legacy, fixed, tmp_path, steps=30)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert len(report["new"]["steps"]) == 24
+
+
+def test_the_written_ctc_batch_cost_is_keras_2s(tmp_path):
+    """The `ctc_batch_cost` the fix writes against Keras 2's own (tf_keras's), on softmax outputs
+    with padded labels of several lengths: the same loss per example."""
+    text = unsafe_fix(textwrap.dedent("""
+        import tensorflow as tf
+        from keras import backend as K
+        from keras.layers import Dense, Input
+        from keras.models import Model
+        from keras.utils import multi_gpu_model
+
+        def loss(args):
+            y_pred, labels, input_length, label_length = args
+            return K.ctc_batch_cost(labels, y_pred, input_length, label_length)
+
+        inputs = Input(shape=(4,))
+        model = Model(inputs, Dense(1)(inputs))
+        parallel = multi_gpu_model(model, gpus=2)
+        parallel.compile(loss='mse', optimizer='sgd')
+    """))
+    start = text.index("def ctc_batch_cost")
+    program = textwrap.dedent("""
+        import json
+        import numpy as np
+        import tensorflow as tf
+        import keras
+        import tf_keras
+
+        FUNCTION
+
+        rng = np.random.RandomState(0)
+        y_pred = tf.nn.softmax(rng.normal(size=(4, 12, 6)).astype('float32')).numpy()
+        labels = rng.randint(0, 5, size=(4, 5)).astype('float32')
+        input_length = np.array([[12], [10], [12], [8]], dtype='float32')
+        label_length = np.array([[5], [2], [3], [1]], dtype='float32')
+        ours = ctc_batch_cost(labels, y_pred, input_length, label_length).numpy()
+        theirs = tf_keras.backend.ctc_batch_cost(labels, y_pred, input_length, label_length).numpy()
+        print(json.dumps({"shape": list(ours.shape), "gap": float(np.abs(ours - theirs).max()),
+                          "scale": float(np.abs(theirs).max())}))
+    """).replace("FUNCTION", text[start:text.index("\n\n\n", start)])
+    path = tmp_path / "ctc.py"
+    path.write_text(program)
+    result = _run(path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = _last_json(result.stdout)
+    assert found["shape"] == [4, 1] and found["gap"] < 1e-4 * found["scale"]
 
 
 TF2_ERA_KERAS = """

@@ -1084,3 +1084,23 @@ def test_a_compile_after_the_branch_choosing_the_parallel_model_starts_its_scope
             "    else:\n") in result
     assert ("    with model.distribute_strategy.scope():\n"
             "        sgd = SGD(learning_rate=settings['lr'])\n") in result
+
+
+def test_keras_2_backend_functions_keras_3_lacks_are_written_into_the_module():
+    """`K.ctc_batch_cost` and `K.function` (Keras's image_ocr example) are gone from Keras 3's
+    backend: each call goes to a function of the same meaning written after the imports
+    (tests/test_fix_runs.py runs both); a module that already has the name is refused."""
+    extra = """
+        def ctc_lambda_func(args):
+            y_pred, labels, input_length, label_length = args
+            return K.ctc_batch_cost(labels, y_pred, input_length, label_length)
+
+        read = K.function([inputs], [model.output])
+    """
+    source = script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n")
+    result = unsafe_fix(source)
+    assert "\ndef ctc_batch_cost(y_true, y_pred, input_length, label_length):\n" in result
+    assert "    return ctc_batch_cost(labels, y_pred, input_length, label_length)\n" in result
+    assert "read = backend_function([inputs], [model.output])\n" in result and "backend as K" not in result
+    taken = source.replace("read = K.function", "backend_function = None\nread = K.function")
+    assert "`backend_function`, the function the fix would write for `K.function`, is a name of the module" in refusal(taken)

@@ -67,9 +67,26 @@ class BatchesInOrder(keras.callbacks.Callback):
             batches = [cls._tuples(validation_data[index]) for index in range(steps)]
             validation_data = {nest}(lambda *parts: numpy.concatenate(parts), *batches)
             arguments["validation_batch_size"] = len({flatten}(batches[0])[0])
+        data = training.dataset
+        if cls._by_name(training.signature) and len(model.outputs) == 1:  # Keras 2 took them; Keras 3 fails
+            data = data.map(cls._one_target)
+            if hasattr(validation_data, "map"):
+                validation_data = validation_data.map(cls._one_target)
+            elif isinstance(validation_data, tuple):
+                validation_data = cls._one_target(*validation_data)
         # The order is the class's own: Keras 3 would not shuffle a dataset anyway.
-        return model.fit(training.dataset, validation_data=validation_data, callbacks=callbacks, shuffle=False,
-                         **arguments)
+        return model.fit(data, validation_data=validation_data, callbacks=callbacks, shuffle=False, **arguments)
+
+    @staticmethod
+    def _by_name(parts):
+        """Whether a batch gives one output's targets by its name: `(x, {{'ctc': y}})` (Keras's
+        image_ocr example)."""
+        return isinstance(parts, tuple) and len(parts) > 1 and isinstance(parts[1], dict) and len(parts[1]) == 1
+
+    @classmethod
+    def _one_target(cls, *parts):
+        """`(x, {{'ctc': y}})` as `(x, y)`."""
+        return (parts[0], next(iter(parts[1].values())), *parts[2:]) if cls._by_name(parts) else parts
 
     @classmethod
     def _of(cls, generator, stage, shuffle, signature=None):

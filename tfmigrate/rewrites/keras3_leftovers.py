@@ -53,6 +53,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import re
+
 import libcst as cst
 
 from tfmigrate.cst.callargs import argument, commas_mended, keyword_is, keyword_renamed, with_keyword
@@ -60,13 +62,13 @@ from tfmigrate.cst.codegen import code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import block_indentation, find, module_parents, single_small
 from tfmigrate.rewrites.keras3_session import SET_SESSION
-from tfmigrate.rewrites.mirrored import is_docstring
+from tfmigrate.rewrites.mirrored import TfNames, is_docstring
 from tfmigrate.rule import ImportItem
 
 __all__ = [
     "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
     "TF2_SPELLINGS", "accuracy_log_names", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
-    "weighted_named_targets", "PERIOD_CHECKPOINT", "period_checkpoint_class",
+    "weighted_named_targets", "PERIOD_CHECKPOINT", "period_checkpoint_class", "BACKEND_WRITTEN", "backend_functions",
 ]
 
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
@@ -525,6 +527,55 @@ BACKEND_LAST_AXIS = {"argmax": 1, "argmin": 1, "concatenate": 1, "expand_dims": 
 GONE_MODULES = {"keras.preprocessing.text": "tokenize with `keras.layers.TextVectorization`"}
 #: Keras 2 classes that Keras 3 dropped without a replacement of the same meaning (checked on 3.15:
 #: `keras.preprocessing.image` keeps only its image file functions).
+#: Keras 2 backend functions Keras 3 has not, and the function of the same meaning the fix
+#: writes into the module (:func:`backend_functions`).
+BACKEND_WRITTEN = {"ctc_batch_cost": "ctc_batch_cost", "function": "backend_function"}
+
+_BACKEND_FUNCTIONS = {
+    "ctc_batch_cost": '''
+def ctc_batch_cost(y_true, y_pred, input_length, label_length):
+    """Keras 2's `K.ctc_batch_cost` (gone from Keras 3): each example's CTC loss, shaped (batch, 1),
+    of softmax outputs `y_pred` (batch, time, classes) whose last class is the blank."""
+    label_length = {tf}.cast({tf}.squeeze(label_length, axis=-1), {tf}.int32)
+    input_length = {tf}.cast({tf}.squeeze(input_length, axis=-1), {tf}.int32)
+    logits = {tf}.math.log(y_pred + keras.backend.epsilon())
+    loss = {tf}.nn.ctc_loss(labels={tf}.cast(y_true, {tf}.int32), logits=logits, label_length=label_length,
+                          logit_length=input_length, logits_time_major=False, blank_index=-1)
+    return {tf}.expand_dims(loss, 1)
+''',
+    "function": '''
+def backend_function(inputs, outputs):
+    """Keras 2's `K.function(inputs, outputs)` (gone from Keras 3): a function of a list of input
+    arrays returning the outputs' values as arrays, computed in inference mode."""
+    model = keras.Model(inputs, outputs)
+
+    def run(values):
+        return [keras.ops.convert_to_numpy(value) for value in {tf}.nest.flatten(model(values, training=False))]
+
+    return run
+''',
+}
+
+
+def _plain_names(module: cst.Module) -> set[str]:
+    """The names the module reads or binds, not counting attributes (`ctc_batch_cost` of
+    `K.ctc_batch_cost`)."""
+    attributes = {id(node.attr) for node in find(module, cst.Attribute)}
+    return {node.value for node in find(module, cst.Name) if id(node) not in attributes}
+
+
+def backend_functions(rule, changes: dict) -> tuple[list[cst.BaseStatement], list[ImportItem]]:
+    """The functions of :data:`BACKEND_WRITTEN` that ``changes`` call: ([functions], imports)."""
+    called = {new.func.value for new in changes.values() if isinstance(new, cst.Call) and isinstance(new.func, cst.Name)}
+    wanted = [name for name, written in BACKEND_WRITTEN.items() if written in called]
+    if not wanted:
+        return [], []
+    tf = TfNames(rule)
+    spelled = [re.sub(r"\{tf\}((?:\.\w+)+)", lambda m: tf("tensorflow" + m.group(1)), _BACKEND_FUNCTIONS[name])
+               for name in wanted]  # `{tf}.nn.ctc_loss` as the module spells TensorFlow
+    return [cst.parse_statement(text) for text in spelled], [*tf.imports, ImportItem("keras")]
+
+
 GONE_NAMES = {
     "keras.preprocessing.image.ImageDataGenerator":
         "augment with Keras 3's preprocessing layers (`keras.layers.RandomFlip`, ...) or a `tf.data` pipeline",
@@ -557,6 +608,11 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
         if name in BACKEND_KEPT or rule.imports.resolve(func) in SET_SESSION:  # the latter: keras3_session's
             continue
         replacement = _backend_replacement(call, name, ops)
+        if name in BACKEND_WRITTEN and not any(a.star for a in call.args):
+            if BACKEND_WRITTEN[name] in _plain_names(rule.context.module):
+                return {}, [], (call, f"`{BACKEND_WRITTEN[name]}`, the function the fix would write for "
+                                      f"`{code_in(rule.context.module, func)}`, is a name of the module")
+            replacement = call.with_changes(func=cst.Name(BACKEND_WRITTEN[name]))
         if replacement is None:
             return {}, [], (call, f"`{code_in(rule.context.module, func)}` is gone from Keras 3's backend, which the migrated program "
                                   "runs on: write it with `keras.ops` first")
