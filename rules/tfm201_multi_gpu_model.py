@@ -19,8 +19,9 @@ from tfmigrate.rewrites.keras3_predict import prediction_functions, predictions
 from tfmigrate.rewrites.keras3_session import session_setup
 from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits
 from tfmigrate.rewrites.keras3_leftovers import (
-    GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, backend_functions, boolean_inputs, callback_models_set, categorical_dtypes, checkpoint_periods,
-    continuation_lines, generator_methods, made_within, metric_label_casts, model_keywords, module_paths,
+    GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, backend_functions, boolean_inputs,
+    callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines, frozen_after_compile,
+    generator_methods, integer_sizes, made_within, metric_label_casts, model_keywords, module_paths,
     output_metrics, period_checkpoint_class, tf2_spellings, weight_file_renames, weighted_named_targets,
 )
 from tfmigrate.rewrites.keras3_optimizers import (
@@ -193,8 +194,18 @@ class MultiGpuModel(Rule):
         compiles it under the model's own strategy (`with model.distribute_strategy.scope():`,
         Keras 3 makes the optimizer where `compile` runs); a function passed around, a caller
         passing an expression, or a model not built in the caller's block is refused, naming it.
+        A second parallel model built in the same block (a GAN's combined model, which holds
+        the discriminator) is built under the strategy made for the first: models sharing layers
+        need one strategy.
         The migrated program runs on Keras 3, so the fix moves Keras 2's spellings onto it:
-        optimizer `lr=` becomes `learning_rate=` (and `.lr` `.learning_rate`); `decay=d`, which
+        optimizer `lr=` becomes `learning_rate=` (and `.lr` `.learning_rate`), and arguments after
+        the rate passed by position are named by Keras 2's order (`Adam(0.0002, 0.5)` is
+        `Adam(0.0002, beta_1=0.5)`: the orders part after `epsilon`); a layer size NumPy computes
+        (`Dense(np.prod(shape))`, an `Embedding` size bound to `np.max(x) + 1`) becomes `int(...)`,
+        which Keras 3 requires; a model compiled and then frozen (`.trainable = False`, a GAN's
+        discriminator before the combined model is compiled) trains through `train_as_compiled`,
+        written into the module, which Keras 2's `train_on_batch` did (the weights trainable at its
+        compile; Keras 3 reads the flag when it trains and trained none; its `fit` is refused); `decay=d`, which
         Keras 3 ignores with a warning, becomes the learning rate
         `InverseTimeDecay(lr, decay_steps=1, decay_rate=d)` (Keras 2's `lr / (1 + d * step)`); a
         zero `decay=` and `epsilon=None` go; backend math (`K.sum`, `K.square`, `K.flatten`) moves
@@ -744,7 +755,7 @@ class MultiGpuModel(Rule):
         moved = [*self._built_unwrapped(self._without_helper(placed.call, body[built:placed.index])),
                  *self._without_helper(placed.call, placed.lines)]
         moved = [made_within(statement, keras3) for statement in moved]
-        changes, imports, blocker = self._under_scope(body[built], moved, placed.strategy, placed.devices)
+        changes, imports, blocker = self._under_scope(body, body[built], moved, placed.strategy, placed.devices)
         if blocker is not None:
             return {}, [], blocker
         for statement in body[built + 1:last + 1]:
@@ -796,7 +807,8 @@ class MultiGpuModel(Rule):
             if blocker is not None:
                 return {}, [], blocker
             moved = [made_within(statement, keras3) for statement in self._built_unwrapped(caller_body[first:built + 1])]
-            made, made_imports, blocker = self._under_scope(caller_body[first], moved, placed.strategy, placed.devices)
+            made, made_imports, blocker = self._under_scope(caller_body, caller_body[first], moved, placed.strategy,
+                                                             placed.devices)
             if blocker is not None:
                 return {}, [], blocker
             changes.update(made)
@@ -817,22 +829,39 @@ class MultiGpuModel(Rule):
             changes[statement] = cst.RemovalSentinel.REMOVE
         return changes, imports, None
 
-    def _under_scope(self, first: cst.BaseStatement, moved: list, strategy: str, devices: str) -> tuple[dict, list, str | None]:
-        """``first`` replaced by the strategy's creation and ``moved`` under its scope, a Keras
-        session the builder clears cleared before: (changes, imports, blocker)."""
+    def _under_scope(self, body, first: cst.BaseStatement, moved: list, strategy: str,
+                     devices: str) -> tuple[dict, list, str | None]:
+        """``first`` (of ``body``) replaced by the strategy's creation and ``moved`` under its
+        scope, a Keras session the builder clears cleared before: (changes, imports, blocker).
+        A strategy the block made before (a GAN's discriminator's, for the combined model that
+        holds the discriminator) is used again: models sharing layers need one strategy."""
         cleared, changes, blocker = self._session_cleared(moved)
         if blocker is not None:
             return {}, [], blocker
         strategy_class, imports = self.tf_ref("tensorflow.distribute.MirroredStrategy")
-        create = cst.parse_statement(f"{strategy} = {self.context.module.code_for_node(strategy_class)}({devices})\n")
-        cleared_first = [*cleared, create]
-        cleared_first[0] = cleared_first[0].with_changes(leading_lines=first.leading_lines)
+        made = f"{self.context.module.code_for_node(strategy_class)}({devices})"
+        existing = None if cleared else self._strategy_made_before(body, first, made)
+        before = [*cleared, cst.parse_statement(f"{strategy} = {made}\n")] if existing is None else []
         scope = cst.With(
-            items=[cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))],
+            items=[cst.WithItem(cst.parse_expression(f"{existing or strategy}.scope()"))],
             body=cst.IndentedBlock(body=[blank_lines_unindented(s) for s in moved]),
         )
-        changes[first] = cst.FlattenSentinel([*cleared_first, scope])
+        made_first = [*before, scope]
+        made_first[0] = made_first[0].with_changes(leading_lines=first.leading_lines)
+        changes[first] = cst.FlattenSentinel(made_first)
         return changes, imports, None
+
+    def _strategy_made_before(self, body, first: cst.BaseStatement, made: str) -> str | None:
+        """The name the statements of ``body`` above ``first`` bind the same strategy to
+        (`strategy = tf.distribute.MirroredStrategy()`), else None."""
+        name = None
+        for statement in body:
+            if statement is first:
+                return name
+            assigned = single_assign(statement)
+            if assigned is not None and self._code(assigned[1]) == made:
+                name = assigned[0]
+        return None
 
     @staticmethod
     def _template_otherwise(value: cst.BaseExpression, call: cst.Call, model: str) -> bool:
@@ -898,6 +927,10 @@ class MultiGpuModel(Rule):
             backend, backend_imports, blocked = backend_calls(self, self._names)
             changes.update(backend)
             imports += backend_imports
+        trained_as_compiled: list = []
+        if blocked is None:
+            unfrozen, trained_as_compiled, blocked = frozen_after_compile(self, models)
+            changes.update(unfrozen)
         if blocked is not None:
             node, reason = blocked
             where = f"`{self._code(node.func)}(...)`: " if isinstance(node, cst.Call) else ""
@@ -911,6 +944,7 @@ class MultiGpuModel(Rule):
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
         changes.update(categorical_dtypes(self))
+        changes.update(integer_sizes(self))
         changes.update(boolean_inputs(self, models))
         changes.update(generator_methods(module))
         spellings, spelling_imports = tf2_spellings(self)
@@ -934,7 +968,7 @@ class MultiGpuModel(Rule):
         class_imports += function_imports
         checkpoint, checkpoint_imports = period_checkpoint_class(changes)
         written, written_imports = backend_functions(self, changes)
-        classes += checkpoint + written
+        classes += checkpoint + written + trained_as_compiled
         class_imports += checkpoint_imports + written_imports
         changes.update(placed_after_imports(module, changes, classes))
         imports += class_imports

@@ -71,7 +71,7 @@ def test_optimizer_arguments_keep_their_meaning(optimizer, expected):
 
 
 @pytest.mark.parametrize("optimizer, extra, reason", [
-    ("SGD(0.1, 0.9)", "", "by keyword: Keras 2 and Keras 3 order them differently"),
+    ("SGD(0.1, 0.9, 0.0, True, 1)", "", "by keyword: Keras 2 and Keras 3 order them differently"),
     ("SGD(momentum=0.9, decay=1e-4)", "", "pass `learning_rate=`"),
     ("SGD(lr=0.1, decay=1e-4)", "cb = keras.callbacks.ReduceLROnPlateau(patience=2)\n",
      "which the module's learning-rate callback cannot set"),
@@ -1104,3 +1104,83 @@ def test_keras_2_backend_functions_keras_3_lacks_are_written_into_the_module():
     assert "read = backend_function([inputs], [model.output])\n" in result and "backend as K" not in result
     taken = source.replace("read = K.function", "backend_function = None\nread = K.function")
     assert "`backend_function`, the function the fix would write for `K.function`, is a name of the module" in refusal(taken)
+
+
+def test_optimizer_arguments_passed_by_position_are_named_by_keras_2s_order():
+    """`Adam(0.0002, 0.5)` (Keras-GAN's): Keras 2 took `beta_1` second, as Keras 3 does, but the
+    orders part after `epsilon` (Keras 2's `decay`, Keras 3's `amsgrad`): each is named by Keras
+    2's order. More than Keras 2 took is refused."""
+    result = unsafe_fix(script(optimizer="keras.optimizers.Adam(0.0002, 0.5, 0.999, None, 0.0)"))
+    assert "optimizer=keras.optimizers.Adam(0.0002, beta_1=0.5, beta_2=0.999))" in result
+    assert "pass its arguments after the learning rate by keyword" in refusal(script(optimizer="SGD(0.1, 0.9, 0.0, True, 1)"))
+
+
+def test_layer_sizes_computed_by_numpy_are_made_python_integers():
+    """Keras 3 refuses a NumPy integer as `Dense` units or an `Embedding` size ("Received an
+    invalid value for `units`"), which Keras 2 took: Keras-GAN's `Dense(np.prod(img_shape))`, a
+    Kaggle kernel's `vocab = np.max(x) + 1`."""
+    extra = """
+        vocab = np.max(x).astype('int32') + 1
+        layers = [Dense(np.prod((2, 3))), keras.layers.Embedding(vocab, 8), Dense(int(np.prod((2, 2))))]
+    """
+    result = unsafe_fix(script(extra=extra))
+    assert "layers = [Dense(int(np.prod((2, 3)))), keras.layers.Embedding(int(vocab), 8), Dense(int(np.prod((2, 2))))]" in result
+
+
+GAN = """
+    import numpy as np
+    import tensorflow as tf
+    from keras.layers import Dense, Input
+    from keras.models import Model, Sequential
+    from keras.optimizers import Adam
+    from keras.utils import multi_gpu_model
+
+
+    class GAN:
+        def __init__(self):
+            optimizer = Adam(0.0002, 0.5)
+            with tf.device('/cpu:0'):
+                self.discriminator = Sequential([Dense(1, activation='sigmoid', input_shape=(4,))])
+            self.parallel_discriminator = multi_gpu_model(self.discriminator, gpus=2)
+            self.parallel_discriminator.compile(loss='binary_crossentropy', optimizer=optimizer)
+            with tf.device('/cpu:0'):
+                self.generator = Sequential([Dense(4, input_shape=(2,))])
+                z = Input(shape=(2,))
+                self.discriminator.trainable = False
+                self.combined = Model(z, self.discriminator(self.generator(z)))
+            self.parallel_combined = multi_gpu_model(self.combined, gpus=2)
+            self.parallel_combined.compile(loss='binary_crossentropy', optimizer=optimizer)
+
+        def train(self, images, noise, valid, fake):
+            self.parallel_discriminator.train_on_batch(images, valid)
+            self.parallel_discriminator.train_on_batch(self.generator.predict(noise), fake)
+            return self.parallel_combined.train_on_batch(noise, valid)
+"""
+
+
+def test_a_gan_discriminator_frozen_after_compile_trains_as_keras_2_trained_it_under_one_strategy():
+    """Keras-GAN's layout: the discriminator compiled, frozen (`trainable = False`), then the
+    combined model compiled around it. Keras 2 kept training the discriminator through its own
+    `train_on_batch` (the weights fixed when it was compiled); Keras 3 reads the flag when it
+    trains and trained none (checked): its steps go through `train_as_compiled`, written into
+    the module. The combined model, which holds the discriminator, is built under the same
+    strategy (a held-out GAN migrated with the steps as they were differed from step 3; with
+    them it matched 30 of 30, its models' initial weights set alike)."""
+    result = unsafe_fix(textwrap.dedent(GAN))
+    assert "\ndef train_as_compiled(model, *args, **kwargs):\n" in result
+    assert "        train_as_compiled(self.parallel_discriminator, images, valid)\n" in result
+    assert "        return self.parallel_combined.train_on_batch(noise, valid)\n" in result
+    assert result.count("MirroredStrategy()") == 1 and result.count("with strategy.scope():") == 2
+
+
+def test_a_model_frozen_before_it_is_compiled_keeps_its_steps_and_one_fitted_after_is_refused():
+    """Frozen before its compile, Keras 2 trained none of it either: its steps stay. Fitted
+    after being frozen, it is refused (the same flag, read when `fit` trains)."""
+    frozen_first = script(fit="parallel.train_on_batch(x, y)").replace(
+        "parallel = multi_gpu_model", "model.trainable = False\nparallel = multi_gpu_model")
+    result = unsafe_fix(frozen_first)
+    assert "train_as_compiled" not in result and "parallel.train_on_batch(x, y)" in result
+    fitted = textwrap.dedent(GAN).replace("self.parallel_discriminator.train_on_batch(images, valid)",
+                                          "self.parallel_discriminator.fit(images, valid)")
+    findings = [f for f in run_check(fitted) if f.code == "TFM201" and not f.fixable]
+    assert any("the model is frozen after it is compiled" in f.message for f in findings)

@@ -69,6 +69,7 @@ __all__ = [
     "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
     "TF2_SPELLINGS", "accuracy_log_names", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
     "weighted_named_targets", "PERIOD_CHECKPOINT", "period_checkpoint_class", "BACKEND_WRITTEN", "backend_functions",
+    "integer_sizes", "frozen_after_compile",
 ]
 
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
@@ -406,6 +407,89 @@ def categorical_dtypes(rule) -> dict:
         changes[call] = cst.Call(cst.Attribute(call.with_changes(args=commas_mended(args, call.args)),
                                                cst.Name("astype")), [cst.Arg(cst.parse_expression(text))])
     return changes
+
+
+#: Keras layers whose sizes Keras 3 takes as Python integers only (a NumPy integer failed:
+#: "Received an invalid value for `units`"; Keras 2 took it), and those size parameters.
+INTEGER_SIZES = {"Dense": ("units",), "Embedding": ("input_dim", "output_dim"), "GRU": ("units",),
+                 "SimpleRNN": ("units",)}
+
+
+def integer_sizes(rule) -> dict:
+    """`Dense(np.prod(img_shape))` (Keras-GAN's generators), `Embedding(vocab_size, 32)` with
+    `vocab_size = np.max(x) + 1`: the size as `int(...)`, where it is computed by NumPy (there, or
+    where the module binds the name it passes)."""
+    module = rule.context.module
+    numpy_names = {target for assign in find(module, cst.Assign) if _numpy_valued(rule, assign.value)
+                   for t in assign.targets if (target := dotted_name(t.target)) is not None}
+    changes = {}
+    for call in find(module, cst.Call):
+        sizes = next((INTEGER_SIZES[n.rsplit(".", 1)[-1]] for n in rule.imports.resolve_all(call.func)
+                      if n.startswith("keras.layers.") and n.rsplit(".", 1)[-1] in INTEGER_SIZES), None)
+        if sizes is None or any(a.star for a in call.args):
+            continue
+        for name in sizes:
+            size = argument(call, sizes, name)
+            if size is not None and (_numpy_valued(rule, size) or dotted_name(size) in numpy_names):
+                # (a copy at the top: the change must not hold the node it replaces)
+                changes[size] = cst.Call(cst.Name("int"), [cst.Arg(size.with_changes())])
+    return changes
+
+
+def _numpy_valued(rule, value: cst.BaseExpression) -> bool:
+    """Whether ``value`` computes with NumPy (`np.prod(shape)`, `np.max(x) + 1`), and is not
+    already made an `int`."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Name) and value.func.value == "int":
+        return False
+    return any((rule.imports.resolve(call.func) or "").startswith("numpy.") for call in find(value, cst.Call))
+
+
+_TRAIN_AS_COMPILED = '''
+def train_as_compiled(model, *args, **kwargs):
+    """`model.train_on_batch(...)` of a model frozen (`model.trainable = False`) after it was
+    compiled, as Keras 2 trained it: its weights, trainable when it was compiled (Keras 3 reads
+    the flag when it trains, and would train none of them)."""
+    frozen = model.trainable
+    model.trainable = True
+    try:
+        return model.train_on_batch(*args, **kwargs)
+    finally:
+        model.trainable = frozen
+'''
+
+
+def frozen_after_compile(rule, models: set) -> tuple[dict, list[cst.BaseStatement], tuple | None]:
+    """A GAN's discriminator, compiled and then frozen (`self.discriminator.trainable = False`)
+    to compile the combined model (Keras-GAN's layout): Keras 2 kept training it through its own
+    `train_on_batch`, whose weights were fixed when it was compiled; Keras 3 reads the flag when it
+    trains and trained nothing (checked). Each `train_on_batch` of one of ``models`` (the
+    template and the parallel model, the same model once migrated) -> `train_as_compiled(model,
+    ...)`, written into the module. Returns (changes, [the function], blocker): its `fit` is
+    refused."""
+    module = rule.context.module
+    frozen = [assign for assign in find(module, cst.Assign) if isinstance(assign.value, cst.Name)
+              and assign.value.value == "False" and any(
+                  isinstance(t.target, cst.Attribute) and t.target.attr.value == "trainable"
+                  and dotted_name(t.target.value) in models for t in assign.targets)]
+    compiled = [call for call in find(module, cst.Call) if isinstance(call.func, cst.Attribute)
+                and call.func.attr.value == "compile" and dotted_name(call.func.value) in models]
+    first_compiled = min((rule.position(call).start.line for call in compiled), default=None)
+    if first_compiled is None or not any(rule.position(assign).start.line > first_compiled for assign in frozen):
+        return {}, [], None  # (frozen before it is compiled: Keras 2 trained none of it either)
+    changes = {}
+    for call in find(module, cst.Call):
+        func = call.func
+        if not (isinstance(func, cst.Attribute) and dotted_name(func.value) in models):
+            continue
+        if func.attr.value in ("fit", "fit_generator"):
+            return {}, [], (call, "the model is frozen after it is compiled (`.trainable = False`), and Keras 3 reads "
+                                  "the flag when it trains (it would train none of its weights, where Keras 2 trained "
+                                  "those trainable at compile time): set `trainable` back to True around its training")
+        if func.attr.value == "train_on_batch":
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            changes[call] = call.with_changes(func=cst.Name("train_as_compiled"),
+                                              args=[cst.Arg(func.value, comma=comma), *call.args])
+    return changes, ([cst.parse_statement(_TRAIN_AS_COMPILED)] if changes else []), None
 
 
 def generator_methods(module: cst.Module) -> dict:

@@ -70,10 +70,13 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
                                   "distribution strategy clips each replica's gradient before they are summed where "
                                   f"the parallel model clipped the summed one; with {optimizer} stepped as Keras 2's "
                                   "the fix cannot also clip the sum: clip by hand after the replicas' sum, or drop it")
-        if sum(arg.keyword is None for arg in call.args) > 1 or any(arg.star for arg in call.args):
+        if any(arg.star for arg in call.args):
+            return {}, [], (call, "pass its arguments by name: Keras 2 and Keras 3 order them differently")
+        named = _named_by_position(rule, call)
+        if named is None:
             return {}, [], (call, "pass its arguments after the learning rate by keyword: Keras 2 and Keras 3 "
                                   "order them differently")
-        args = [keyword_renamed(arg, "lr", "learning_rate") for arg in call.args
+        args = [keyword_renamed(arg, "lr", "learning_rate") for arg in named
                 if not keyword_is(arg, "decay", _is_zero) and not keyword_is(arg, "epsilon", is_none)]
         decay = next((arg for arg in args if keyword_is(arg, "decay")), None)
         if decay is not None:
@@ -84,6 +87,39 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
         if args != list(call.args) or func is not call.func:
             changes[call] = call.with_changes(func=func, args=commas_mended(args, call.args))
     return changes, imports, None
+
+
+#: Keras 2.2-2.3's optimizer parameters in order (Keras 3 orders them otherwise after the rate:
+#: `Adam(lr, beta_1, beta_2, epsilon, decay)` there, `(learning_rate, beta_1, beta_2, epsilon,
+#: amsgrad)` here).
+KERAS2_PARAMETERS = {
+    "SGD": ("lr", "momentum", "decay", "nesterov"),
+    "RMSprop": ("lr", "rho", "epsilon", "decay"),
+    "Adagrad": ("lr", "epsilon", "decay"),
+    "Adadelta": ("lr", "rho", "epsilon", "decay"),
+    "Adam": ("lr", "beta_1", "beta_2", "epsilon", "decay", "amsgrad"),
+    "Adamax": ("lr", "beta_1", "beta_2", "epsilon", "decay"),
+    "Nadam": ("lr", "beta_1", "beta_2", "epsilon", "schedule_decay"),
+}
+
+
+def _named_by_position(rule, call: cst.Call) -> list[cst.Arg] | None:
+    """The call's arguments, those after the first passed by position named by Keras 2's order
+    (`Adam(0.0002, 0.5)`, Keras-GAN's, is `Adam(0.0002, beta_1=0.5)`); None where there are
+    more than Keras 2 took."""
+    name = next((n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS), "").rsplit(".", 1)[-1]
+    order = KERAS2_PARAMETERS.get(name, ("lr",))
+    positional = [arg for arg in call.args if arg.keyword is None]
+    if len(positional) > len(order):
+        return None
+    named = []
+    for arg in call.args:
+        position = next((i for i, p in enumerate(positional) if p is arg), None)
+        if position is not None and position > 0:
+            arg = arg.with_changes(keyword=cst.Name(order[position]), equal=cst.AssignEqual(
+                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+        named.append(arg)
+    return named
 
 
 def learning_rate_reads(rule) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
