@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
+from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
 from tfmigrate.analysis.passed_models import passed_models
@@ -224,6 +225,11 @@ class MultiGpuModel(Rule):
         leaves TF1 mode. An optimizer that clips its gradients (`clipnorm=`, `clipvalue=`) becomes
         a `SummedClip<Name>` subclass that clips the gradients summed over the replicas, as the
         parallel model clipped them (Keras 3's own clips each replica's part before the sum).
+        A `decay=` in a module whose learning-rate callback (`ReduceLROnPlateau`,
+        `LearningRateScheduler`) sets the rate becomes a `Decayed<Name>` subclass stepping at
+        lr / (1 + decay * iterations) of the rate the callback set, as Keras 2 did (a schedule
+        cannot be set). `K.function([x, K.learning_phase()], ...)` becomes
+        `backend_function([x], ..., learning_phase_at=1)`, which reads the mode from that place.
         The parallel model's `fit_generator(gen, ...)` becomes `BatchesInOrder.fit(model, gen,
         ...)`, a class written into the module: Keras 3's `fit` under a strategy opens an
         iterator to build the model and drops the batches it read ahead (fed a generator itself,
@@ -255,8 +261,8 @@ class MultiGpuModel(Rule):
         replica averages its own unequal part where the parallel model averaged the merged
         batch); whole batches train the same.
         No fix where Keras 3 would not keep the program's meaning: optimizer arguments after the
-        learning rate passed by position (Keras 2 and 3 order them differently); a `decay=` with
-        a learning-rate callback (a schedule cannot be set) or without a learning rate; a read of
+        learning rate passed by position (Keras 2 and 3 order them differently); a `decay=` without a
+        learning rate; a read of
         an optimizer's `decay`; Nadam (weights 1.7% apart after 20 steps; RMSprop, which Keras 3
         also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
         becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a backend function with
@@ -270,7 +276,10 @@ class MultiGpuModel(Rule):
         runs it on the whole batch on every replica, checked equal to one device, where the
         parallel model normalized each GPU's slice by its own statistics; without normalization it
         trains the same, though without the split's speed-up); `sample_weight=` with targets given
-        as a dict by output name (Keras 3.15 fails: "KeyError: 0").
+        as a dict by output name (Keras 3.15 fails: "KeyError: 0"); layers frozen that surely
+        hold batch normalization (all layers of an application built with it, a model whose
+        builder makes it; Keras 3 runs a frozen `BatchNormalization` in inference mode, Keras 2
+        normalized by the batch's statistics while training).
         No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
         `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
         MirroredStrategy computes it per replica and averages, another loss.
@@ -717,9 +726,24 @@ class MultiGpuModel(Rule):
             changes, imports, blocker = self._built_here_changes(placed, built, models)
         if blocker is not None:
             return None, blocker
-        changes.update(keras3)
+        changes = self._laid_over(keras3, changes)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
+
+    @staticmethod
+    def _laid_over(keras3: dict, changes: dict) -> dict:
+        """The module's Keras 3 changes with the edit's own laid over them: a statement both
+        change (the first after the imports, spaced below the classes written there, and made the
+        strategy's creation) is the edit's, with the spacing; a statement the edit moves under the
+        scope is moved (its Keras 3 changes made in the copy, :func:`made_within`)."""
+        merged = dict(keras3)
+        for node, new in changes.items():
+            spaced = keras3.get(node)
+            if isinstance(spaced, cst.CSTNode) and isinstance(new, cst.FlattenSentinel) and new.nodes:
+                new = cst.FlattenSentinel([new.nodes[0].with_changes(leading_lines=spaced.leading_lines),
+                                           *new.nodes[1:]])
+            merged[node] = new
+        return merged
 
     def _parallel_lines_replaced(self, call, body, index, last, guards, target, model, wrapped, blocks) -> list:
         """The statements from the `multi_gpu_model` line (or its guard) to the `compile` after it,
@@ -1088,23 +1112,8 @@ class MultiGpuModel(Rule):
                 "model trains, validates, evaluates or predicts on holds a multiple of the global batch: move the "
                 "module to TF2 APIs first (`tf.random.set_seed`, no Session), or build and compile the model under "
                 "`strategy.scope()` by hand and keep the data a multiple of the batch")
-        return self._batch_coupled_loss(models) or self._activity_regularized() or self._stepped_whole(models)
-
-    def _stepped_whole(self, models: set) -> str | None:
-        """`parallel.train_on_batch(x, y)` of a model with batch normalization: Keras 3 under a
-        strategy runs `train_on_batch` on the whole batch on every replica (checked: the same
-        weights as one device, to the bit), where the parallel model normalized each GPU's slice by
-        its own statistics; the losses differ from the first step (a held-out warm-up loop)."""
-        stepped = [call for call in find(self.context.module, cst.Call) if isinstance(call.func, cst.Attribute)
-                   and call.func.attr.value == "train_on_batch" and self._code(call.func.value) in models]
-        normalized = any((self.imports.resolve(call.func) or "").endswith(".BatchNormalization")
-                         for call in find(self.context.module, cst.Call))
-        if not (stepped and normalized):
-            return None
-        return (f"`{self._code(stepped[0].func)}(...)` (line {self.position(stepped[0]).start.line}) trains a model with "
-                "batch normalization, and Keras 3 under a strategy runs `train_on_batch` on the whole batch on every "
-                "replica, where the parallel model normalized each GPU's slice by its own statistics (another loss "
-                "from the first step): train through `fit` (or a distributed dataset) to split the batch")
+        return (self._batch_coupled_loss(models) or self._activity_regularized() or whole_batch_steps(self, models)
+                or frozen_batch_norm(self))
 
     def _activity_regularized(self) -> str | None:
         """A layer with an activity regularizer (`Dense(..., activity_regularizer=l1(1e-4))`, an

@@ -234,6 +234,69 @@ def test_the_keras2_rmsprop_the_fix_writes_steps_as_keras_2_s_with_momentum_and_
     assert apart["plain/keras3"] > 0.1 and apart["centered/keras3"] > 0.1 and apart["momentum/keras3"] < 1e-5, apart
 
 
+DECAYED_AGAINST_KERAS_2 = """
+import json
+import numpy as np
+import tensorflow as tf
+import keras
+import tf_keras
+CLASS
+rng = np.random.RandomState(0)
+x = rng.randn(64, 10).astype("float32")
+y = rng.randn(64, 1).astype("float32")
+w0 = rng.randn(10, 1).astype("float32")
+
+def trained(module, optimizer, set_rate):
+    model = module.Sequential([module.Input((10,)), module.layers.Dense(1, use_bias=False)])
+    model.layers[0].set_weights([w0])
+    model.compile(optimizer, "mse")
+    for epoch in range(4):  # what ReduceLROnPlateau does: halve the rate the optimizer holds
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        set_rate(model.optimizer, 0.05 / 2 ** (epoch + 1))
+    return model.layers[0].get_weights()[0].ravel()
+
+def keras2_set(optimizer, rate):
+    tf_keras.backend.set_value(optimizer.lr, rate)
+
+def keras3_set(optimizer, rate):
+    optimizer.learning_rate = rate
+
+keras2 = trained(tf_keras, tf_keras.optimizers.legacy.Adam(0.05, decay=0.05), keras2_set)
+ours = trained(keras, DecayedAdam(learning_rate=0.05, decay=0.05), keras3_set)
+undecayed = trained(keras, keras.optimizers.Adam(learning_rate=0.05), keras3_set)
+scale = np.abs(keras2).max()
+print(json.dumps({"ours": float(np.abs(ours - keras2).max() / scale),
+                  "undecayed": float(np.abs(undecayed - keras2).max() / scale)}))
+"""
+
+
+def test_a_decayed_optimizer_with_a_rate_callback_steps_as_keras_2s(tmp_path):
+    """Keras 2's `decay=` decayed the rate the optimizer held, which ReduceLROnPlateau set; a
+    schedule cannot be set, so with such a callback the fix writes a `Decayed<Name>` class. Against
+    tf_keras's legacy Adam over 32 steps with the rate halved each epoch: within rounding, where
+    Adam without the decay ends apart."""
+    fixed = unsafe_fix(textwrap.dedent("""
+        import tensorflow as tf
+        from keras.callbacks import ReduceLROnPlateau
+        from keras.layers import Dense, Input
+        from keras.models import Model
+        from keras.optimizers import Adam
+        from keras.utils import multi_gpu_model
+
+        inputs = Input(shape=(4,))
+        model = Model(inputs, Dense(1)(inputs))
+        parallel = multi_gpu_model(model, gpus=2)
+        parallel.compile(loss='mse', optimizer=Adam(lr=0.05, decay=0.05))
+        parallel.fit(x, y, callbacks=[ReduceLROnPlateau()])
+    """))
+    assert "optimizer=DecayedAdam(learning_rate=0.05, decay=0.05)" in fixed
+    # The model's first line, right after the imports where the class goes, stays the strategy's
+    # (the class's spacing had replaced it, and the model was lost).
+    assert "\n\n\nstrategy = tf.distribute.MirroredStrategy()\nwith strategy.scope():\n    inputs = Input(" in fixed
+    apart = _written_run(DECAYED_AGAINST_KERAS_2, fixed, "class DecayedAdam", tmp_path)
+    assert apart["ours"] < 1e-5 and apart["undecayed"] > 1e-2, apart
+
+
 def test_an_optimizer_made_above_the_model_is_made_under_the_scope(tmp_path):
     """Keras-GAN's classes make `self.optimizer` first in `__init__`: Keras 3 makes its variables
     where it is made, and made outside the scope it failed in it ("Mixing different

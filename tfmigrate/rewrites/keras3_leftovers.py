@@ -628,17 +628,54 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
     return {tf}.expand_dims(loss, 1)
 ''',
     "function": '''
-def backend_function(inputs, outputs):
+def backend_function(inputs, outputs, learning_phase_at=None):
     """Keras 2's `K.function(inputs, outputs)` (gone from Keras 3): a function of a list of input
-    arrays returning the outputs' values as arrays, computed in inference mode."""
+    arrays returning the outputs' values as arrays, in inference mode; where Keras 2's learning
+    phase was one of the inputs (its place `learning_phase_at`), the value given there says
+    whether to run in training mode."""
     model = keras.Model(inputs, outputs)
 
     def run(values):
-        return [keras.ops.convert_to_numpy(value) for value in {tf}.nest.flatten(model(values, training=False))]
+        values, training = list(values), False
+        if learning_phase_at is not None:
+            training = bool(values.pop(learning_phase_at))
+        return [keras.ops.convert_to_numpy(value) for value in {tf}.nest.flatten(model(values, training=training))]
 
     return run
 ''',
 }
+
+
+def _learning_phase_inputs(rule) -> dict[int, int]:
+    """id(`K.learning_phase()`) -> its place, where it is one of the inputs listed to a
+    `K.function([x, K.learning_phase()], ...)` (Keras 2's way to choose the mode per call)."""
+    found = {}
+    for call in find(rule.context.module, cst.Call):
+        if rule.imports.resolve(call.func) != "keras.backend.function" or not call.args:
+            continue
+        listed = call.args[0].value
+        if not isinstance(listed, cst.List):
+            continue
+        for place, element in enumerate(listed.elements):
+            if isinstance(element.value, cst.Call) and rule.imports.resolve(element.value.func) == "keras.backend.learning_phase":
+                found[id(element.value)] = place
+    return found
+
+
+def _written_call(call: cst.Call, written: str, phases: dict[int, int]) -> cst.Call:
+    """``call`` of the function written in its place; `K.function`'s learning phase input, where
+    it has one, given by its place (`learning_phase_at=1`)."""
+    args = list(call.args)
+    listed = args[0].value if args else None
+    phase = next((e for e in listed.elements if id(e.value) in phases), None) if isinstance(listed, cst.List) else None
+    if phase is not None:
+        kept = [e for e in listed.elements if e is not phase]
+        kept[-1:] = [kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)] if kept else []
+        args[0] = args[0].with_changes(value=listed.with_changes(elements=kept))
+        args = [*args[:-1], args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(cst.Integer(str(phases[id(phase.value)])), keyword=cst.Name("learning_phase_at"),
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))]
+    return call.with_changes(func=cst.Name(written), args=args)
 
 
 def _plain_names(module: cst.Module) -> set[str]:
@@ -675,6 +712,7 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
     (changes, imports, blocker) as :func:`optimizer_arguments` does."""
     ops = "ops" if "ops" not in names else "keras_ops"
     changes = {}
+    phases = _learning_phase_inputs(rule)
     for node in find(rule.context.module, cst.ImportFrom):
         module = dotted_name(node.module) if node.module is not None and not node.relative else None
         if module in GONE_MODULES:
@@ -691,12 +729,14 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
         name = func.attr.value
         if name in BACKEND_KEPT or rule.imports.resolve(func) in SET_SESSION:  # the latter: keras3_session's
             continue
+        if id(call) in phases:
+            continue  # an input of `K.function`: the written function takes its place
         replacement = _backend_replacement(call, name, ops)
         if name in BACKEND_WRITTEN and not any(a.star for a in call.args):
             if BACKEND_WRITTEN[name] in _plain_names(rule.context.module):
                 return {}, [], (call, f"`{BACKEND_WRITTEN[name]}`, the function the fix would write for "
                                       f"`{code_in(rule.context.module, func)}`, is a name of the module")
-            replacement = call.with_changes(func=cst.Name(BACKEND_WRITTEN[name]))
+            replacement = _written_call(call, BACKEND_WRITTEN[name], phases)
         if replacement is None:
             return {}, [], (call, f"`{code_in(rule.context.module, func)}` is gone from Keras 3's backend, which the migrated program "
                                   "runs on: write it with `keras.ops` first")

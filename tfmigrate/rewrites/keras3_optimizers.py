@@ -79,7 +79,7 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
         args = [keyword_renamed(arg, "lr", "learning_rate") for arg in named
                 if not keyword_is(arg, "decay", _is_zero) and not keyword_is(arg, "epsilon", is_none)]
         decay = next((arg for arg in args if keyword_is(arg, "decay")), None)
-        if decay is not None:
+        if decay is not None and not (own_class or "").startswith("Decayed"):  # (the class takes `decay=`)
             args, blocker = _decayed(rule, args, decay, imports)
             if blocker is not None:
                 return {}, [], (call, blocker)
@@ -172,9 +172,21 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
             elif _clipping(rule, call) is not None:
                 name = next(n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS).rsplit(".", 1)[-1]
                 found[id(call)] = (name, f"SummedClip{name}")
+            if _decayed_with_callback(rule, call):  # over the class above, if any
+                name = next(n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS).rsplit(".", 1)[-1]
+                found[id(call)] = (name, f"Decayed{found[id(call)][1] if id(call) in found else name}")
         return found
 
     return rule.context.memo("keras3.keras2_step_optimizers", compute)
+
+
+def _decayed_with_callback(rule, call: cst.Call) -> bool:
+    """A Keras optimizer made with a `decay=` (not zero) in a module whose learning-rate callback
+    sets its rate: a schedule could not be set, the `Decayed<Name>` class decays what is set."""
+    if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
+        return False
+    decay = next((arg for arg in call.args if keyword_is(arg, "decay")), None)
+    return decay is not None and not _is_zero(decay.value) and any(rule.context.mentions(n) for n in LR_CALLBACKS)
 
 
 def replaced_optimizer_names(rule) -> set[str]:
@@ -197,9 +209,15 @@ def keras2_step_classes(rule) -> tuple[list[cst.BaseStatement], list[ImportItem]
         ("indexed", "IndexedSlices"), ("dense", "convert_to_tensor"), ("replica_context", "distribute.get_replica_context"),
         ("clip_by_norm", "clip_by_norm"), ("clip_by_value", "clip_by_value"))}
     templates = {"Keras2RMSprop": _KERAS2_RMSPROP, "DenseGradient": _DENSE_GRADIENT, "SummedClip": _SUMMED_CLIP}
-    classes = [cst.parse_statement(next(t for k, t in templates.items() if own_class.startswith(k))
-                                   .format(name=optimizer, **names)) for optimizer, own_class in optimizers]
-    return classes, tf.imports + [ImportItem("keras")]
+    written: dict[str, str] = {}  # class name -> its text
+    for optimizer, own_class in optimizers:
+        base = own_class.removeprefix("Decayed")
+        if base != optimizer:  # a class of its own, which the decayed one derives from
+            written[base] = next(t for k, t in templates.items() if base.startswith(k)).format(name=optimizer, **names)
+        if own_class.startswith("Decayed"):
+            parent = f"keras.optimizers.{optimizer}" if base == optimizer else base
+            written[own_class] = _DECAYED.format(name=own_class, parent=parent, optimizer=optimizer)
+    return [cst.parse_statement(text) for text in written.values()], tf.imports + [ImportItem("keras")]
 
 
 #: What both classes do with an `Embedding`'s gradients by row: add up each row's first, as Keras 2 did.
@@ -214,6 +232,20 @@ class DenseGradient{name}(keras.optimizers.{name}):
     """{name} as Keras 2 stepped an `Embedding`: a row's gradients added up before they are
     squared (Keras 3's {name} squares each occurrence's in the batch)."""
 ''' + _DENSE_APPLY
+
+_DECAYED = '''
+class {name}({parent}):
+    """{optimizer} with Keras 2's `decay=`: each step at lr / (1 + decay * iterations), where lr is
+    what a learning-rate callback sets (Keras 3 has no `decay=`; a callback cannot set a schedule)."""
+
+    def __init__(self, *args, decay=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.decay = decay
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        steps = keras.ops.cast(self.iterations, learning_rate.dtype)
+        return super()._backend_update_step(grads, trainable_variables, learning_rate / (1.0 + self.decay * steps))
+'''
 
 _SUMMED_CLIP = '''
 class SummedClip{name}(keras.optimizers.{name}):
@@ -293,10 +325,9 @@ def compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:
 
 
 def _decayed(rule, args: list[cst.Arg], decay: cst.Arg, imports: list) -> tuple[list[cst.Arg], str | None]:
-    """``args`` with the learning rate as Keras 2's time decay of it, or why it cannot be."""
-    if any(rule.context.mentions(name) for name in LR_CALLBACKS):
-        return args, ("its `decay=` would become a learning-rate schedule, which the module's learning-rate "
-                      "callback cannot set (Keras 3 ignores `decay=`): fold the decay into that callback")
+    """``args`` with the learning rate as Keras 2's time decay of it, or why it cannot be. (With
+    a learning-rate callback, which cannot set a schedule, a `Decayed<Name>` class decays the
+    rate instead: :func:`keras2_step_optimizers`.)"""
     rate = next((arg for arg in args if arg.keyword is None or keyword_is(arg, "learning_rate")), None)
     if rate is None:
         return args, ("its `decay=` decays Keras 2's default learning rate, which Keras versions set apart: "
