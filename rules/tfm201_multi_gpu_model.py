@@ -27,7 +27,7 @@ from tfmigrate.rewrites.keras3_leftovers import (
 )
 from tfmigrate.rewrites.keras3_optimizers import (
     OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
-    replaced_optimizer_names,
+    replaced_optimizer_names, shared_optimizer,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -946,7 +946,7 @@ class MultiGpuModel(Rule):
         if blocked is None:
             periods, blocked = checkpoint_periods(module)
             changes.update(periods)
-        blocked = blocked or weighted_named_targets(module)
+        blocked = blocked or weighted_named_targets(module) or shared_optimizer(self)
         if blocked is None:
             backend, backend_imports, blocked = backend_calls(self, self._names)
             changes.update(backend)

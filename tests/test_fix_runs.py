@@ -435,6 +435,25 @@ def test_the_written_ctc_batch_cost_is_keras_2s(tmp_path):
     assert found["shape"] == [4, 1] and found["gap"] < 1e-4 * found["scale"]
 
 
+def test_a_gan_stepped_by_train_on_batch_runs_to_the_end_and_trains_the_same(tmp_path):
+    """Keras-GAN's layout: the discriminator compiled then frozen inside the combined model, both
+    wrapped and stepped by `train_on_batch`, the generator predicting the fakes. Migrated, the
+    discriminator steps through `train_as_compiled` (Keras 3 would train none of it), both models
+    under one strategy. verify sets every model's initial weights from OLD's (the generator's,
+    by layer name, before its first `predict`): all 36 steps compared."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_gan_train_on_batch.py", tmp_path)
+    text = fixed.read_text()
+    assert "train_as_compiled(self.parallel_discriminator, points, valid)" in text
+    assert "Dense(int(np.prod(self.point_shape)), activation='tanh')" in text and text.count("MirroredStrategy()") == 1
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    status, report = run_verify(legacy, fixed, tmp_path, steps=40)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert len(report["new"]["steps"]) == 36 and report["new"]["weights"]["other_models"] == 4
+
+
 TF2_ERA_KERAS = """
 import numpy as np
 import tensorflow as tf

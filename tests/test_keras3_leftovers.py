@@ -1147,7 +1147,7 @@ GAN = """
                 self.discriminator.trainable = False
                 self.combined = Model(z, self.discriminator(self.generator(z)))
             self.parallel_combined = multi_gpu_model(self.combined, gpus=2)
-            self.parallel_combined.compile(loss='binary_crossentropy', optimizer=optimizer)
+            self.parallel_combined.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
 
         def train(self, images, noise, valid, fake):
             self.parallel_discriminator.train_on_batch(images, valid)
@@ -1220,3 +1220,13 @@ def test_a_decay_with_a_rate_callback_decays_the_rate_the_callback_sets():
     assert "class DenseGradientAdam(keras.optimizers.Adam):" in result
     assert "class DecayedDenseGradientAdam(DenseGradientAdam):" in result
     assert result.index("class DenseGradientAdam(") < result.index("class DecayedDenseGradientAdam(")
+
+
+def test_one_optimizer_compiled_into_two_models_is_refused():
+    """Keras-GAN's `optimizer` compiled into the discriminator and the combined model: Keras 3
+    builds an optimizer for one model's variables and fails on the other's ("Unknown variable",
+    a held-out GAN), and Keras 2 shared one step count (Adam's bias correction read it)."""
+    shared = textwrap.dedent(GAN).replace("optimizer=Adam(0.0002, 0.5))", "optimizer=optimizer)")
+    messages = [f.message for f in run_check(shared) if f.code == "TFM201"]
+    assert any("`optimizer` is compiled into `self.parallel_discriminator` and `self.parallel_combined`" in m
+               for m in messages)

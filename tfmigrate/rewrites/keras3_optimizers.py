@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from tfmigrate.cst.callargs import commas_mended, is_none, keyword_is, keyword_renamed
+from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find
 from tfmigrate.rewrites.mirrored import TfNames
@@ -314,6 +315,32 @@ def _compiles_with(call: cst.Call, name: str) -> bool:
     """`model.compile(optimizer='rmsprop', ...)` (or the name first, by position)."""
     value = compiled_optimizer(call)
     return isinstance(value, cst.SimpleString) and str(value.evaluated_value).lower() == name
+
+
+def shared_optimizer(rule) -> tuple[cst.CSTNode, str] | None:
+    """An optimizer made once and compiled into two models (Keras-GAN's `optimizer = Adam(...)` for
+    the discriminator and the combined model): Keras 3 builds an optimizer for one set of
+    variables and fails on the other's ("Unknown variable"), and Keras 2 counted one step count
+    for both (Adam's bias correction read it), which two optimizers would not. (the second
+    compile, why), else None."""
+    module = rule.context.module
+    bindings: dict[str, int] = {}
+    for assign in find(module, cst.Assign):
+        for target in assign.targets:
+            name = dotted_name(target.target)
+            bindings[name] = bindings.get(name, 0) + 1
+    compiled: dict[str, str] = {}  # optimizer name -> the model first compiled with it
+    for call in find(module, cst.Call):
+        optimizer = compiled_optimizer(call)
+        name = dotted_name(optimizer) if optimizer is not None else None
+        if name is None or bindings.get(name) != 1:
+            continue
+        model = code_in(module, call.func.value)
+        if compiled.setdefault(name, model) != model:
+            return call, (f"`{name}` is compiled into `{compiled[name]}` and `{model}`: Keras 3 builds an optimizer for "
+                          "one model's variables (the second fails), and Keras 2 counted one step count for both: "
+                          "give each model its own optimizer")
+    return None
 
 
 def compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:

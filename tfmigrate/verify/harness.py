@@ -924,6 +924,7 @@ def install_keras(state: State, flavours: list) -> None:
         for cls in classes:
             _wrap_fit(cls, callback_base, flavour, state)
             _wrap_train_on_batch(cls, flavour, state)
+            _wrap_predict(cls, flavour, state)
 
 
 def _wrap_fit(cls, callback_base, flavour, state: State) -> None:
@@ -1006,6 +1007,23 @@ def _wrap_train_on_batch(cls, flavour, state: State) -> None:
 
     train_on_batch._tfmigrate = True
     setattr(cls, "train_on_batch", train_on_batch)
+
+
+def _wrap_predict(cls, flavour, state: State) -> None:
+    """`model.predict(...)` before any training (a GAN's generator making the discriminator's
+    first fake batch): the weights are set from OLD's there, before they are first read."""
+    original = getattr(cls, "predict", None)
+    if original is None or getattr(original, "_tfmigrate", False):
+        return
+
+    def predict(self, *args, **kwargs):
+        if not state.weights_done and self.built:
+            state.weights_done = True
+            handle_keras_weights(state, self, flavour)
+        return original(self, *args, **kwargs)
+
+    predict._tfmigrate = True
+    setattr(cls, "predict", predict)
 
 
 def _rows(x) -> int | None:
@@ -1096,27 +1114,66 @@ def handle_keras_weights(state: State, model, flavour) -> None:
         name = getattr(var, "path", None) or var.name
         named.setdefault(canonical_name(name), var)
     graph_mode = flavour == "tf_keras" and not _executing_eagerly()
+    others = _other_models_weights(model, flavour)
     args = state.args
     if args.dump_weights:
+        every = {**named, **others}
         if graph_mode:
             from tf_keras import backend
 
-            values = backend.batch_get_value(list(named.values()))
+            values = backend.batch_get_value(list(every.values()))
         else:
-            values = [np.asarray(v.numpy()) for v in named.values()]
-        save_weights(args.dump_weights, dict(zip(named, values)), state)
+            values = [np.asarray(v.numpy()) for v in every.values()]
+        save_weights(args.dump_weights, dict(zip(every, values)), state)
     elif args.load_weights:
         saved = load_weights(args.load_weights)
         if saved is None:
             return
-        mapping = match_weights(saved, {k: tuple(v.shape) for k, v in named.items()}, state)
+        own = {k: v for k, v in saved.items() if not k.startswith(_OTHER)}
+        mapping = {k: (named[k], saved[s]) for k, s in match_weights(
+            own, {k: tuple(v.shape) for k, v in named.items()}, state).items()}
+        matched = {k: (var, saved[k]) for k, var in others.items()
+                   if k in saved and tuple(saved[k].shape) == tuple(var.shape)}
+        mapping.update(matched)
+        state.weights.update({"other_models": len(matched), "other_models_unmatched": sorted(set(others) - set(matched))})
         if graph_mode:
             from tf_keras import backend
 
-            backend.batch_set_value([(named[k], saved[s]) for k, s in mapping.items()])
+            backend.batch_set_value(list(mapping.values()))
         else:
-            for k, s in mapping.items():
-                named[k].assign(saved[s])
+            for var, value in mapping.values():
+                var.assign(value)
+
+
+#: Where the saved weights of the program's other models are named.
+_OTHER = "other models/"
+
+
+def _other_models_weights(model, flavour) -> dict:
+    """The weights of the program's other Keras models (a GAN's generator, which predicts the
+    discriminator's batches before it trains), named by layer and weight (`dense_2/kernel`:
+    Keras 2 and 3 number their layers alike, in the order they are made) where that is unique;
+    else the runs would start them apart, and differ from the step that reads them."""
+    import gc
+
+    if flavour == "tf_keras":
+        from tf_keras.src.engine.training import Model
+    else:
+        from keras import Model
+    seen = {id(v) for v in model.weights}
+    found: dict = {}
+    twice: set = set()
+    for other in gc.get_objects():
+        if not isinstance(other, Model) or other is model:
+            continue
+        for var in other.weights:
+            if id(var) in seen:
+                continue
+            seen.add(id(var))
+            key = _OTHER + "/".join(canonical_name(getattr(var, "path", None) or var.name).split("/")[-2:])
+            twice.update({key} & set(found))
+            found[key] = var
+    return {key: var for key, var in found.items() if key not in twice}
 
 
 # --------------------------------------------------------------------------------------------
