@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import replaced, run_check, unsafe_fix
+from tests.conftest import FIXTURES, replaced, run_check, unsafe_fix
 
 KERAS2_SCRIPT = """
     import numpy as np
@@ -982,19 +982,9 @@ def test_a_template_parameter_whose_callers_cannot_be_followed_is_refused_with_t
 def test_a_model_mgpu_wrapper_class_is_the_parallel_model_and_goes_with_its_one_call():
     """`class ModelMGPU(Model)` (from a Keras issue, widely copied) makes `multi_gpu_model` in its
     `__init__` and sends save/load to the template: one finding, on its call, and the class goes."""
-    wrapper = textwrap.dedent("""
-        class ModelMGPU(Model):
-            def __init__(self, ser_model, gpus):
-                pmodel = multi_gpu_model(ser_model, gpus)
-                self.__dict__.update(pmodel.__dict__)
-                self._smodel = ser_model
-
-            def __getattribute__(self, attrname):
-                if 'load' in attrname or 'save' in attrname:
-                    return getattr(self._smodel, attrname)
-                return super(ModelMGPU, self).__getattribute__(attrname)
-
-    """)
+    program = (FIXTURES / "programs" / "fix_keras_template_passed_to_train.py").read_text()
+    start = program.index("class ModelMGPU(Model):")
+    wrapper = program[start:program.index("\n\n\n", start)] + "\n\n\n"
     source = script().replace("inputs = Input", wrapper + "inputs = Input").replace(
         "multi_gpu_model(model, gpus=2)", "ModelMGPU(model, 2)")
     findings = [f for f in run_check(source) if f.code == "TFM201"]
