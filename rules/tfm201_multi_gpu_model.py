@@ -211,8 +211,8 @@ class MultiGpuModel(Rule):
         `InverseTimeDecay(lr, decay_steps=1, decay_rate=d)` (Keras 2's `lr / (1 + d * step)`); a
         zero `decay=` and `epsilon=None` go; backend math (`K.sum`, `K.square`, `K.flatten`) moves
         to `keras.ops`, and `K.ctc_batch_cost` and `K.function`, which Keras 3 has not, call
-        functions of the same meaning written into the module; `to_categorical(...)` stays float32 (`.astype('float32')`: Keras 3 makes
-        float64 labels); `Model(input=, output=)` takes `inputs=`, `outputs=`; Keras 2 module
+        functions of the same meaning written into the module; `to_categorical(...)` stays
+        float32 (`.astype('float32')`: Keras 3 makes float64 labels); `Model(input=, output=)` takes `inputs=`, `outputs=`; Keras 2 module
         paths (`keras.layers.core`, `keras.utils.np_utils`) become the package above; a metric
         function compiled into the model casts the labels to the predictions' type first, as
         Keras 2 did; `ModelCheckpoint(..., period=1)` loses `period`, and another period saves
@@ -266,8 +266,8 @@ class MultiGpuModel(Rule):
         an optimizer's `decay`; Nadam (weights 1.7% apart after 20 steps; RMSprop, which Keras 3
         also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
         becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a backend function with
-        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one mean for the whole batch (Keras 3 adds it over the
-        replicas: twice the loss and the step); an activity regularizer (the parallel model added
+        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one
+        mean for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step); an activity regularizer (the parallel model added
         it once per device slice); a model compiled away from where it is made (but for another
         method's `self.` model), or returned to a caller that compiles it (Keras 3 makes the
         optimizer where `compile` runs); `ImageDataGenerator`, gone from Keras 3; and
@@ -604,7 +604,8 @@ class MultiGpuModel(Rule):
             return
         blocks = StatementBlocks()
         visit_read_only(original_node, blocks)
-        inside_helpers = {id(n) for c in helped for n in find(self._helpers[c.func.value], cst.Call)}  # type: ignore[attr-defined]
+        inside_helpers = {id(n) for c in helped  # type: ignore[attr-defined]
+                          for n in find(self._helpers[c.func.value], cst.Call)}
         for call, target in self._calls:
             if id(call) in inside_helpers:
                 continue  # reported, and deleted, with the call of the helper around it
@@ -808,7 +809,8 @@ class MultiGpuModel(Rule):
         sites: dict[int, tuple[tuple, int, int, str]] = {}
         for caller, name in passed:
             if id(caller) not in blocks.of_call:
-                return [], f"the call of `{function.name.value}` on line {self.position(caller).start.line} is not in a statement block"
+                return [], (f"the call of `{function.name.value}` on line {self.position(caller).start.line} is "
+                            "not in a statement block")
             body, index = blocks.of_call[id(caller)]
             built = self._construction(body, index, name)
             if built is None:
