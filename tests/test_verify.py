@@ -762,3 +762,22 @@ def test_keras_fit_shuffles_are_off_in_both_runs(tf_available, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     notes = json.loads(report.read_text())["notes"]
     assert any("in OLD fit(shuffle=True); in NEW fit(shuffle=True)" in n for n in notes), notes
+
+
+def test_normal_samples_the_program_draws_through_keras_sit_at_their_mean(tf_available):
+    """verify's dropout-off mode: `keras.random.normal` called from the program's own code (a
+    VAE's reparameterised sample) draws with no spread in both runs; Keras's own calls (an
+    initializer's) still draw."""
+    import keras
+
+    from tfmigrate.verify import no_dropout
+
+    original = keras.random.normal
+    try:
+        no_dropout.install(legacy_keras=False, from_program=lambda globals_: globals_ is globals())
+        sampled = keras.ops.convert_to_numpy(keras.random.normal((64,), mean=2.0, stddev=1.0, seed=1))
+        initialized = keras.ops.convert_to_numpy(keras.initializers.RandomNormal(stddev=1.0, seed=1)((64,)))
+    finally:
+        keras.random.normal = original
+    assert (sampled == 2.0).all() and initialized.std() > 0.5
+    assert "normal sampling(stddev=1.0)" in no_dropout.TURNED_OFF

@@ -1403,7 +1403,7 @@ def _set_up(state: State, result: dict) -> None:
     if args.no_dropout and (args.keras or args.keras2 or args.restore_multi_gpu_model):
         from tfmigrate.verify import no_dropout
 
-        no_dropout.install(legacy_keras=bool(args.legacy or args.keras2))
+        no_dropout.install(legacy_keras=bool(args.legacy or args.keras2), from_program=_is_user_code)
     _install_capture(tf, state)
     result["versions"] = {"tensorflow": tf.__version__, "numpy": np.__version__,
                           "python": platform.python_version()}
