@@ -1114,10 +1114,9 @@ def handle_keras_weights(state: State, model, flavour) -> None:
         name = getattr(var, "path", None) or var.name
         named.setdefault(canonical_name(name), var)
     graph_mode = flavour == "tf_keras" and not _executing_eagerly()
-    others = _other_models_weights(model, flavour)
     args = state.args
     if args.dump_weights:
-        every = {**named, **others}
+        every = {**named, **_other_models_weights(model, flavour)}
         if graph_mode:
             from tf_keras import backend
 
@@ -1130,6 +1129,9 @@ def handle_keras_weights(state: State, model, flavour) -> None:
         if saved is None:
             return
         own = {k: v for k, v in saved.items() if not k.startswith(_OTHER)}
+        # Only where OLD had other models: reading the weights of Keras 3's own inner models (a
+        # Sequential's functional graphs) changed a held-out run's second epoch (cause not found).
+        others = _other_models_weights(model, flavour) if len(own) < len(saved) else {}
         mapping = {k: (named[k], saved[s]) for k, s in match_weights(
             own, {k: tuple(v.shape) for k, v in named.items()}, state).items()}
         matched = {k: (var, saved[k]) for k, var in others.items()
@@ -1164,7 +1166,8 @@ def _other_models_weights(model, flavour) -> dict:
     found: dict = {}
     twice: set = set()
     for other in gc.get_objects():
-        if not isinstance(other, Model) or other is model:
+        # (the type itself: `isinstance` may ask a lazily loaded module for its class, and load it)
+        if not issubclass(type(other), Model) or other is model:
             continue
         for var in other.weights:
             if id(var) in seen:
