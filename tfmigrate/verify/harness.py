@@ -1129,8 +1129,8 @@ def handle_keras_weights(state: State, model, flavour) -> None:
         if saved is None:
             return
         own = {k: v for k, v in saved.items() if not k.startswith(_OTHER)}
-        # Only where OLD had other models: reading the weights of Keras 3's own inner models (a
-        # Sequential's functional graphs) changed a held-out run's second epoch (cause not found).
+        # Only where OLD had other models: the scan walks every live object (and in NEW meets
+        # Keras 3's inner functional graphs of each Sequential, which hold the same weights).
         others = _other_models_weights(model, flavour) if len(own) < len(saved) else {}
         mapping = {k: (named[k], saved[s]) for k, s in match_weights(
             own, {k: tuple(v.shape) for k, v in named.items()}, state).items()}
