@@ -12,7 +12,7 @@ from tfmigrate.analysis.passed_models import passed_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
-    blank_lines_unindented, contains, enclosing, find, module_parents, placed_after_imports, single_small,
+    blank_lines_unindented, contains, enclosing, find, init_of, module_parents, placed_after_imports, single_small,
 )
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rewrites.tower_code import functions_called
@@ -23,7 +23,8 @@ from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, backend_functions, boolean_inputs,
     callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines, frozen_after_compile,
     generator_methods, integer_sizes, made_within, metric_label_casts, model_keywords, module_paths,
-    output_metrics, period_checkpoint_class, tf2_spellings, weight_file_renames, weighted_named_targets,
+    output_metrics, period_checkpoint_class, tf2_spellings, uses_period_checkpoint, weight_file_renames,
+    weighted_named_targets,
 )
 from tfmigrate.rewrites.keras3_optimizers import (
     OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
@@ -568,7 +569,7 @@ class MultiGpuModel(Rule):
         ser_model, gpus)` makes `multi_gpu_model(ser_model, gpus)` and takes its attributes, and
         its `__getattribute__` sends `save`/`load` to the template. Made around the template, it
         is the parallel model."""
-        init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+        init = init_of(cls)
         params = [p.name.value for p in init.params.params] if init is not None else []
         if len(params) < 2:
             return False
@@ -946,7 +947,7 @@ class MultiGpuModel(Rule):
             reads, blocked = learning_rate_reads(self)
             changes.update(reads)
         if blocked is None:
-            periods, blocked = checkpoint_periods(module)
+            periods, blocked = self._checkpoint_periods()
             changes.update(periods)
         blocked = blocked or weighted_named_targets(module) or shared_optimizer(self)
         if blocked is None:
@@ -1211,6 +1212,11 @@ class MultiGpuModel(Rule):
                 return position
         return built
 
+    def _checkpoint_periods(self) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
+        """:func:`checkpoint_periods` of the module, asked by the edit and by the imports it removes:
+        worked out once."""
+        return self.context.memo("tfm201.checkpoint_periods", lambda: checkpoint_periods(self.context.module))
+
     def _uses_tf1_apis(self) -> bool:
         """Whether the module reads an API that only TF1 has (`tf.set_random_seed`, `tf.Session`,
         `tf.train.AdamOptimizer`): it can only run in TF1 mode (`tf.compat.v1`, Keras 2). What the
@@ -1322,7 +1328,7 @@ class MultiGpuModel(Rule):
         backend = [item for items in self._imports.values() for item in items
                    if called and (item.module, item.obj_name) in (("keras", "backend"), ("keras.backend", None))]
         # Keras's `ModelCheckpoint`, once a `PeriodCheckpoint` saves in its place.
-        periodic = period_checkpoint_class(checkpoint_periods(self.context.module)[0])[0]
+        periodic = uses_period_checkpoint(self._checkpoint_periods()[0])
         checkpoint = list(self._imports.get("ModelCheckpoint", [])) if periodic else []
         return (self._import_of(call) + [item for name in replaced for item in self._imports.get(name, [])] + backend
                 + checkpoint)

@@ -28,7 +28,7 @@ from tfmigrate.analysis.devices import (
     TowerLoop, collected_names, device_scopes, enclosing_tower, fixed_gpu, gradient_lists, module_tower_loops,
     tower_loop_at,
 )
-from tfmigrate.cst.traversal import children, find, names_used, walk
+from tfmigrate.cst.traversal import children, find, init_of, names_used, walk
 from tfmigrate.cst.traversal import module_parents
 
 SPLIT = "tensorflow.split"
@@ -288,7 +288,7 @@ def keras_parallel_class(context, cls: cst.ClassDef) -> bool:
     resolve = context.imports.resolve
     if not any(_keras_model(resolve(base.value)) for base in cls.bases):
         return False
-    init = next((s for s in cls.body.body if isinstance(s, cst.FunctionDef) and s.name.value == "__init__"), None)
+    init = init_of(cls)
     if init is None or len(init.params.params) < 3:  # (self, the template, the GPU count)
         return False
     if not any(tower_loop_at(context, loop) is not None for loop in find(cls, cst.For)):

@@ -16,26 +16,36 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.cst.callargs import short_name
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import find, module_parents
+from tfmigrate.cst.traversal import assignments, find, module_parents
 
-__all__ = ["frozen_batch_norm", "whole_batch_steps"]
+__all__ = ["frozen_assignments", "frozen_batch_norm", "whole_batch_steps"]
 
 #: Keras applications built with batch normalization (VGG16/VGG19 have none).
 _NORMALIZED_APPLICATIONS = ("MobileNet", "ResNet", "Inception", "Xception", "DenseNet", "NASNet", "EfficientNet",
                             "ConvNeXt", "RegNet")
 
 
+def _normalizing(name: str) -> bool:
+    """Whether the callee ``name`` (resolved) makes batch normalization: the layer, or an
+    application built with it."""
+    if name.startswith("keras.applications."):
+        return name.rsplit(".", 1)[-1].startswith(_NORMALIZED_APPLICATIONS)
+    return name.endswith(".BatchNormalization")
+
+
 def _normalized(rule) -> bool:
     """Whether the module makes a `BatchNormalization` layer or an application that has some."""
-    for call in find(rule.context.module, cst.Call):
-        name = rule.imports.resolve(call.func) or ""
-        if name.endswith(".BatchNormalization"):
-            return True
-        if name.startswith("keras.applications.") and name.rsplit(".", 1)[-1].startswith(_NORMALIZED_APPLICATIONS):
-            return True
-    return False
+    return any(_normalizing(rule.imports.resolve(call.func) or "") for call in find(rule.context.module, cst.Call))
+
+
+def frozen_assignments(module: cst.Module) -> list[tuple[cst.Assign, cst.Attribute]]:
+    """The module's `<x>.trainable = False` statements, each with its `<x>.trainable` target."""
+    return [(assign, target.target) for assign in find(module, cst.Assign)
+            if isinstance(assign.value, cst.Name) and assign.value.value == "False" for target in assign.targets
+            if isinstance(target.target, cst.Attribute) and target.target.attr.value == "trainable"]
 
 
 def whole_batch_steps(rule, models: set) -> str | None:
@@ -62,22 +72,16 @@ def frozen_batch_norm(rule) -> str | None:
     module = rule.context.module
     if not _normalized(rule):
         return None
-    makers = {dotted_name(t.target): assign.value for assign in find(module, cst.Assign)
-              if isinstance(assign.value, cst.Call) for t in assign.targets if dotted_name(t.target) is not None}
+    makers = {name: calls[-1] for name, made in assignments(rule.context).items()  # the last call bound to each
+              if (calls := [assign.value for assign in made if isinstance(assign.value, cst.Call)])}
     parents = module_parents(rule.context)
-    for assign in find(module, cst.Assign):
-        if not (isinstance(assign.value, cst.Name) and assign.value.value == "False"):
-            continue
-        for target in assign.targets:
-            frozen = target.target
-            if not (isinstance(frozen, cst.Attribute) and frozen.attr.value == "trainable"):
-                continue
-            loop = _loop_binding(module, assign, code_in(module, frozen.value), parents)
-            if _holds_batch_norm(rule, code_in(module, frozen.value), makers, loop):
-                return (f"line {rule.position(assign).start.line}: `{code_in(module, frozen)} = False` freezes batch "
-                        "normalization, and Keras 3 runs a frozen `BatchNormalization` in inference mode (its moving "
-                        "statistics) where Keras 2 still normalized by the batch's statistics while training: "
-                        "freeze only layers without batch normalization, or keep them trainable")
+    for assign, frozen in frozen_assignments(module):
+        loop = _loop_binding(module, assign, code_in(module, frozen.value), parents)
+        if _holds_batch_norm(rule, code_in(module, frozen.value), makers, loop):
+            return (f"line {rule.position(assign).start.line}: `{code_in(module, frozen)} = False` freezes batch "
+                    "normalization, and Keras 3 runs a frozen `BatchNormalization` in inference mode (its moving "
+                    "statistics) where Keras 2 still normalized by the batch's statistics while training: "
+                    "freeze only layers without batch normalization, or keep them trainable")
     return None
 
 
@@ -113,10 +117,8 @@ def _made_normalized(rule, made: cst.Call | None, whole: bool) -> bool:
     if made is None:
         return False
     name = rule.imports.resolve(made.func) or ""
-    if name.startswith("keras.applications."):
-        return name.rsplit(".", 1)[-1].startswith(_NORMALIZED_APPLICATIONS)
-    if name.startswith("keras.layers."):
-        return name.endswith(".BatchNormalization")
+    if name.startswith(("keras.applications.", "keras.layers.")):
+        return _normalizing(name)
     function = _module_function(rule.context.module, made)
     if function is not None:
         return any((rule.imports.resolve(call.func) or "").endswith(".BatchNormalization")
@@ -126,6 +128,4 @@ def _made_normalized(rule, made: cst.Call | None, whole: bool) -> bool:
 
 def _module_function(module: cst.Module, made: cst.Call) -> cst.FunctionDef | None:
     """The module's function (or method, `self.build()`) ``made`` calls, by name."""
-    func = made.func
-    name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
-    return next((f for f in find(module, cst.FunctionDef) if f.name.value == name), None)
+    return next((f for f in find(module, cst.FunctionDef) if f.name.value == short_name(made.func)), None)

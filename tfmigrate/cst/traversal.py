@@ -422,6 +422,11 @@ def assignments(context) -> dict[str, list[cst.Assign]]:
     return context.memo("assignments", compute)
 
 
+def init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
+    """The class's own `__init__` (not a nested class's), else None."""
+    return next((f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
+
+
 def single_small(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
     """The one small statement of a simple statement line (`x = f()`, `f()`), else None."""
     if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:

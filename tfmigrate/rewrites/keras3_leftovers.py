@@ -51,25 +51,29 @@ replacement may hold nodes another change replaces, so the rule applies them wit
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import re
+from collections.abc import Iterable
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import argument, commas_mended, keyword_is, keyword_renamed, with_keyword
+from tfmigrate.analysis.keras_batch_norm import frozen_assignments
+from tfmigrate.cst.callargs import argument, commas_mended, keyword_is, keyword_renamed, short_name, with_keyword
 from tfmigrate.cst.codegen import code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import block_indentation, find, module_parents, single_small
+from tfmigrate.cst.traversal import (
+    assignments, block_indentation, find, init_of, module_parents, names_used, single_small,
+)
 from tfmigrate.rewrites.keras3_session import SET_SESSION
 from tfmigrate.rewrites.mirrored import TfNames, is_docstring
 from tfmigrate.rule import ImportItem
 
 __all__ = [
-    "GENERATOR_METHODS", "backend_calls", "boolean_inputs", "callback_models_set", "categorical_dtypes", "continuation_lines",
-    "TF2_SPELLINGS", "accuracy_log_names", "generator_methods", "made_within", "tf2_spellings", "model_keywords", "module_paths", "output_metrics", "weight_file_renames",
-    "weighted_named_targets", "PERIOD_CHECKPOINT", "period_checkpoint_class", "BACKEND_WRITTEN", "backend_functions",
-    "integer_sizes", "frozen_after_compile",
+    "BACKEND_WRITTEN", "GENERATOR_METHODS", "PERIOD_CHECKPOINT", "TF2_SPELLINGS", "accuracy_log_names",
+    "backend_calls", "backend_functions", "boolean_inputs", "callback_models_set", "categorical_dtypes",
+    "checkpoint_periods", "continuation_lines", "frozen_after_compile", "generator_methods", "integer_sizes",
+    "made_within", "metric_label_casts", "model_keywords", "module_paths", "output_metrics",
+    "period_checkpoint_class", "tf2_spellings", "uses_period_checkpoint", "weight_file_renames",
+    "weighted_named_targets",
 ]
 
 #: Keras 2's `*_generator` methods and their parameters after the generator (Keras 2.2-2.3).
@@ -133,18 +137,13 @@ def weight_file_renames(module: cst.Module, weight_calls: Iterable[cst.Call], ch
     return changes
 
 
-def _init_of(cls: cst.ClassDef) -> cst.FunctionDef | None:
-    """The class's own `__init__` (not a nested class's)."""
-    return next((f for f in cls.body.body if isinstance(f, cst.FunctionDef) and f.name.value == "__init__"), None)
-
-
 def _checkpoint_parameters(module: cst.Module, call: cst.Call) -> tuple[str, ...]:
     """The positional parameters of the checkpoint class ``call`` makes: Keras's (`filepath`
     first), or its subclass's own `__init__`'s (`(self, template_model, filepath, **kwargs)`, a
     held-out DeepLab trainer's)."""
-    name = module.code_for_node(call.func).strip().rsplit(".", 1)[-1]
+    name = short_name(call.func)
     for cls in find(module, cst.ClassDef):
-        init = _init_of(cls)
+        init = init_of(cls)
         if cls.name.value == name and init is not None:
             named = tuple(p.name.value for p in init.params.params[1:])
             # `(self, template, *args, **kwargs)` hands the rest on to ModelCheckpoint: `filepath` first
@@ -185,7 +184,7 @@ def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str
         if isinstance(period.value, cst.Integer) and period.value.evaluated_value == 1:
             kept = [arg for arg in call.args if arg is not period]
             changes[call] = call.with_changes(args=commas_mended(kept, call.args))
-        elif module.code_for_node(call.func).strip().rsplit(".", 1)[-1] == "ModelCheckpoint":
+        elif short_name(call.func) == "ModelCheckpoint":
             changes[call] = call.with_changes(func=cst.Name(PERIOD_CHECKPOINT))
         else:
             changes.update(_periodic_bases(module, call))
@@ -213,18 +212,24 @@ class PeriodCheckpoint(keras.callbacks.ModelCheckpoint):
 '''
 
 
+def uses_period_checkpoint(changes: dict) -> bool:
+    """Whether ``changes`` make or derive from a :data:`PERIOD_CHECKPOINT`."""
+    return any(PERIOD_CHECKPOINT in {n.value for n in find(new, cst.Name)}
+               for new in changes.values() if isinstance(new, cst.CSTNode))
+
+
 def period_checkpoint_class(changes: dict) -> tuple[list[cst.BaseStatement], list[ImportItem]]:
     """The :data:`PERIOD_CHECKPOINT` class, where ``changes`` use it: ([class], imports)."""
-    used = any(PERIOD_CHECKPOINT in {n.value for n in find(new, cst.Name)}
-               for new in changes.values() if isinstance(new, cst.CSTNode))
-    return ([cst.parse_statement(_PERIOD_CHECKPOINT_CLASS)], [ImportItem("keras")]) if used else ([], [])
+    if not uses_period_checkpoint(changes):
+        return [], []
+    return [cst.parse_statement(_PERIOD_CHECKPOINT_CLASS)], [ImportItem("keras")]
 
 
 def _periodic_bases(module: cst.Module, call: cst.Call) -> dict:
     """The module's checkpoint class ``call`` makes, and those between it and Keras's, derived
     from :data:`PERIOD_CHECKPOINT` where they named `ModelCheckpoint`."""
     classes = {c.name.value: c for c in find(module, cst.ClassDef)}
-    changes, pending = {}, [module.code_for_node(call.func).strip().rsplit(".", 1)[-1]]
+    changes, pending = {}, [short_name(call.func)]
     while pending:
         cls = classes.get(pending.pop())
         if cls is None:
@@ -297,7 +302,7 @@ def _constructor_file_renamed(module: cst.Module, assign: cst.Assign) -> dict:
     """`self.filepath = filepath` in a class's `__init__`: the `.h5` literals the module passes
     for that parameter where it makes the class (`TemplateCheckpoint(model, 'best.hdf5')`)."""
     parameter = assign.value.value if isinstance(assign.value, cst.Name) else None
-    cls, init = next(((c, init) for c in find(module, cst.ClassDef) if (init := _init_of(c)) is not None
+    cls, init = next(((c, init) for c in find(module, cst.ClassDef) if (init := init_of(c)) is not None
                       and any(a is assign for a in find(init, cst.Assign))), (None, None))
     if parameter is None or cls is None:
         return {}
@@ -317,7 +322,7 @@ def _constructor_file_renamed(module: cst.Module, assign: cst.Assign) -> dict:
 
 def _is_checkpoint(module: cst.Module, call: cst.Call) -> bool:
     """A call of Keras's `ModelCheckpoint`, or of a class of the module derived from it."""
-    name = module.code_for_node(call.func).strip().rsplit(".", 1)[-1]
+    name = short_name(call.func)
     if name == "ModelCheckpoint":
         return True
     return any(c.name.value == name and _derives(c, ("ModelCheckpoint",)) for c in find(module, cst.ClassDef))
@@ -420,8 +425,8 @@ def integer_sizes(rule) -> dict:
     `vocab_size = np.max(x) + 1`: the size as `int(...)`, where it is computed by NumPy (there, or
     where the module binds the name it passes)."""
     module = rule.context.module
-    numpy_names = {target for assign in find(module, cst.Assign) if _numpy_valued(rule, assign.value)
-                   for t in assign.targets if (target := dotted_name(t.target)) is not None}
+    numpy_names = {target for target, made in assignments(rule.context).items()
+                   if any(_numpy_valued(rule, assign.value) for assign in made)}
     changes = {}
     for call in find(module, cst.Call):
         sizes = next((INTEGER_SIZES[n.rsplit(".", 1)[-1]] for n in rule.imports.resolve_all(call.func)
@@ -467,10 +472,7 @@ def frozen_after_compile(rule, models: set) -> tuple[dict, list[cst.BaseStatemen
     ...)`, written into the module. Returns (changes, [the function], blocker): its `fit` is
     refused."""
     module = rule.context.module
-    frozen = [assign for assign in find(module, cst.Assign) if isinstance(assign.value, cst.Name)
-              and assign.value.value == "False" and any(
-                  isinstance(t.target, cst.Attribute) and t.target.attr.value == "trainable"
-                  and dotted_name(t.target.value) in models for t in assign.targets)]
+    frozen = [assign for assign, target in frozen_assignments(module) if dotted_name(target.value) in models]
     compiled = [call for call in find(module, cst.Call) if isinstance(call.func, cst.Attribute)
                 and call.func.attr.value == "compile" and dotted_name(call.func.value) in models]
     first_compiled = min((rule.position(call).start.line for call in compiled), default=None)
@@ -678,13 +680,6 @@ def _written_call(call: cst.Call, written: str, phases: dict[int, int]) -> cst.C
     return call.with_changes(func=cst.Name(written), args=args)
 
 
-def _plain_names(module: cst.Module) -> set[str]:
-    """The names the module reads or binds, not counting attributes (`ctc_batch_cost` of
-    `K.ctc_batch_cost`)."""
-    attributes = {id(node.attr) for node in find(module, cst.Attribute)}
-    return {node.value for node in find(module, cst.Name) if id(node) not in attributes}
-
-
 def backend_functions(rule, changes: dict) -> tuple[list[cst.BaseStatement], list[ImportItem]]:
     """The functions of :data:`BACKEND_WRITTEN` that ``changes`` call: ([functions], imports)."""
     called = {new.func.value for new in changes.values() if isinstance(new, cst.Call) and isinstance(new.func, cst.Name)}
@@ -733,7 +728,7 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
             continue  # an input of `K.function`: the written function takes its place
         replacement = _backend_replacement(call, name, ops)
         if name in BACKEND_WRITTEN and not any(a.star for a in call.args):
-            if BACKEND_WRITTEN[name] in _plain_names(rule.context.module):
+            if BACKEND_WRITTEN[name] in names_used(rule.context.module):  # (not `K.ctc_batch_cost`'s attribute)
                 return {}, [], (call, f"`{BACKEND_WRITTEN[name]}`, the function the fix would write for "
                                       f"`{code_in(rule.context.module, func)}`, is a name of the module")
             replacement = _written_call(call, BACKEND_WRITTEN[name], phases)

@@ -18,7 +18,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import commas_mended, is_none, keyword_is, keyword_renamed
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import find
+from tfmigrate.cst.traversal import assignments, find
 from tfmigrate.rewrites.mirrored import TfNames
 from tfmigrate.rule import ImportItem
 
@@ -63,7 +63,7 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
         optimizer, own_class = stepping.get(id(call), (None, None))
         if optimizer is not None and _compiles_with(call, optimizer.lower()):  # compile(optimizer='adam')
             changes[compiled_optimizer(call)] = cst.parse_expression(f"{own_class}()")
-        if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
+        if _optimizer_class(rule, call) is None:
             continue
         clipped = _clipping(rule, call)
         if clipped is not None and not (own_class or "").startswith("SummedClip"):
@@ -108,8 +108,7 @@ def _named_by_position(rule, call: cst.Call) -> list[cst.Arg] | None:
     """The call's arguments, those after the first passed by position named by Keras 2's order
     (`Adam(0.0002, 0.5)`, Keras-GAN's, is `Adam(0.0002, beta_1=0.5)`); None where there are
     more than Keras 2 took."""
-    name = next((n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS), "").rsplit(".", 1)[-1]
-    order = KERAS2_PARAMETERS.get(name, ("lr",))
+    order = KERAS2_PARAMETERS.get(_optimizer_class(rule, call) or "", ("lr",))
     positional = [arg for arg in call.args if arg.keyword is None]
     if len(positional) > len(order):
         return None
@@ -171,20 +170,26 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
             elif embedding and (adaptive := _optimizer_named(rule, call, ADAPTIVE)) is not None:
                 found[id(call)] = (adaptive, f"DenseGradient{adaptive}")
             elif _clipping(rule, call) is not None:
-                name = next(n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS).rsplit(".", 1)[-1]
+                name = _optimizer_class(rule, call)
                 found[id(call)] = (name, f"SummedClip{name}")
             if _decayed_with_callback(rule, call):  # over the class above, if any
-                name = next(n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS).rsplit(".", 1)[-1]
+                name = _optimizer_class(rule, call)
                 found[id(call)] = (name, f"Decayed{found[id(call)][1] if id(call) in found else name}")
         return found
 
     return rule.context.memo("keras3.keras2_step_optimizers", compute)
 
 
+def _optimizer_class(rule, call: cst.Call) -> str | None:
+    """The Keras optimizer class ``call`` makes (`Adam` of `keras.optimizers.Adam(...)`), else None."""
+    made = next((n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS), None)
+    return made.rsplit(".", 1)[-1] if made is not None else None
+
+
 def _decayed_with_callback(rule, call: cst.Call) -> bool:
     """A Keras optimizer made with a `decay=` (not zero) in a module whose learning-rate callback
     sets its rate: a schedule could not be set, the `Decayed<Name>` class decays what is set."""
-    if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
+    if _optimizer_class(rule, call) is None:
         return False
     decay = next((arg for arg in call.args if keyword_is(arg, "decay")), None)
     return decay is not None and not _is_zero(decay.value) and any(rule.context.mentions(n) for n in LR_CALLBACKS)
@@ -298,7 +303,7 @@ class Keras2RMSprop(keras.optimizers.RMSprop):
 
 def _clipping(rule, call: cst.Call) -> cst.Arg | None:
     """The argument by which a Keras optimizer ``call`` clips its gradients (`clipnorm=1.0`), else None."""
-    if not OPTIMIZERS & set(rule.imports.resolve_all(call.func)):
+    if _optimizer_class(rule, call) is None:
         return None
     return next((arg for arg in call.args if any(keyword_is(arg, k, lambda v: not is_none(v)) for k in CLIPS)), None)
 
@@ -324,16 +329,12 @@ def shared_optimizer(rule) -> tuple[cst.CSTNode, str] | None:
     for both (Adam's bias correction read it), which two optimizers would not. (the second
     compile, why), else None."""
     module = rule.context.module
-    bindings: dict[str, int] = {}
-    for assign in find(module, cst.Assign):
-        for target in assign.targets:
-            name = dotted_name(target.target)
-            bindings[name] = bindings.get(name, 0) + 1
+    bound = assignments(rule.context)
     compiled: dict[str, str] = {}  # optimizer name -> the model first compiled with it
     for call in find(module, cst.Call):
         optimizer = compiled_optimizer(call)
         name = dotted_name(optimizer) if optimizer is not None else None
-        if name is None or bindings.get(name) != 1:
+        if name is None or len(bound.get(name, ())) != 1:  # made once
             continue
         model = code_in(module, call.func.value)
         if compiled.setdefault(name, model) != model:

@@ -80,8 +80,8 @@ from tfmigrate.rewrites.tower_callers import (
     user_called_update,
 )
 from tfmigrate.rewrites.tower_checks import (
-    check_body, check_keras_parallel, check_prebuilt_towers, check_only_computes, check_tower_variables, check_training_state,
-    check_variable_updates, check_waits, loads_per_copy, tower_counters,
+    check_body, check_keras_parallel, check_only_computes, check_prebuilt_towers, check_tower_variables,
+    check_training_state, check_variable_updates, check_waits, loads_per_copy, tower_counters,
 )
 from tfmigrate.rewrites.tower_code import (
     Region, Update, class_methods, functions_called, index_of, left_by_towers, line_of, loop_region, module_calls,

@@ -23,7 +23,7 @@ from tfmigrate.analysis.devices import enclosing_class, tower_loop_at
 from tfmigrate.analysis.training import (
     KNOWN_LIBRARIES, module_functions, tensors_read, training_call, trains, variable_update,
 )
-from tfmigrate.cst.callargs import argument, callee_name, method_call
+from tfmigrate.cst.callargs import argument, callee_name, method_call, short_name
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     contains, enclosing, find, find_own, first_free, free_names, module_parents, names_used, own_nodes, scope_bindings,
@@ -92,23 +92,16 @@ def check_prebuilt_towers(rule, loop: cst.For) -> None:
         iterable = iterable.args[0].value
     if not isinstance(iterable, (cst.Name, cst.Attribute)):
         return
-    walked = iterable.value if isinstance(iterable, cst.Name) else iterable.attr.value
+    walked = short_name(iterable)  # `models`, `self.models`
     for other in find(rule.context.module, cst.For):
         if other is loop or tower_loop_at(rule.context, other) is None:
             continue
         filled = next((call for call in find(other.body, cst.Call) if method_call(call, "append")
-                       and _last_name(call.func.value) == walked), None)  # type: ignore[attr-defined]
+                       and short_name(call.func.value) == walked), None)  # type: ignore[attr-defined]
         if filled is not None:
             raise Refused(f"the towers walk `{code(iterable)}`, which the tower loop on line {line_of(rule, other)} fills "
                           "with one object per device: their variables are made there, outside the strategy's scope, "
                           "where replicas cannot update them; build each tower's model in this loop")
-
-
-def _last_name(node: cst.BaseExpression) -> str | None:
-    """`models` of `models` and of `self.models`."""
-    if isinstance(node, cst.Name):
-        return node.value
-    return node.attr.value if isinstance(node, cst.Attribute) else None
 
 
 def check_keras_parallel(rule, tower) -> None:

@@ -990,9 +990,7 @@ def _wrap_train_on_batch(cls, flavour, state: State) -> None:
     def train_on_batch(self, x, *args, **kwargs):
         if _FITTING[0]:
             return original(self, x, *args, **kwargs)
-        if not state.weights_done and self.built:
-            state.weights_done = True
-            handle_keras_weights(state, self, flavour)
+        _weights_from_old_once(state, self, flavour, ready=self.built)
         start = time.perf_counter()
         result = original(self, x, *args, **kwargs)
         end = time.perf_counter()
@@ -1017,9 +1015,7 @@ def _wrap_predict(cls, flavour, state: State) -> None:
         return
 
     def predict(self, *args, **kwargs):
-        if not state.weights_done and self.built:
-            state.weights_done = True
-            handle_keras_weights(state, self, flavour)
+        _weights_from_old_once(state, self, flavour, ready=self.built)
         return original(self, *args, **kwargs)
 
     predict._tfmigrate = True
@@ -1054,9 +1050,7 @@ def _make_callback(base, flavour, state: State, batch_size, x, validation_split:
             self.t_prev = None
 
         def on_train_begin(self, logs=None):
-            if not state.weights_done:
-                state.weights_done = True
-                handle_keras_weights(state, self.model, flavour)
+            _weights_from_old_once(state, self.model, flavour)
             self.t_prev = time.perf_counter()
 
         def on_epoch_begin(self, epoch, logs=None):
@@ -1100,6 +1094,15 @@ def _batch_loss(mean: float, previous_mean: float, seen: int, examples: int | No
     if examples:
         return ((seen + examples) * mean - seen * previous_mean) / examples
     return (batch + 1) * mean - batch * previous_mean
+
+
+def _weights_from_old_once(state: State, model, flavour, ready: bool = True) -> None:
+    """The program's Keras weights set from OLD's (dumped by OLD) at the first of its models'
+    `fit`, `train_on_batch` or `predict` calls where they exist (``ready``: a model called
+    directly may not be built yet)."""
+    if not state.weights_done and ready:
+        state.weights_done = True
+        handle_keras_weights(state, model, flavour)
 
 
 def handle_keras_weights(state: State, model, flavour) -> None:
