@@ -780,6 +780,9 @@ elif MODE == "sequence":  # 4 steps an epoch: the passes of 3 batches run on acr
     seen["calls"] = train.calls[:11]  # those the 8 trained batches needed (more were read ahead)
     history = BatchesInOrder.fit(model, Batches(8), epochs=2, verbose=0, shuffle=False)
     seen["epoch_steps"] = history.params["steps"]  # without steps_per_epoch: one pass, as in Keras 2
+    data = np.ones((8, 1), "float32")  # a Sequence's batch of views of its arrays is read as copies
+    read = BatchesInOrder(iter([(data[:4], [data[4:], {"y": data[2:6]}])]), "train")
+    seen["shared"] = [bool(np.shares_memory(part, data)) for part in tf.nest.flatten(read._batch(0))]
 else:
     train, validation = batches(8), batches(4)
     BatchesInOrder.fit(model, train, steps_per_epoch=3, epochs=2, validation_data=validation,
@@ -804,6 +807,7 @@ def test_batches_in_order_trains_and_validates_a_generator_s_batches_as_keras_2_
         assert seen["train"] == [0, 1, 2, 0, 1, 2, 0, 1] and seen["test"] == [0, 1, 2, 0, 1, 2], seen
         assert seen["calls"] == ["get 0", "get 1", "get 2", "end"] * 2 + ["get 0", "get 1", "get 2"], seen
         assert seen["epoch_steps"] == 3, seen
+        assert seen["shared"] == [False, False, False], seen  # TensorFlow may write into an array's memory
     else:
         assert seen == {"train": [0, 1, 2, 3, 4, 5, 6, 7], "test": [0, 1, 2, 3]}, seen
 

@@ -161,10 +161,15 @@ class BatchesInOrder(keras.callbacks.Callback):
 
     @classmethod
     def _tuples(cls, batch):
-        """`([x1, x2], y)` as `((x1, x2), y)`: tf.data reads a list as one tensor."""
+        """`([x1, x2], y)` as `((x1, x2), y)` (tf.data reads a list as one tensor), each array a
+        copy: a Sequence's batches are often views of its arrays, and TensorFlow may write into
+        the memory of an array it is handed (a held-out program's labels changed in place while
+        it trained, in 1 run of 4)."""
         if isinstance(batch, (list, tuple)):
             return tuple(cls._tuples(part) for part in batch)
-        return batch
+        if isinstance(batch, dict):
+            return {{key: cls._tuples(part) for key, part in batch.items()}}
+        return numpy.array(batch) if isinstance(batch, numpy.ndarray) else batch
 '''
 
 
