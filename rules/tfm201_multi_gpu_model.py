@@ -8,7 +8,7 @@ from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel
 from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
-from tfmigrate.analysis.passed_models import passed_models
+from tfmigrate.analysis.passed_models import passed_models, returned_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
@@ -72,6 +72,16 @@ def _method_call(statement: cst.BaseStatement) -> tuple[str, str] | None:
 def _references(node: cst.CSTNode) -> set[str]:
     """The names and dotted attributes of names (`self.parallel`) ``node`` mentions."""
     return {dotted for n in find(node, cst.Name, cst.Attribute) if (dotted := dotted_name(n)) is not None}
+
+
+def _returns_call(statement: cst.BaseStatement, call: cst.Call) -> bool:
+    """Whether ``statement`` returns ``call``'s result, alone or in a tuple (`return template,
+    multi_gpu_model(template, gpus=n)`)."""
+    small = single_small(statement)
+    if not isinstance(small, cst.Return) or small.value is None:
+        return False
+    values = [e.value for e in small.value.elements] if isinstance(small.value, cst.Tuple) else [small.value]
+    return any(value is call for value in values)
 
 
 def _unpacked(statement: cst.BaseStatement) -> set[str]:
@@ -178,7 +188,9 @@ class MultiGpuModel(Rule):
         with the optimizer it makes, under `self.parallel_model.distribute_strategy.scope()`.
         `save_weights('w.h5')` (or `.hdf5`) becomes `'w.weights.h5'`, the only HDF5 name
         Keras 3 takes for weights, and so does the file of a `ModelCheckpoint(...,
-        save_weights_only=True)` (or of a subclass of it), where the module names it. A flat
+        save_weights_only=True)` (or of a subclass of it), where the module names it, and a
+        pattern a callback fills in and saves to (`path = self.pattern.format(epoch=epoch)`,
+        the file passed where the callback is made). A flat
         `metrics=[...]` list of a model with several outputs (a `loss=` dict or list) is given
         to each output, as Keras 2 did and Keras 3 asks. In a module with an `Embedding`, Adam
         (Adamax, Adagrad, Adadelta) becomes a `DenseGradientAdam` subclass written after the
@@ -196,6 +208,11 @@ class MultiGpuModel(Rule):
         compiles it under the model's own strategy (`with model.distribute_strategy.scope():`,
         Keras 3 makes the optimizer where `compile` runs); a function passed around, a caller
         passing an expression, or a model not built in the caller's block is refused, naming it.
+        A function that returns the parallel model (`return template, multi_gpu_model(template,
+        gpus=n)`, or a name bound to it) for its callers to compile (`get_model()` in an
+        argparse `train.py`) builds the template under the scope and returns it in the parallel
+        model's place; each caller, which must bind what it returns to names, compiles under the
+        model's own strategy, with the statements that make what `compile` reads (the optimizer).
         A second parallel model built in the same block (a GAN's combined model, which holds
         the discriminator) is built under the strategy made for the first: models sharing layers
         need one strategy.
@@ -245,8 +262,8 @@ class MultiGpuModel(Rule):
         `try`/`except ImportError` that leaves `pass` behind: delete it by hand).
 
         No fix where the template is not built in the same block or by the callers of the
-        function (a model made in another function, a call inside an expression such as a list
-        or a `return`): the variables must be created under the scope, and only the code that
+        function (a model made in another function, a call inside an expression such as a
+        list): the variables must be created under the scope, and only the code that
         creates the model can do that. The message then says where to put the scope. No
         fix either where the model trains from a Python generator (`fit_generator`) in TF1 mode:
         under a distribution strategy TF1-mode Keras trains only from `tf.data`. No fix in a module
@@ -694,6 +711,8 @@ class MultiGpuModel(Rule):
             if blocker is not None:
                 return None, blocker
         assigned = single_assign(body[index]) if body[index] is not guard else (target, call)
+        if assigned is None and _returns_call(body[index], call):  # `return template, multi_gpu_model(template)`
+            assigned = (None, call)
         wrapped = call
         if assigned is not None and self._template_otherwise(assigned[1], call, model):
             wrapped = assigned[1]  # the strategy runs on one GPU too: the whole choice is the template
@@ -702,7 +721,8 @@ class MultiGpuModel(Rule):
                 f"assign the parallel model on a line of its own (`parallel = multi_gpu_model({model}, ...)`), "
                 f"or build and compile `{model}` under `strategy.scope()` by hand and use it in place of the parallel model"
             )
-        models = {model, target, *(site[3] for site in sites)} - {None}
+        returned_to, returned_blocker = self._returned_to(body, index, call, {model, target} - {None})
+        models = {model, target, *(site[3] for site in sites), *(n for _, names in returned_to for n in names)} - {None}
         blocker = self._training_blocker(models)
         if blocker is not None:
             return None, blocker
@@ -716,8 +736,10 @@ class MultiGpuModel(Rule):
         if blocker is not None:
             return None, blocker
         last = self._compile_index(body, index, model, target)
-        if last == index:
-            outside = self._compiled_outside(body, {model, target} - {None})
+        if last == index:  # not compiled here: where it is returned, the callers compile it
+            if returned_blocker is not None:
+                return None, returned_blocker
+            outside = self._compiled_outside(body, {model, target} - {None}, returned=bool(returned_to))
             if outside is not None:
                 return None, outside
         lines = self._parallel_lines_replaced(call, body, index, last, guards, target, model, wrapped, blocks)
@@ -728,6 +750,12 @@ class MultiGpuModel(Rule):
             changes, imports, blocker = self._built_here_changes(placed, built, models)
         if blocker is not None:
             return None, blocker
+        for line, names in returned_to:
+            compiled, blocker = self._compiles_elsewhere(blocks, [line], names, keras3)
+            if last == index and (blocker is not None or not compiled):
+                return None, blocker or (f"the model returned to line {self.position(line).start.line} is not compiled "
+                                         "in that function: build and compile it under `strategy.scope()` by hand")
+            changes.update(compiled if blocker is None else {})  # compiled again by the caller: under the strategy too
         changes = self._laid_over(keras3, changes)
         title = f"build and compile `{model}` under `{strategy}.scope()` of a MirroredStrategy"
         return Edit(changes, title, add_imports=imports + keras3_imports, remove_imports=self._removed_imports(call)), None
@@ -1041,9 +1069,39 @@ class MultiGpuModel(Rule):
             return owner is not None and enclosing(call, parents, cst.ClassDef) is owner
         return enclosing(call, parents, cst.FunctionDef) is enclosing(built, parents, cst.FunctionDef)
 
-    def _compiled_outside(self, body, models: set) -> str | None:
+    def _returned_to(self, body, index: int, call: cst.Call, models: set) -> tuple[list, str | None]:
+        """Where the callers of the function returning the parallel model (or its template) from
+        ``body`` bind it, to compile it under its strategy: [(statement, names)]
+        (:func:`returned_models`), [] where it is not returned; or ([], why) where a caller's
+        names cannot be told."""
+        def model(value: cst.BaseExpression) -> bool:
+            return value is call or dotted_name(value) in models
+
+        def positions(value: cst.BaseExpression) -> frozenset[int] | None:
+            if not isinstance(value, cst.Tuple):
+                return None
+            return frozenset(i for i, element in enumerate(value.elements) if model(element.value))
+
+        returned = [r for statement in body[index:] for r in find(statement, cst.Return) if r.value is not None
+                    and (model(r.value) or positions(r.value))]
+        if not returned:
+            return [], None
+
+        parents = module_parents(self.context)
+        function = enclosing(returned[0], parents, cst.FunctionDef)
+        where = {positions(r.value) for r in returned}
+        bound, why = (returned_models(self.context.module, parents, function, next(iter(where)))
+                      if function is not None and len(where) == 1 else ([], "it returns it in more than one way"))
+        if why is not None:
+            return [], (f"the model is returned (line {self.position(returned[0]).start.line}) and compiled by the "
+                        f"caller, where Keras 3 would make the optimizer outside the strategy's scope, and {why}: "
+                        "make the strategy in the caller and build and compile the model under its scope by hand")
+        return bound, None
+
+    def _compiled_outside(self, body, models: set, returned: bool = False) -> str | None:
         """Why a model the fix would not compile under the scope cannot train: compiled later in
-        the block, or returned to a caller that compiles it. Keras 3 makes the optimizer's
+        the block, or returned to a caller that compiles it (unless ``returned``: the callers
+        compile it under its strategy, :meth:`_returned_to`). Keras 3 makes the optimizer's
         variables where `compile` runs, outside the strategy (a held-out VAE whose
         `build_models()` returned the parallel model failed: "Mixing different
         tf.distribute.Strategy objects")."""
@@ -1054,9 +1112,9 @@ class MultiGpuModel(Rule):
                         "right after the model is made, and Keras 3 makes the optimizer where `compile` runs: compile "
                         "the model right after `multi_gpu_model(...)`, or build and compile it under `strategy.scope()` "
                         "by hand")
-            for returned in find(statement, cst.Return):
-                if returned.value is not None and models & _references(returned.value):
-                    return (f"the model is returned (line {self.position(returned).start.line}) and compiled by the "
+            for returned_value in find(statement, cst.Return) if not returned else ():
+                if returned_value.value is not None and models & _references(returned_value.value):
+                    return (f"the model is returned (line {self.position(returned_value).start.line}) and compiled by the "
                             "caller, outside the strategy's scope, where Keras 3 would make the optimizer: make "
                             "the strategy in the caller and build and compile the model under its scope by hand")
         return None

@@ -368,6 +368,27 @@ def test_a_template_handed_to_a_training_function_runs_to_the_end_and_trains_the
     assert len(report["new"]["steps"]) == 30
 
 
+def test_a_model_get_model_returns_is_compiled_by_its_caller_under_its_strategy_and_trains_the_same(tmp_path):
+    """An argparse `train.py`: `get_model(gpus)` returns the template and the parallel model,
+    `main()` compiles and fits what it gets, a callback saves the template per epoch to a
+    pattern filled in (`'mlp.{epoch:02d}.h5'`). Fixed, `get_model` builds the template under the
+    strategy and returns it twice, `main()` makes the optimizer and compiles under the model's
+    strategy, and the pattern names a `.weights.h5` file (Keras 3 saves no other name)."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_get_model_returned.py", tmp_path)
+    text = fixed.read_text()
+    assert "        with strategy.scope():\n            template = build_template()\n            return template, template\n" in text
+    assert "    with model.distribute_strategy.scope():\n        optimizer = SGD(learning_rate=args.lr," in text
+    assert "'mlp.{epoch:02d}.weights.h5'" in text
+    new = _run(fixed)  # Keras 3, as TF 2.21 ships it
+    assert new.returncode == 0, new.stderr[-3000:]
+    result = _last_json(new.stdout)
+    assert result["accuracy"] > 0.9 and result["saved"] == [f"mlp.0{epoch}.weights.h5" for epoch in (1, 2, 3)], result
+    status, report = run_verify(legacy, fixed, tmp_path, steps=20)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
 def test_an_ocr_model_with_its_ctc_loss_inside_runs_to_the_end_and_trains_the_same(tmp_path):
     """Keras's image_ocr layout: `K.ctc_batch_cost` in a `Lambda` named 'ctc', a Sequence yielding
     inputs and a dummy 'ctc' target by name, a clipped SGD, `K.function` reading the softmax

@@ -320,21 +320,54 @@ def test_a_parallel_model_class_used_elsewhere_is_refused_with_the_line():
     assert "`ParallelModel` is also used on line 17" in message
 
 
-def test_a_model_returned_to_a_caller_that_compiles_it_is_refused():
+RETURNED = """
+    import tensorflow as tf
+    from keras.utils import multi_gpu_model
+    from keras.optimizers import Adam
+    def build_models(gpus):
+        if gpus > 1:
+            with tf.device('/cpu:0'):
+                model = build()
+            RETURN
+        return model, model
+    def main():
+        model, parallel = build_models(2)
+        optimizer = Adam(lr=0.001)
+        COMPILE
+"""
+
+
+@pytest.mark.parametrize("returned", ["return model, multi_gpu_model(model, gpus=gpus)",
+                                      "parallel = multi_gpu_model(model, gpus=gpus)\n        return model, parallel"])
+def test_a_model_returned_to_a_caller_that_compiles_it_is_compiled_under_its_strategy(returned):
     """Keras 3 makes the optimizer where `compile` runs: a held-out VAE's `build_models()`
-    returned the parallel model to a caller that compiled it, outside the strategy's scope, and
-    the fixed program failed ("Mixing different tf.distribute.Strategy objects")."""
-    source = textwrap.dedent("""
-        import tensorflow as tf
-        from keras.utils import multi_gpu_model
-        def build_models():
-            model = build()
-            parallel = multi_gpu_model(model, gpus=2)
-            return model, parallel
-        model, parallel = build_models()
-        parallel.compile(optimizer='adam', loss='mse')
-    """)
-    assert "the model is returned (line 6) and compiled by the caller" in refusal(source)
+    returned the parallel model to a caller that compiled it outside the strategy's scope, and
+    the fixed program failed ("Mixing different tf.distribute.Strategy objects"). The function
+    builds the template under the scope and returns it in the parallel model's place; the
+    caller compiles it (and makes the optimizer it reads) under the model's own strategy."""
+    source = textwrap.dedent(RETURNED).replace("RETURN", returned).replace(
+        "COMPILE", "parallel.compile(optimizer=optimizer, loss='mse')")
+    result = unsafe_fix(source)
+    assert "        strategy = tf.distribute.MirroredStrategy()\n        with strategy.scope():\n" in result
+    assert "multi_gpu_model" not in result and ("return model, model\n" in result or "parallel = model\n" in result)
+    assert ("    with parallel.distribute_strategy.scope():\n        optimizer = Adam(learning_rate=0.001)\n"
+            "        parallel.compile(optimizer=optimizer, loss='mse')\n") in result
+    assert unsafe_fix(result) == result
+
+
+@pytest.mark.parametrize("compile_call, reason", [
+    ("build_models(2)[1].compile(optimizer=optimizer, loss='mse')",
+     "a call of `build_models` does not assign what it returns to names"),
+    ("train(parallel, optimizer)", "the model returned to line 11 is not compiled in that function"),
+])
+def test_a_returned_model_whose_caller_compile_cannot_be_found_is_refused(compile_call, reason):
+    """Where the caller does not bind the returned model to a name, or compiles it somewhere else,
+    the fix cannot put that `compile` under the model's strategy: it says so."""
+    source = textwrap.dedent(RETURNED).replace("RETURN", "return model, multi_gpu_model(model, gpus=gpus)").replace(
+        "COMPILE", compile_call)
+    message = refusal(source)
+    assert "the model is returned" in message or "is not compiled" in message
+    assert reason in message
 
 
 def test_metric_functions_cast_the_labels_as_keras_2_did():
@@ -1011,9 +1044,12 @@ def test_per_example_weights_with_targets_by_output_name_are_refused():
     assert "targets are a dict by output name" in refusal(script(fit=fit))
 
 
-def test_a_weights_file_pattern_a_callback_formats_and_a_file_read_back_are_renamed_together():
-    """A callback saving the template to `self.path.format(epoch=...)` (the pattern passed where
-    the callback is made), and the final file read back into a rebuilt model: all `.weights.h5`."""
+@pytest.mark.parametrize("saved", ["self.template.save_weights(self.path.format(epoch=epoch + 1))",
+                                   "path = self.path.format(epoch=epoch + 1)\n        self.template.save_weights(path)"])
+def test_a_weights_file_pattern_a_callback_formats_and_a_file_read_back_are_renamed_together(saved):
+    """A callback saving the template to `self.path.format(epoch=...)`, or to a name bound to it
+    (AltModelCheckpoint's `path = ...`; the pattern passed where the callback is made), and the
+    final file read back into a rebuilt model: all `.weights.h5`."""
     callback = textwrap.dedent("""
         class TemplateCheckpoint(keras.callbacks.Callback):
             def __init__(self, template, path):
@@ -1022,9 +1058,9 @@ def test_a_weights_file_pattern_a_callback_formats_and_a_file_read_back_are_rena
                 self.path = path
 
             def on_epoch_end(self, epoch, logs=None):
-                self.template.save_weights(self.path.format(epoch=epoch + 1))
+                SAVED
 
-    """)
+    """).replace("SAVED", saved)
     fit = ("parallel.fit(x, y, batch_size=16, callbacks=[TemplateCheckpoint(model, 'w{epoch:02d}.h5')])\n"
            "model.save_weights('final.h5')\n"
            "again = Model(inputs, Dense(2)(inputs))\n"

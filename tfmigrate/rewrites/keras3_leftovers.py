@@ -279,22 +279,25 @@ def _weights_h5_renamed(value: cst.BaseExpression) -> dict:
     return changes
 
 
-def _bound_file_renamed(module: cst.Module, value: cst.BaseExpression) -> dict:
+def _bound_file_renamed(module: cst.Module, value: cst.BaseExpression, seen: frozenset = frozenset()) -> dict:
     """A weights file named through a name or attribute (`save_weights(self.weights_file)`, or a
     pattern filled in: `self.path_fmt.format(epoch=epoch)`, `pattern % epoch`): its `.h5`
-    literals where the module binds it (`self.weights_file = os.path.join(d, 'w.h5')`)."""
+    literals where the module binds it (`self.weights_file = os.path.join(d, 'w.h5')`), through
+    names bound to names in turn (`path = self.filepath.format(epoch=epoch + 1, **logs)`, the
+    AltModelCheckpoint callback's)."""
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == "format":
         value = value.func.value
     elif isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Modulo):
         value = value.left
     name = dotted_name(value)
-    if name is None:
+    if name is None or name in seen:
         return {}
     changes = {}
     for assign in find(module, cst.Assign):
         if any(dotted_name(t.target) == name for t in assign.targets):
             changes.update(_weights_h5_renamed(assign.value))
             changes.update(_constructor_file_renamed(module, assign))
+            changes.update(_bound_file_renamed(module, assign.value, seen | {name}))
     return changes
 
 
