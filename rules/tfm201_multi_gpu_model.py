@@ -7,7 +7,7 @@ import libcst as cst
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
-from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned
+from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned, masked_steps
 from tfmigrate.analysis.passed_models import passed_models, returned_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
@@ -219,7 +219,10 @@ class MultiGpuModel(Rule):
         The migrated program runs on Keras 3, so the fix moves Keras 2's spellings onto it:
         optimizer `lr=` becomes `learning_rate=` (and `.lr` `.learning_rate`), and arguments after
         the rate passed by position are named by Keras 2's order (`Adam(0.0002, 0.5)` is
-        `Adam(0.0002, beta_1=0.5)`: the orders part after `epsilon`); a layer size NumPy computes
+        `Adam(0.0002, beta_1=0.5)`: the orders part after `epsilon`); `Adadelta()` and `Adamax()`
+        made without a rate (or by name) get Keras 2's default rate (1.0 and 0.002, Keras 3's is
+        0.001), and Adagrad becomes `Keras2Adagrad`, written into the module, which steps as Keras
+        2's did (accumulators from zero, lr * g / (sqrt(a) + eps), 0.01 by default); a layer size NumPy computes
         (`Dense(np.prod(shape))`, an `Embedding` size bound to `np.max(x) + 1`) becomes `int(...)`,
         which Keras 3 requires; a model compiled and then frozen (`.trainable = False`, a GAN's
         discriminator before the combined model is compiled) trains through `train_as_compiled`,
@@ -246,7 +249,8 @@ class MultiGpuModel(Rule):
         A `decay=` in a module whose learning-rate callback (`ReduceLROnPlateau`,
         `LearningRateScheduler`) sets the rate becomes a `Decayed<Name>` subclass stepping at
         lr / (1 + decay * iterations) of the rate the callback set, as Keras 2 did (a schedule
-        cannot be set). `K.function([x, K.learning_phase()], ...)` becomes
+        cannot be set). `K.variable(v)` becomes `keras.Variable(v, dtype=keras.config.floatx())`
+        (Keras 2 made it in floatx unless told). `K.function([x, K.learning_phase()], ...)` becomes
         `backend_function([x], ..., learning_phase_at=1)`, which reads the mode from that place.
         The parallel model's `fit_generator(gen, ...)` becomes `BatchesInOrder.fit(model, gen,
         ...)`, a class written into the module: Keras 3's `fit` under a strategy opens an
@@ -286,9 +290,12 @@ class MultiGpuModel(Rule):
         becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a backend function with
         no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one
         mean for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step); an activity regularizer (the parallel model added
-        it once per device slice); a model compiled away from where it is made (but for another
-        method's `self.` model), or returned to a caller that compiles it (Keras 3 makes the
-        optimizer where `compile` runs); `ImageDataGenerator`, gone from Keras 3; and
+        it once per device slice); time steps masked (`Embedding(mask_zero=True)`, `Masking`) in
+        a model with a per-step output (the parallel model averaged the loss over the batch's
+        unmasked steps, Keras 3 over each replica's, then the replicas); a model compiled away
+        from where it is made (but for another method's `self.` model), or returned to a caller
+        that does not bind it to names or compiles it elsewhere (Keras 3 makes the optimizer
+        where `compile` runs); `ImageDataGenerator`, gone from Keras 3; and
         `evaluate_generator`, `predict_generator` of the model (the batches read ahead would be
         dropped); `train_on_batch` of a model with batch normalization (Keras 3 under a strategy
         runs it on the whole batch on every replica, checked equal to one device, where the
@@ -751,6 +758,8 @@ class MultiGpuModel(Rule):
         if blocker is not None:
             return None, blocker
         for line, names in returned_to:
+            if not names:  # the caller drops what it returns
+                continue
             compiled, blocker = self._compiles_elsewhere(blocks, [line], names, keras3)
             if last == index and (blocker is not None or not compiled):
                 return None, blocker or (f"the model returned to line {self.position(line).start.line} is not compiled "
@@ -1174,7 +1183,7 @@ class MultiGpuModel(Rule):
                 "module to TF2 APIs first (`tf.random.set_seed`, no Session), or build and compile the model under "
                 "`strategy.scope()` by hand and keep the data a multiple of the batch")
         return (self._batch_coupled_loss(models) or self._activity_regularized() or whole_batch_steps(self, models)
-                or frozen_batch_norm(self))
+                or frozen_batch_norm(self) or masked_steps(self))
 
     def _activity_regularized(self) -> str | None:
         """A layer with an activity regularizer (`Dense(..., activity_regularizer=l1(1e-4))`, an

@@ -564,6 +564,38 @@ def test_keras_optimizers_imported_from_keras_are_the_graph_mode_ones(tmp_path):
     _verified_against_itself(KERAS_OPTIMIZERS_IMPORTED, tmp_path, steps=6)
 
 
+KERAS2_DEFAULTS_PROBE = """
+import json
+import tf_keras
+from tf_keras.src import optimizers as registry
+from tfmigrate.verify.harness import make_keras2_modules
+
+keras, _ = make_keras2_modules(tf_keras)
+made = {"Adadelta()": keras.optimizers.Adadelta(), "Adadelta(lr=0.5)": keras.optimizers.Adadelta(lr=0.5),
+        "Adagrad()": keras.optimizers.Adagrad(), "Adagrad(0.1)": keras.optimizers.Adagrad(0.1),
+        "Adamax()": keras.optimizers.Adamax(), "Adam()": keras.optimizers.Adam(),
+        "'adadelta'": registry.get("adadelta"), "'adagrad'": registry.get("adagrad")}
+print(json.dumps({name: [float(optimizer.get_config()["learning_rate"]),
+                         optimizer.get_config().get("initial_accumulator_value")] for name, optimizer in made.items()}))
+"""
+
+
+@pytest.mark.tensorflow
+def test_keras_2_s_default_rates_are_those_of_the_optimizers_a_keras_2_program_is_given():
+    """Keras 2.0-2.3 trained `Adadelta()` at 1.0 (Keras's mnist_cnn example), `Adagrad()` at 0.01
+    from zero accumulators, `Adamax()` at 0.002; tf_keras's legacy optimizers changed them (0.001,
+    accumulators at 0.1): OLD gets Keras 2's, by class and by name, as a rate given is kept."""
+    pytest.importorskip("tf_keras")
+    env = {**__import__("os").environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", KERAS2_DEFAULTS_PROBE], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    made = json.loads(result.stdout.strip().splitlines()[-1])
+    assert made == {"Adadelta()": [1.0, None], "Adadelta(lr=0.5)": [0.5, None], "Adagrad()": [0.01, 0.0],
+                    "Adagrad(0.1)": [0.1, 0.0], "Adamax()": [0.002, None], "Adam()": [0.001, None],
+                    "'adadelta'": [1.0, None], "'adagrad'": [0.01, 0.0]}, made
+
+
 def _verified_against_itself(source: str, tmp_path, steps: int) -> dict:
     """`verify` of a program against itself: it must run and match; the JSON report."""
     pytest.importorskip("tensorflow")

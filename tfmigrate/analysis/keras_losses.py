@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import short_name
+from tfmigrate.cst.callargs import keyword_is, short_name
 from tfmigrate.cst.traversal import find
 
-__all__ = ["batch_coupled", "batch_mean_returned"]
+__all__ = ["batch_coupled", "batch_mean_returned", "masked_steps"]
+
+#: Layers that mask time steps out of the loss (`Embedding(mask_zero=True)`, `Masking()`).
+_MASKING = ("keras.layers.Masking", "tensorflow.keras.layers.Masking")
+_EMBEDDING = ("keras.layers.Embedding", "tensorflow.keras.layers.Embedding")
+#: Recurrent layers, which return one vector (and drop the mask) unless `return_sequences=True`.
+_RECURRENT = {"LSTM", "GRU", "SimpleRNN", "CuDNNLSTM", "CuDNNGRU", "ConvLSTM2D", "RNN"}
 
 #: Reductions that, without an axis, sum or average over every element of the batch.
 _REDUCTIONS = {"sum", "mean", "reduce_sum", "reduce_mean"}
@@ -93,3 +99,40 @@ def _inside_another_call(root: cst.CSTNode, call: cst.Call) -> bool:
     returned as it is)."""
     return any(other is not call and any(node is call for node in find(other, cst.Call)) for other in find(root, cst.Call))
 
+
+def masked_steps(rule) -> str | None:
+    """Why a module masking the time steps of a per-step output cannot keep its meaning, else
+    None. The parallel model averaged the loss over the unmasked steps of the merged batch;
+    Keras 3 averages each replica's part over its own unmasked steps and then averages the
+    replicas, another mean where the parts hold unequal counts (a held-out BiLSTM tagger with
+    `mask_zero=True`: 1.5e-4 apart at step 1, the same with and without per-step weights). A
+    mask that a last recurrent layer returning one vector consumes never reaches the loss."""
+    if not _per_step_output(rule):
+        return None
+    for call in find(rule.context.module, cst.Call):
+        names = rule.imports.resolve_all(call.func)
+        masks = any(name in _MASKING for name in names) or any(name in _EMBEDDING for name in names) and any(
+            keyword_is(arg, "mask_zero", lambda value: not (isinstance(value, cst.Name) and value.value == "False"))
+            for arg in call.args)
+        if masks:
+            return (f"`{rule.context.module.code_for_node(call.func)}(...)` (line {rule.position(call).start.line}) "
+                    "masks time steps: the parallel model averaged the loss over the unmasked steps of the whole "
+                    "batch, Keras 3 averages each replica's part over its own and then the replicas, another loss "
+                    "where they hold different counts; keep the model on one device, or write the loss to divide "
+                    "by the batch's count of steps across replicas")
+    return None
+
+
+def _per_step_output(rule) -> bool:
+    """Whether the module's model seems to output one prediction per time step: it uses
+    `TimeDistributed` or per-step sample weights, or its last recurrent layer (in the source)
+    returns sequences."""
+    returned = []
+    for call in find(rule.context.module, cst.Call):
+        layers = {name.rsplit(".", 1)[-1] for name in rule.imports.resolve_all(call.func)}
+        if "TimeDistributed" in layers or any(keyword_is(arg, "sample_weight_mode") for arg in call.args):
+            return True
+        if layers & _RECURRENT:
+            sequences = next((arg.value for arg in call.args if keyword_is(arg, "return_sequences")), None)
+            returned.append(sequences is not None and not (isinstance(sequences, cst.Name) and sequences.value == "False"))
+    return bool(returned) and returned[-1]

@@ -51,7 +51,8 @@ def returned_models(module: cst.Module, parents: dict, function: cst.FunctionDef
                     positions: set[int] | None) -> tuple[list[tuple[cst.SimpleStatementLine, set[str]]], str | None]:
     """Each call of ``function`` (as :func:`passed_models` finds them) with the names its
     statement binds the returned value to, at ``positions`` of a returned tuple (None: the whole
-    value): ([(statement, names)], None), or ([], why not) when a call's result is not assigned
+    value; none where the call's result is dropped, `self.build()` keeping its models on `self`):
+    ([(statement, names)], None), or ([], why not) when a call's result is used but not assigned
     to names (`template, model = get_model(2)`)."""
     name = function.name.value
     calls, _, why = _calls(module, parents, function)
@@ -61,6 +62,9 @@ def returned_models(module: cst.Module, parents: dict, function: cst.FunctionDef
     for call in calls:
         line = enclosing(call, parents, cst.SimpleStatementLine)
         assign = line.body[0] if line is not None and len(line.body) == 1 else None
+        if isinstance(assign, cst.Expr) and assign.value is call:
+            bound.append((line, set()))
+            continue
         if not (isinstance(assign, cst.Assign) and assign.value is call and len(assign.targets) == 1):
             return [], f"a call of `{name}` does not assign what it returns to names"
         target = assign.targets[0].target

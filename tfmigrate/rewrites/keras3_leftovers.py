@@ -743,7 +743,7 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
     # (`K.set_value(v, x)` becomes `v.assign(x)`: no `ops` to import for it)
     imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if any(
         s.startswith(f"{ops}.") for s in spelled) else []
-    if any(s.startswith("keras.random.") for s in spelled):
+    if any(s.startswith(("keras.random.", "keras.Variable")) for s in spelled):
         imports.append(ImportItem("keras"))
     return changes, imports, None
 
@@ -834,6 +834,8 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
                                  args=[args[1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
     if any(a.star for a in args):
         return None
+    if name == "variable" and not argument(call, _VARIABLE_PARAMETERS, "constraint"):
+        return _keras_variable(call)
     if name == "constant" and len(args) <= 2 and all(a.keyword is None or a.keyword.value == "dtype" for a in args):
         return call.with_changes(func=cst.parse_expression(f"{ops}.convert_to_tensor"))
     if name == "l2_normalize" and len(args) <= 2:
@@ -852,6 +854,25 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
             keyword_is(a, "axis") for a in args):
         new = with_keyword(new, "axis", "-1")
     return new
+
+
+#: Keras 2's `K.variable` parameters, in order.
+_VARIABLE_PARAMETERS = ("value", "dtype", "name", "constraint")
+
+
+def _keras_variable(call: cst.Call) -> cst.Call:
+    """`K.variable(value, dtype, name)` -> `keras.Variable(value, dtype=..., name=...)`: Keras 2
+    made it in `floatx()` unless told, Keras 3 keeps the value's type (float64 from NumPy)."""
+    value, dtype, name = (argument(call, _VARIABLE_PARAMETERS, key) for key in _VARIABLE_PARAMETERS[:3])
+    new = call.with_changes(func=cst.parse_expression("keras.Variable"), args=[cst.Arg(value)])
+    new = new.with_changes(args=[*new.args, cst.Arg(dtype or cst.parse_expression("keras.config.floatx()"),
+                                                    keyword=cst.Name("dtype"), equal=_NO_SPACES)])
+    if name is not None:
+        new = new.with_changes(args=[*new.args, cst.Arg(name, keyword=cst.Name("name"), equal=_NO_SPACES)])
+    return new
+
+
+_NO_SPACES = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
 
 
 def continuation_lines(rule, changes: dict) -> dict:

@@ -38,6 +38,9 @@ COMPUTED_OTHERWISE = {
               "Kaggle kernel's loss 8e-2 in 30): build and compile the template under `strategy.scope()` by "
               "hand if Keras 3's Nadam will do, or train with an optimizer both compute alike (SGD, Adam)"),
 }
+#: Keras 2.0-2.3's default learning rates where Keras 3's (and tf_keras's, 0.001) differ; Keras's
+#: mnist_cnn example trained with `Adadelta()`, at 1.0. (Adagrad's 0.01 is `Keras2Adagrad`'s default.)
+KERAS2_DEFAULT_RATES = {"Adadelta": "1.0", "Adamax": "0.002"}
 #: Optimizers whose step is not linear in the gradient (its square, its largest value).
 ADAPTIVE = ("Adam", "Adamax", "Adagrad", "Adadelta")
 EMBEDDINGS = {"keras.layers.Embedding", "keras.layers.embeddings.Embedding"}
@@ -61,8 +64,12 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
         if other is not None:
             return {}, [], (call, COMPUTED_OTHERWISE[other])
         optimizer, own_class = stepping.get(id(call), (None, None))
-        if optimizer is not None and _compiles_with(call, optimizer.lower()):  # compile(optimizer='adam')
-            changes[compiled_optimizer(call)] = cst.parse_expression(f"{own_class}()")
+        named = _optimizer_named(rule, call, KERAS2_DEFAULT_RATES) if optimizer is None else optimizer
+        if named is not None and _compiles_with(call, named.lower()):  # compile(optimizer='adam')
+            made = own_class or f"keras.optimizers.{named}"
+            rate = f"learning_rate={KERAS2_DEFAULT_RATES[named]}" if named in KERAS2_DEFAULT_RATES else ""
+            changes[compiled_optimizer(call)] = cst.parse_expression(f"{made}({rate})")
+            imports += [] if own_class else [ImportItem("keras")]
         if _optimizer_class(rule, call) is None:
             continue
         clipped = _clipping(rule, call)
@@ -79,6 +86,7 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
                                   "order them differently")
         args = [keyword_renamed(arg, "lr", "learning_rate") for arg in named
                 if not keyword_is(arg, "decay", _is_zero) and not keyword_is(arg, "epsilon", is_none)]
+        args = _keras2_default_rate(_optimizer_class(rule, call), args)
         decay = next((arg for arg in args if keyword_is(arg, "decay")), None)
         if decay is not None and not (own_class or "").startswith("Decayed"):  # (the class takes `decay=`)
             args, blocker = _decayed(rule, args, decay, imports)
@@ -86,7 +94,7 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
                 return {}, [], (call, blocker)
         func = cst.Name(own_class) if own_class is not None else call.func
         if args != list(call.args) or func is not call.func:
-            changes[call] = call.with_changes(func=func, args=commas_mended(args, call.args))
+            changes[call] = call.with_changes(func=func, args=commas_mended(args, call.args) if call.args else args)
     return changes, imports, None
 
 
@@ -102,6 +110,17 @@ KERAS2_PARAMETERS = {
     "Adamax": ("lr", "beta_1", "beta_2", "epsilon", "decay"),
     "Nadam": ("lr", "beta_1", "beta_2", "epsilon", "schedule_decay"),
 }
+
+
+def _keras2_default_rate(optimizer: str | None, args: list[cst.Arg]) -> list[cst.Arg]:
+    """``args`` of an optimizer of :data:`KERAS2_DEFAULT_RATES` made without a rate, with Keras 2's
+    default rate given (`Adadelta()` -> `Adadelta(learning_rate=1.0)`)."""
+    if optimizer not in KERAS2_DEFAULT_RATES or any(arg.keyword is None or keyword_is(arg, "learning_rate")
+                                                    for arg in args):
+        return args
+    rate = cst.Arg(cst.parse_expression(KERAS2_DEFAULT_RATES[optimizer]), keyword=cst.Name("learning_rate"),
+                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
+    return [rate, *args]
 
 
 def _named_by_position(rule, call: cst.Call) -> list[cst.Arg] | None:
@@ -151,6 +170,10 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
       epsilon (without momentum; with it both use sqrt(v + epsilon)): 2.4x apart after 24 steps
       of small gradients, where `Keras2RMSprop` agreed within 2e-7 (checked on TF 2.21 against
       tf_keras's legacy RMSprop, with and without momentum and centring).
+    - Adagrad anywhere: Keras 2's accumulators started at zero and it stepped by lr * g / (sqrt(a)
+      + epsilon); Keras 3's start at 0.1 and divide by sqrt(a + epsilon) (a 1e-3 gradient's first
+      step 5% apart with zero accumulators; tf_keras's legacy Adagrad, given zero, steps as Keras
+      2's): `Keras2Adagrad`, whose default rate is Keras 2's 0.01.
     - Adam and the other adaptive optimizers in a module that makes an `Embedding`: where an id
       occurs more than once in a batch, Keras 3's Adam squares each occurrence's gradient of the
       row, Keras 2 squared their sum (a row seen 3 times ended one step at -0.030 on Keras 3, 0.0
@@ -167,6 +190,8 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
         for call in calls:
             if _optimizer_named(rule, call, ("RMSprop",)):
                 found[id(call)] = ("RMSprop", "Keras2RMSprop")
+            elif _optimizer_named(rule, call, ("Adagrad",)):
+                found[id(call)] = ("Adagrad", "Keras2Adagrad")
             elif embedding and (adaptive := _optimizer_named(rule, call, ADAPTIVE)) is not None:
                 found[id(call)] = (adaptive, f"DenseGradient{adaptive}")
             elif _clipping(rule, call) is not None:
@@ -214,7 +239,8 @@ def keras2_step_classes(rule) -> tuple[list[cst.BaseStatement], list[ImportItem]
     names = {key: tf(f"tensorflow.{target}") for key, target in (
         ("indexed", "IndexedSlices"), ("dense", "convert_to_tensor"), ("replica_context", "distribute.get_replica_context"),
         ("clip_by_norm", "clip_by_norm"), ("clip_by_value", "clip_by_value"))}
-    templates = {"Keras2RMSprop": _KERAS2_RMSPROP, "DenseGradient": _DENSE_GRADIENT, "SummedClip": _SUMMED_CLIP}
+    templates = {"Keras2RMSprop": _KERAS2_RMSPROP, "Keras2Adagrad": _KERAS2_ADAGRAD, "DenseGradient": _DENSE_GRADIENT,
+                 "SummedClip": _SUMMED_CLIP}
     written: dict[str, str] = {}  # class name -> its text
     for optimizer, own_class in optimizers:
         base = own_class.removeprefix("Decayed")
@@ -298,6 +324,24 @@ class Keras2RMSprop(keras.optimizers.RMSprop):
             self.assign(average, self.rho * average + (1 - self.rho) * gradient)
             denominator = velocity - keras.ops.square(average)
         self.assign_sub(variable, rate * gradient / (keras.ops.sqrt(denominator) + self.epsilon))
+'''
+
+
+_KERAS2_ADAGRAD = '''
+class Keras2Adagrad(keras.optimizers.Adagrad):
+    """Adagrad as Keras 2 stepped: its accumulators from zero, by lr * g / (sqrt(a) + epsilon)
+    (Keras 3's start at 0.1 and divide by sqrt(a + epsilon)), at Keras 2's default rate 0.01,
+    and an `Embedding`'s gradients added up by row first."""
+
+    def __init__(self, learning_rate=0.01, initial_accumulator_value=0.0, **kwargs):
+        super().__init__(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value, **kwargs)
+''' + _DENSE_APPLY + '''
+    def update_step(self, gradient, variable, learning_rate):
+        rate = keras.ops.cast(learning_rate, variable.dtype)
+        gradient = keras.ops.cast(gradient, variable.dtype)
+        accumulator = self._accumulators[self._get_variable_index(variable)]
+        self.assign_add(accumulator, keras.ops.square(gradient))
+        self.assign_sub(variable, rate * gradient / (keras.ops.sqrt(accumulator) + self.epsilon))
 '''
 
 

@@ -349,7 +349,8 @@ def make_keras2_modules(tf_keras):
     ``multi_gpu_model`` back in ``keras.utils``."""
     legacy = tf_keras.optimizers.legacy
     optimizer_names = {n: getattr(legacy, n) for n in dir(legacy) if not n.startswith("_")}
-    _name_legacy_optimizers(tf_keras)
+    optimizer_names.update(_keras2_defaults(legacy))
+    _name_legacy_optimizers(tf_keras, optimizer_names)
     _evaluate_in_order()
     optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)
     utils = _Overlay("keras.utils", {"multi_gpu_model": multi_gpu_model}, tf_keras.utils)
@@ -400,17 +401,47 @@ def _evaluate_in_order() -> None:
     training_arrays_v1.predict_loop = functools.partial(model_iteration, mode=ModeKeys.PREDICT)
 
 
-def _name_legacy_optimizers(tf_keras) -> None:
+#: Keras 2.0-2.3's default learning rates (and Adagrad's accumulators, which started at zero) where
+#: tf_keras's legacy optimizers changed them (to 0.001, and 0.1 for the accumulators).
+KERAS2_DEFAULTS = {"Adadelta": {"learning_rate": 1.0}, "Adagrad": {"learning_rate": 0.01, "initial_accumulator_value": 0.0},
+                   "Adamax": {"learning_rate": 0.002}, "Nadam": {"learning_rate": 0.002}}
+
+
+def _keras2_defaults(legacy) -> dict:
+    """The legacy optimizer classes of :data:`KERAS2_DEFAULTS` with Keras 2's defaults: a Keras 2
+    program's `Adadelta()` (Keras's mnist_cnn example) trained at 1.0, not tf_keras's 0.001."""
+    import inspect
+
+    classes = {}
+    for name, defaults in KERAS2_DEFAULTS.items():
+        base = getattr(legacy, name)
+        order = [p for p in inspect.signature(base.__init__).parameters if p != "self"]
+
+        def __init__(self, *args, _base=base, _defaults=defaults, _order=order, **kwargs):
+            if "lr" in kwargs:  # Keras 2's name for it
+                kwargs["learning_rate"] = kwargs.pop("lr")
+            given = set(_order[:len(args)]) | set(kwargs)
+            _base.__init__(self, *args, **{k: v for k, v in _defaults.items() if k not in given}, **kwargs)
+
+        classes[name] = type(name, (base,), {"__init__": __init__, "__module__": base.__module__})
+    return classes
+
+
+def _name_legacy_optimizers(tf_keras, classes: dict) -> None:
     """`compile(optimizer='rmsprop')` gives the legacy optimizer too, as Keras 2.x's only
     `RMSprop` was: tf_keras in TF2 gave its new one, which divides by sqrt(v + epsilon) where
-    Keras 2 divided by sqrt(v) + epsilon (a Keras 2 seq2seq program's loss moved 1e-3 at step 1)."""
+    Keras 2 divided by sqrt(v) + epsilon (a Keras 2 seq2seq program's loss moved 1e-3 at step 1);
+    and a name of :data:`KERAS2_DEFAULTS` its class with Keras 2's defaults (``classes``)."""
     from tf_keras.src import optimizers
 
     get = optimizers.get
     if getattr(get, "names_legacy", False):
         return
+    by_name = {name.lower(): classes[name] for name in KERAS2_DEFAULTS}
 
     def get_legacy(identifier, **kwargs):
+        if isinstance(identifier, str) and identifier.lower() in by_name:
+            return by_name[identifier.lower()]()
         if isinstance(identifier, (str, dict)):
             kwargs.setdefault("use_legacy_optimizer", True)
         return get(identifier, **kwargs)
