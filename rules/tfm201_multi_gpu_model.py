@@ -28,7 +28,7 @@ from tfmigrate.rewrites.keras3_leftovers import (
 )
 from tfmigrate.rewrites.keras3_optimizers import (
     OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
-    replaced_optimizer_names, shared_optimizer,
+    replaced_optimizer_names, shared_optimizer, tf1_compiled_optimizers,
 )
 from tfmigrate.rule import Edit, FixSafety, ImportItem, Invalid, Rule
 from tfmigrate.tf_api import tf1_only
@@ -240,7 +240,11 @@ class MultiGpuModel(Rule):
         through a `PeriodCheckpoint` class written into the module, which counts the epochs as
         Keras 2 did (Keras 3 counts `save_freq` in batches); another model's
         `fit_generator` becomes `fit` with its arguments named and no worker arguments;
-        `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`, and a Keras session set-up
+        `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`, a TF1 optimizer compiled into the
+        model (`compile(optimizer=tf.train.AdamOptimizer(0.001))`, TF 1.x's Keras guide; or a name
+        bound to it that only `compile` reads) the Keras one of the same step
+        (`tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-08)`; `MomentumOptimizer`,
+        `GradientDescentOptimizer` as `SGD`), and a Keras session set-up
         (`tf.ConfigProto`, `tf.Session`, `set_session`) the `tf.config` settings of its options
         (memory growth, soft placement, log placement, thread counts), so that the program
         leaves TF1 mode. An optimizer that clips its gradients (`clipnorm=`, `clipvalue=`) becomes
@@ -1014,6 +1018,9 @@ class MultiGpuModel(Rule):
         spellings, spelling_imports = tf2_spellings(self)
         changes.update(spellings)
         imports += spelling_imports
+        optimizers, optimizer_imports = tf1_compiled_optimizers(self)
+        changes.update(optimizers)
+        imports += optimizer_imports
         changes.update(session_setup(self).changes)
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
@@ -1293,6 +1300,7 @@ class MultiGpuModel(Rule):
 
         def compute() -> bool:
             moved_to_tf2 = {id(node) for statement in session_setup(self).removed for node in find(statement, cst.Attribute)}
+            moved_to_tf2 |= {id(node) for made in tf1_compiled_optimizers(self)[0] for node in find(made.func, cst.Attribute)}
             for node in find(self.context.module, cst.Attribute):
                 qualified = self.imports.resolve(node) or ""
                 if qualified in TF2_SPELLINGS or id(node) in moved_to_tf2:

@@ -4134,3 +4134,41 @@ def test_towers_walking_models_another_tower_loop_built_per_device_are_refused()
     trainer = next(f for f in findings if f.start.row == 14)
     assert not trainer.fixable
     assert "the towers walk `models`, which the tower loop on line 5 fills with one object per device" in trainer.refusal
+
+
+@pytest.mark.parametrize("enter, refused", [
+    ("self._scope = tf.variable_scope(tf.get_variable_scope(), reuse=self._index > 0)", False),
+    ("self._scope = tf.variable_scope(tf.get_variable_scope())", True),
+])
+def test_tf1_layers_shared_through_a_tower_context_class_of_the_module_are_rewritten(enter, refused):
+    """tensorpack's `TowerContext`: the towers enter a class of the module whose `__enter__` opens
+    the variable scope with `reuse=index > 0`, so the towers' `tf.layers` share their weights
+    (a held-out tensorpack-style trainer was refused, and matches rewritten); a class that does
+    not ask for reuse leaves each tower its own layers, refused as before."""
+    source = """
+        import tensorflow as tf
+
+        class TowerContext(object):
+            def __init__(self, name, index):
+                self._name, self._index = name, index
+
+            def __enter__(self):
+                ENTER
+                return self._scope.__enter__()
+
+            def __exit__(self, *exc):
+                return self._scope.__exit__(*exc)
+
+        def train(opt, parts, devices):
+            tower_losses = []
+            for idx, dev in enumerate(devices):
+                with tf.device(dev), TowerContext('tower%d' % idx, idx):
+                    tower_losses.append(tf.reduce_mean(tf.layers.dense(parts[idx], 1)))
+            return opt.minimize(tf.add_n(tower_losses))
+    """.replace("ENTER", enter)
+    if refused:
+        (finding,) = tower_findings(textwrap.dedent(source).lstrip("\n"))
+        assert "every tower makes its own `tf.layers.dense` layer" in finding.refusal
+    else:
+        result = fixed(source)
+        assert "with TowerContext('tower%d' % idx, idx):\n" in result and "call_for_each_replica(tower_fn)" in result

@@ -1334,3 +1334,27 @@ def test_masked_time_steps_reaching_the_loss_are_refused(head, refused):
         assert "`keras.layers.Embedding(...)` (line 15) masks time steps" in refusal(source)
     else:
         assert "multi_gpu_model" not in unsafe_fix(source)
+
+
+@pytest.mark.parametrize("optimizer, made", [
+    ("tf.train.AdamOptimizer(0.001)", "tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-08)"),
+    ("tf.train.AdamOptimizer(learning_rate=0.01, beta1=0.5, epsilon=1e-4)",
+     "tf.keras.optimizers.Adam(learning_rate=0.01, beta_1=0.5, epsilon=1e-4)"),
+    ("tf.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True, use_locking=False)",
+     "tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, nesterov=True)"),
+    ("tf.train.GradientDescentOptimizer(0.5)", "tf.keras.optimizers.SGD(learning_rate=0.5)"),
+])
+def test_a_tf1_optimizer_compiled_into_the_model_becomes_keras_s_and_the_program_leaves_tf1_mode(optimizer, made):
+    """TF 1.x's Keras guide compiled with `tf.train.AdamOptimizer(0.001)`, a TF1 API that kept a
+    held-out tf.data program in TF1 mode, where its validation was refused; Keras's Adam of TF1's
+    epsilon (1e-8) steps the same (the held-out program matched, whole batches)."""
+    result = unsafe_fix(script(optimizer=optimizer))
+    assert f"parallel.compile(loss='categorical_crossentropy', optimizer={made})\n" in result
+    assert "tf.train" not in result and unsafe_fix(result) == result
+
+
+def test_a_tf1_optimizer_bound_to_a_name_is_converted_where_it_is_made_unless_read_elsewhere():
+    source = script(optimizer="opt").replace("parallel = multi_gpu_model", "opt = tf.train.AdamOptimizer(0.01)\nparallel = multi_gpu_model")
+    assert "    opt = tf.keras.optimizers.Adam(learning_rate=0.01, epsilon=1e-08)\n" in unsafe_fix(source)
+    read = source + "print(opt.get_name())\n"  # read by more than compile: the TF1 optimizer stays, so does TF1 mode
+    assert "tf.train.AdamOptimizer(0.01)" in unsafe_fix(read)

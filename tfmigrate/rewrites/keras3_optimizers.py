@@ -15,15 +15,15 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import commas_mended, is_none, keyword_is, keyword_renamed
+from tfmigrate.cst.callargs import argument, commas_mended, is_none, keyword_is, keyword_renamed
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.names import dotted_name
-from tfmigrate.cst.traversal import assignments, find
+from tfmigrate.cst.traversal import assignments, find, name_nodes
 from tfmigrate.rewrites.mirrored import TfNames
 from tfmigrate.rule import ImportItem
 
 __all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "compiled_optimizer", "keras2_step_classes", "learning_rate_reads",
-           "optimizer_arguments", "replaced_optimizer_names"]
+           "optimizer_arguments", "replaced_optimizer_names", "tf1_compiled_optimizers"]
 
 #: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
 OPTIMIZERS = {f"keras.optimizers.{name}" for name in ("SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam")}
@@ -386,6 +386,73 @@ def shared_optimizer(rule) -> tuple[cst.CSTNode, str] | None:
                           "one model's variables (the second fails), and Keras 2 counted one step count for both: "
                           "give each model its own optimizer")
     return None
+
+
+#: TF1 optimizers a Keras model was compiled with (TF 1.x's tf.keras wrapped them; its Keras
+#: guide compiled with `tf.train.AdamOptimizer(0.001)`): the Keras class of the same step, TF1's
+#: parameters in order, their Keras names, and TF1 defaults Keras's differ from.
+TF1_COMPILED = {
+    "tensorflow.train.AdamOptimizer": ("Adam", ("learning_rate", "beta1", "beta2", "epsilon", "use_locking", "name"),
+                                       {"beta1": "beta_1", "beta2": "beta_2"}, {"epsilon": "1e-08"}),
+    "tensorflow.train.GradientDescentOptimizer": ("SGD", ("learning_rate", "use_locking", "name"), {}, {}),
+    "tensorflow.train.MomentumOptimizer": ("SGD", ("learning_rate", "momentum", "use_locking", "name", "use_nesterov"),
+                                           {"use_nesterov": "nesterov"}, {}),
+}
+
+
+def tf1_compiled_optimizers(rule) -> tuple[dict, list[ImportItem]]:
+    """`compile(optimizer=tf.train.AdamOptimizer(0.001))` (or a name bound once to it and read
+    only by `compile`) -> `tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-08)`: the
+    same step (Adam's epsilon is TF1's 1e-8, Keras's 1e-7; momentum as Keras's SGD steps it at a
+    constant rate), and no TF1 API left to keep the program in TF1 mode. Not in a module with an
+    `Embedding` (TF1's Adam added up a row's gradients, Keras 3's squares each: see
+    :func:`keras2_step_optimizers`). (changes, imports), worked out once per module."""
+
+    def compute() -> tuple[dict, list[ImportItem]]:
+        module = rule.context.module
+        if any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in find(module, cst.Call)):
+            return {}, []
+        bound = assignments(rule.context)
+        changes: dict = {}
+        imports: list[ImportItem] = []
+        for call in find(module, cst.Call):
+            made = compiled_optimizer(call)
+            if isinstance(made, cst.Name) and len(bound.get(made.value, ())) == 1 and _read_by_compile_only(rule, made.value):
+                made = bound[made.value][0].value
+            if not isinstance(made, cst.Call) or rule.imports.resolve(made.func) not in TF1_COMPILED or made in changes:
+                continue
+            keras_call, needed = _keras_optimizer(rule, made)
+            if keras_call is not None:
+                changes[made] = keras_call
+                imports += needed
+        return changes, imports
+
+    return rule.context.memo("keras3.tf1_compiled_optimizers", compute)
+
+
+def _read_by_compile_only(rule, name: str) -> bool:
+    """Whether the module reads ``name`` only as the optimizer of `compile(...)` calls."""
+    passed = {id(compiled_optimizer(call)) for call in find(rule.context.module, cst.Call)}
+    reads = [node for node in name_nodes(rule.context.module).get(name, ()) if id(node) not in passed]
+    return len(reads) == 1  # its binding
+
+
+def _keras_optimizer(rule, call: cst.Call) -> tuple[cst.Call | None, list[ImportItem]]:
+    """The Keras optimizer of :data:`TF1_COMPILED` for the TF1 one ``call`` makes; (None, [])
+    where its arguments cannot be told (`*args`)."""
+    if any(arg.star for arg in call.args):
+        return None, []
+    name, order, renamed, defaults = TF1_COMPILED[rule.imports.resolve(call.func)]
+    func, imports = rule.tf_ref(f"tensorflow.keras.optimizers.{name}")
+    args = []
+    for parameter in order:
+        value = argument(call, order, parameter)
+        if value is None and parameter in defaults:
+            value = cst.parse_expression(defaults[parameter])
+        if value is not None and parameter != "use_locking":
+            args.append(cst.Arg(value, keyword=cst.Name(renamed.get(parameter, parameter)),
+                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
+    return call.with_changes(func=func, args=args), imports
 
 
 def compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:

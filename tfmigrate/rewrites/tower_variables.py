@@ -312,9 +312,15 @@ def _check_reuse_left_at_default(rule, loop: cst.For) -> None:
 
 def _reuses_somehow(rule, loop: cst.For) -> bool:
     """Whether the loop, or a `with` around it, asks for reuse some way: `reuse_variables()`,
-    a `reuse=` argument other than a literal False/None."""
+    a `reuse=` argument other than a literal False/None, or a class of the module it enters
+    that does (tensorpack's `TowerContext`, whose `__enter__` opens the tower's variable scope
+    with `reuse=index > 0`)."""
     around = _withs_around(loop, module_parents(rule.context))
-    return any(_asks_for_reuse(part) for part in [loop.body, *(item.item for item in around)])
+    entered = [*(item.item for w in find(loop.body, cst.With) for item in w.items), *(item.item for item in around)]
+    classes = {c.name.value: c for c in rule.context.module.body if isinstance(c, cst.ClassDef)}
+    contexts = [classes[call.func.value] for call in entered
+                if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in classes]
+    return any(_asks_for_reuse(part) for part in [loop.body, *(item.item for item in around), *contexts])
 
 
 def _function(rule, call: cst.Call) -> cst.FunctionDef | None:
