@@ -111,6 +111,9 @@ class ManualTowerLoop(Rule):
         over the same devices, as training and validation towers) are rewritten together by one
         fix: each loop is its own replica function, all run by one strategy (on `self`, made by
         the first method, across methods), and one of them may feed the update. Gradients
+        of the towers' total taken once after the loop (`grads = opt.compute_gradients(total)`)
+        and read before they are applied (clipped) are taken by each replica by its own copy of
+        the weights and summed (`strategy.reduce`), the legacy weight's gradient. Gradients
         combined after the loop and applied by assignments written by hand (OpenAI's
         `adam_updates`, or a project optimizer whose `apply_gradients` assigns the weights, as
         BERT's does) stay after the loop, or in the caller the averaged gradients are returned

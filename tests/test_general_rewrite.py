@@ -41,6 +41,7 @@ REWRITTEN = [
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
     "general_variables_above_model_fn", "general_round_robin_devices", "general_summed_loss_gradients_after",
+    "general_summed_loss_clipped",
     "general_towers_read_own_queues", "general_padded_embedding_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
@@ -518,9 +519,9 @@ REFUSALS = {
                 for i in range(n):
                     with tf.device('/gpu:%d' % i):
                         losses.append(model(i))
-                grads = opt.compute_gradients(tf.reduce_mean(tf.concat(losses, 0)))
-                grads = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads]  # clipped: not what each replica has
-                return opt.apply_gradients(grads)
+                grads = tf.gradients(tf.reduce_mean(tf.concat(losses, 0)), tf.trainable_variables())
+                grads = [tf.clip_by_norm(g, 1.0) for g in grads]  # clipped: not what each replica has
+                return opt.apply_gradients(zip(grads, tf.trainable_variables()))
     """, "line 8: gradients are computed after the tower loop, outside the replicas"),
     "update_in_the_towers_too": ("""
         import tensorflow as tf
@@ -4025,13 +4026,21 @@ SUMMED_LOSS_GRADIENTS = """
 @pytest.mark.parametrize("loss, between, rewritten", [
     ("total", "", True),  # the gradient of the sum: each replica differentiates it by its own copy
     ("loss", "", False),  # the last tower's loss: the other replicas would have no gradient
-    ("total", "grads = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads]", False),  # read between
+    # read between (clipped): the replicas' gradients of the total by their copies, summed, are clipped
+    ("total", "grads = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads]", True),
 ])
 def test_gradients_of_the_summed_tower_losses_taken_after_the_loop(loss, between, rewritten):
     source = textwrap.dedent(SUMMED_LOSS_GRADIENTS).replace("LOSS", loss).replace("BETWEEN", between or "pass")
     result = unsafe_fix(source)
-    assert ("def minimize_share():\n" in result) is rewritten
-    if rewritten:
+    if rewritten and between:
+        assert ("        def copy_gradients():\n"
+                "            return opt.compute_gradients(total)\n\n"
+                "        grads = [(strategy.reduce(tf.distribute.ReduceOp.SUM, g, axis=None) if g is not None else None, v)\n"
+                "            for g, v in strategy.extended.call_for_each_replica(copy_gradients)]\n"
+                "        grads = [(tf.clip_by_norm(g, 1.0), v) for g, v in grads]\n") in result
+        assert "def apply_share():\n" in result and unsafe_fix(result) == result
+    elif rewritten:
+        assert "def minimize_share():\n" in result
         assert ("            grads = opt.compute_gradients(total)\n"
                 "            return opt.apply_gradients(grads)\n") in result
     else:

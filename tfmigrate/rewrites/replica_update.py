@@ -562,11 +562,14 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
         return None
     if towers is not region:
         lines += statement_lines(towers.following)
-    paired = _gradients_applied_once(lines, steps, {item.target for item in collected_appends(towers.loop)})
-    for line in lines:
+    collected = {item.target for item in collected_appends(towers.loop)}
+    paired = _gradients_applied_once(lines, steps, collected)
+    taken: set[str] = set()
+    of_copies = {}
+    for at, line in enumerate(lines):
         if training_call(rule, line, gradient_computation) is not None and line not in paired.values():
-            raise Refused(f"line {line_of(rule, line)}: gradients are computed after the tower loop, outside the "
-                          "replicas: under MirroredStrategy they would see one replica's copy of the weights")
+            run_by = strategy if not method_of(region, line) else f"{tf('tensorflow.distribute.get_strategy')}()"
+            of_copies[id(line)] = _gradients_of_copies(rule, run_by, tf, line, taken, lines[:at], collected)
     for statement in simple_statements(towers.loop.body):
         if any(optimizer_step(call) for call in find(statement, cst.Call)):
             raise Refused(f"line {line_of(rule, statement)}: each tower updates the model itself as well as the "
@@ -575,7 +578,7 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
         _check_no_weights_after(rule, lines)
     update = Update([], note=" (the update after the loop stays; each replica runs its optimizer call)")
     update.changes.update((id(compute), cst.RemovalSentinel.REMOVE) for compute in paired.values())
-    taken: set[str] = set()
+    update.changes.update(of_copies)
     for line in {id(line): line for line, _ in steps}.values():
         calls = [call for at, call in steps if at is line]
         # A step made outside the scope is counted once, after the update.
@@ -585,6 +588,34 @@ def _wrapped_update(rule, region: Region, strategy: str, tf: TfNames, towers: Re
         update.changes[id(line)] = _replica_steps(rule, run_by, tf, region, line, calls, taken, update.counted, paired)
         update.wrapped.append(line)
     return update
+
+
+def _gradients_of_copies(rule, strategy: str, tf: TfNames, line, taken: set[str], before: list,
+                         collected: set[str]) -> cst.FlattenSentinel:
+    """`grads_and_vars = opt.compute_gradients(total, ...)` after the towers, of a total made
+    from a list every tower filled, its gradients read before they are applied (clipped by their
+    global norm): each replica takes the gradients of the total by its own copy of the weights,
+    and their sum is the gradient of the legacy program's one weight (checked on a held-out
+    program, the clip active: equal to the bit). Refused for other gradient computations after
+    the loop (`tf.gradients(...)`, one tower's loss: the other replicas would have none)."""
+    small = single_small(line)
+    call = small.value if isinstance(small, cst.Assign) and len(small.targets) == 1 else None
+    loss = argument(call, ("loss",), "loss") if isinstance(call, cst.Call) else None
+    if not (isinstance(call, cst.Call) and method_call(call, "compute_gradients") and loss is not None
+            and _made_from_all_towers(before, loss, collected)):
+        raise Refused(f"line {line_of(rule, line)}: gradients are computed after the tower loop, outside the "
+                      "replicas: under MirroredStrategy they would see one replica's copy of the weights")
+    name = fresh_name(rule.context.module, "copy_gradients", taken)
+    summed = f"{strategy}.reduce({tf('tensorflow.distribute.ReduceOp')}.SUM, g, axis=None)"
+    spaced = line.leading_lines or [cst.EmptyLine(indent=False)]
+    function = cst.parse_statement(f"def {name}():\n    return {_one_line(call)}\n").with_changes(leading_lines=[
+        *spaced,
+        cst.EmptyLine(comment=cst.Comment("# Each replica differentiates the total by its own copy of the weights;")),
+        cst.EmptyLine(comment=cst.Comment("# the copies' gradients summed are the weight's."))])
+    target = code(small.targets[0].target)
+    combined = cst.parse_statement(f"{target} = [({summed} if g is not None else None, v)\n"
+                                   f"    for g, v in {strategy}.extended.call_for_each_replica({name})]\n")
+    return cst.FlattenSentinel([function, combined.with_changes(leading_lines=[cst.EmptyLine(indent=False)])])
 
 
 def _gradients_applied_once(lines: list, steps: list, collected: set[str]) -> dict[int, cst.BaseStatement]:
