@@ -219,7 +219,8 @@ class MultiGpuModel(Rule):
         The migrated program runs on Keras 3, so the fix moves Keras 2's spellings onto it:
         optimizer `lr=` becomes `learning_rate=` (and `.lr` `.learning_rate`), and arguments after
         the rate passed by position are named by Keras 2's order (`Adam(0.0002, 0.5)` is
-        `Adam(0.0002, beta_1=0.5)`: the orders part after `epsilon`); `Adadelta()` and `Adamax()`
+        `Adam(0.0002, beta_1=0.5)`: the orders part after `epsilon`); Keras 2's lower-case aliases
+        (`keras.optimizers.rmsprop(...)`) become the classes; `Adadelta()` and `Adamax()`
         made without a rate (or by name) get Keras 2's default rate (1.0 and 0.002, Keras 3's is
         0.001), and Adagrad becomes `Keras2Adagrad`, written into the module, which steps as Keras
         2's did (accumulators from zero, lr * g / (sqrt(a) + eps), 0.01 by default); a layer size NumPy computes
@@ -243,7 +244,7 @@ class MultiGpuModel(Rule):
         `tf.set_random_seed(n)` becomes `tf.random.set_seed(n)`, a TF1 optimizer compiled into the
         model (`compile(optimizer=tf.train.AdamOptimizer(0.001))`, TF 1.x's Keras guide; or a name
         bound to it that only `compile` reads) the Keras one of the same step
-        (`tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-08)`; `MomentumOptimizer`,
+        (`tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-8)`; `MomentumOptimizer`,
         `GradientDescentOptimizer` as `SGD`), and a Keras session set-up
         (`tf.ConfigProto`, `tf.Session`, `set_session`) the `tf.config` settings of its options
         (memory growth, soft placement, log placement, thread counts), so that the program

@@ -277,6 +277,9 @@ def test_rmsprop_becomes_a_subclass_that_steps_as_keras_2_s(optimizer, made, ext
     ("keras.optimizers.Adagrad()", "Keras2Adagrad()"),
     ("'adagrad'", "Keras2Adagrad()"),
     ("keras.optimizers.Adagrad(lr=0.1)", "Keras2Adagrad(learning_rate=0.1)"),
+    # Keras 2's lower-case aliases (Keras's cifar10_cnn example), which Keras 3 has not
+    ("keras.optimizers.adam(lr=0.01)", "keras.optimizers.Adam(learning_rate=0.01)"),
+    ("keras.optimizers.adadelta()", "keras.optimizers.Adadelta(learning_rate=1.0)"),
 ])
 def test_keras_2_s_default_rates_and_adagrad_s_step_are_kept(optimizer, made):
     """Keras 2 trained `Adadelta()` at 1.0 (Keras's mnist_cnn example), `Adamax()` at 0.002,
@@ -1337,7 +1340,7 @@ def test_masked_time_steps_reaching_the_loss_are_refused(head, refused):
 
 
 @pytest.mark.parametrize("optimizer, made", [
-    ("tf.train.AdamOptimizer(0.001)", "tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-08)"),
+    ("tf.train.AdamOptimizer(0.001)", "tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-8)"),
     ("tf.train.AdamOptimizer(learning_rate=0.01, beta1=0.5, epsilon=1e-4)",
      "tf.keras.optimizers.Adam(learning_rate=0.01, beta_1=0.5, epsilon=1e-4)"),
     ("tf.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True, use_locking=False)",
@@ -1355,6 +1358,6 @@ def test_a_tf1_optimizer_compiled_into_the_model_becomes_keras_s_and_the_program
 
 def test_a_tf1_optimizer_bound_to_a_name_is_converted_where_it_is_made_unless_read_elsewhere():
     source = script(optimizer="opt").replace("parallel = multi_gpu_model", "opt = tf.train.AdamOptimizer(0.01)\nparallel = multi_gpu_model")
-    assert "    opt = tf.keras.optimizers.Adam(learning_rate=0.01, epsilon=1e-08)\n" in unsafe_fix(source)
+    assert "    opt = tf.keras.optimizers.Adam(learning_rate=0.01, epsilon=1e-8)\n" in unsafe_fix(source)
     read = source + "print(opt.get_name())\n"  # read by more than compile: the TF1 optimizer stays, so does TF1 mode
     assert "tf.train.AdamOptimizer(0.01)" in unsafe_fix(read)

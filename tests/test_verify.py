@@ -574,7 +574,8 @@ keras, _ = make_keras2_modules(tf_keras)
 made = {"Adadelta()": keras.optimizers.Adadelta(), "Adadelta(lr=0.5)": keras.optimizers.Adadelta(lr=0.5),
         "Adagrad()": keras.optimizers.Adagrad(), "Adagrad(0.1)": keras.optimizers.Adagrad(0.1),
         "Adamax()": keras.optimizers.Adamax(), "Adam()": keras.optimizers.Adam(),
-        "'adadelta'": registry.get("adadelta"), "'adagrad'": registry.get("adagrad")}
+        "'adadelta'": registry.get("adadelta"), "'adagrad'": registry.get("adagrad"),
+        "rmsprop(lr=0.5)": keras.optimizers.rmsprop(lr=0.5), "adadelta()": keras.optimizers.adadelta()}
 print(json.dumps({name: [float(optimizer.get_config()["learning_rate"]),
                          optimizer.get_config().get("initial_accumulator_value")] for name, optimizer in made.items()}))
 """
@@ -584,7 +585,8 @@ print(json.dumps({name: [float(optimizer.get_config()["learning_rate"]),
 def test_keras_2_s_default_rates_are_those_of_the_optimizers_a_keras_2_program_is_given():
     """Keras 2.0-2.3 trained `Adadelta()` at 1.0 (Keras's mnist_cnn example), `Adagrad()` at 0.01
     from zero accumulators, `Adamax()` at 0.002; tf_keras's legacy optimizers changed them (0.001,
-    accumulators at 0.1): OLD gets Keras 2's, by class and by name, as a rate given is kept."""
+    accumulators at 0.1): OLD gets Keras 2's, by class, by name and by Keras 2's lower-case
+    aliases (`keras.optimizers.rmsprop`), as a rate given is kept."""
     pytest.importorskip("tf_keras")
     env = {**__import__("os").environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-c", KERAS2_DEFAULTS_PROBE], capture_output=True, text=True, timeout=120,
@@ -593,7 +595,8 @@ def test_keras_2_s_default_rates_are_those_of_the_optimizers_a_keras_2_program_i
     made = json.loads(result.stdout.strip().splitlines()[-1])
     assert made == {"Adadelta()": [1.0, None], "Adadelta(lr=0.5)": [0.5, None], "Adagrad()": [0.01, 0.0],
                     "Adagrad(0.1)": [0.1, 0.0], "Adamax()": [0.002, None], "Adam()": [0.001, None],
-                    "'adadelta'": [1.0, None], "'adagrad'": [0.01, 0.0]}, made
+                    "'adadelta'": [1.0, None], "'adagrad'": [0.01, 0.0], "rmsprop(lr=0.5)": [0.5, None],
+                    "adadelta()": [1.0, None]}, made
 
 
 def _verified_against_itself(source: str, tmp_path, steps: int) -> dict:
@@ -777,6 +780,36 @@ def test_keras_dropout_is_off_in_both_runs_and_a_dropped_layer_is_caught(tf_avai
                       "--json", str(report))
     assert lost.returncode == 1
     assert "OLD has 1 dropout layers and NEW 0" in json.loads(report.read_text())["reasons"]
+
+
+RECURRENT_DROPOUT_PROBE = """
+import json, sys
+from tfmigrate.verify import no_dropout
+legacy = sys.argv[1] == "legacy"
+no_dropout.install(legacy)
+import importlib
+layers = importlib.import_module("tf_keras.layers" if legacy else "keras.layers")
+made = [layers.LSTM(4, dropout=0.2, recurrent_dropout=0.3), layers.GRU(4, dropout=0.1), layers.SimpleRNN(4)]
+print(json.dumps({"rates": [[float(l.cell.dropout), float(l.cell.recurrent_dropout)] for l in made],
+                  "off": no_dropout.TURNED_OFF}))
+"""
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("keras", ["legacy", "keras3"])
+def test_recurrent_dropout_is_off_too_and_said(keras):
+    """`LSTM(32, dropout=0.2, recurrent_dropout=0.2)` (Keras's imdb_lstm example) draws masks from
+    each Keras's own random stream: a held-out program differed from step 0, and matches with the
+    cells made without them in both runs, which the report names."""
+    pytest.importorskip("tensorflow")
+    env = {**__import__("os").environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(ROOT),
+           **({"TF_USE_LEGACY_KERAS": "1"} if keras == "legacy" else {})}
+    result = subprocess.run([sys.executable, "-c", RECURRENT_DROPOUT_PROBE, keras], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["rates"] == [[0.0, 0.0]] * 3, seen
+    assert [entry.split("(")[1] for entry in seen["off"]] == ["dropout=0.2, recurrent_dropout=0.3)", "dropout=0.1)"], seen
 
 
 @pytest.mark.tensorflow

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import keyword_is, short_name
+from tfmigrate.cst.callargs import is_false, keyword_is, short_name
 from tfmigrate.cst.traversal import find
 
 __all__ = ["batch_coupled", "batch_mean_returned", "masked_steps"]
@@ -111,10 +111,10 @@ def masked_steps(rule) -> str | None:
         return None
     for call in find(rule.context.module, cst.Call):
         names = rule.imports.resolve_all(call.func)
-        masks = any(name in _MASKING for name in names) or any(name in _EMBEDDING for name in names) and any(
-            keyword_is(arg, "mask_zero", lambda value: not (isinstance(value, cst.Name) and value.value == "False"))
-            for arg in call.args)
-        if masks:
+        masking = any(name in _MASKING for name in names)
+        zero_masked = any(name in _EMBEDDING for name in names) and any(
+            keyword_is(arg, "mask_zero", lambda value: not is_false(value)) for arg in call.args)
+        if masking or zero_masked:
             return (f"`{rule.context.module.code_for_node(call.func)}(...)` (line {rule.position(call).start.line}) "
                     "masks time steps: the parallel model averaged the loss over the unmasked steps of the whole "
                     "batch, Keras 3 averages each replica's part over its own and then the replicas, another loss "
@@ -133,6 +133,6 @@ def _per_step_output(rule) -> bool:
         if "TimeDistributed" in layers or any(keyword_is(arg, "sample_weight_mode") for arg in call.args):
             return True
         if layers & _RECURRENT:
-            sequences = next((arg.value for arg in call.args if keyword_is(arg, "return_sequences")), None)
-            returned.append(sequences is not None and not (isinstance(sequences, cst.Name) and sequences.value == "False"))
+            returned.append(any(keyword_is(arg, "return_sequences", lambda value: not is_false(value))
+                                for arg in call.args))
     return bool(returned) and returned[-1]

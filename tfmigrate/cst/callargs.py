@@ -99,15 +99,21 @@ def method_call(call: cst.CSTNode, method: str) -> bool:
     return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and call.func.attr.value == method
 
 
+#: The `=` of a keyword argument as PEP 8 spells it, without spaces.
+KEYWORD_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def keyword_arg(keyword: str, value: cst.BaseExpression) -> cst.Arg:
+    """`<keyword>=<value>`."""
+    return cst.Arg(value, keyword=cst.Name(keyword), equal=KEYWORD_EQUAL)
+
+
 def with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
     """``call`` with `<keyword>=<value>` added as its last argument."""
     args = list(call.args)
     if args:
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    added = cst.Arg(keyword=cst.Name(keyword), value=cst.parse_expression(value),
-                    equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                          whitespace_after=cst.SimpleWhitespace("")))
-    return call.with_changes(args=[*args, added])
+    return call.with_changes(args=[*args, keyword_arg(keyword, cst.parse_expression(value))])
 
 
 def short_name(func: cst.BaseExpression) -> str:

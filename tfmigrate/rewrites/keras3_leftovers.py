@@ -57,7 +57,9 @@ from collections.abc import Iterable
 import libcst as cst
 
 from tfmigrate.analysis.keras_batch_norm import frozen_assignments
-from tfmigrate.cst.callargs import argument, commas_mended, keyword_is, keyword_renamed, short_name, with_keyword
+from tfmigrate.cst.callargs import (
+    KEYWORD_EQUAL, argument, commas_mended, keyword_arg, keyword_is, keyword_renamed, short_name, with_keyword,
+)
 from tfmigrate.cst.codegen import code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
@@ -513,7 +515,7 @@ def generator_methods(module: cst.Module) -> dict:
                 if position > len(params):
                     break
                 if position > 0:  # the generator stays first; what follows it is named
-                    arg = arg.with_changes(keyword=cst.Name(params[position - 1]), equal=_EQUAL)
+                    arg = arg.with_changes(keyword=cst.Name(params[position - 1]), equal=KEYWORD_EQUAL)
                 position += 1
             if keyword_is(arg, "generator"):
                 arg = keyword_renamed(arg, "generator", "x")
@@ -678,8 +680,7 @@ def _written_call(call: cst.Call, written: str, phases: dict[int, int]) -> cst.C
         kept[-1:] = [kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)] if kept else []
         args[0] = args[0].with_changes(value=listed.with_changes(elements=kept))
         args = [*args[:-1], args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(cst.Integer(str(phases[id(phase.value)])), keyword=cst.Name("learning_phase_at"),
-                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))]
+                keyword_arg("learning_phase_at", cst.Integer(str(phases[id(phase.value)])))]
     return call.with_changes(func=cst.Name(written), args=args)
 
 
@@ -864,15 +865,9 @@ def _keras_variable(call: cst.Call) -> cst.Call:
     """`K.variable(value, dtype, name)` -> `keras.Variable(value, dtype=..., name=...)`: Keras 2
     made it in `floatx()` unless told, Keras 3 keeps the value's type (float64 from NumPy)."""
     value, dtype, name = (argument(call, _VARIABLE_PARAMETERS, key) for key in _VARIABLE_PARAMETERS[:3])
-    new = call.with_changes(func=cst.parse_expression("keras.Variable"), args=[cst.Arg(value)])
-    new = new.with_changes(args=[*new.args, cst.Arg(dtype or cst.parse_expression("keras.config.floatx()"),
-                                                    keyword=cst.Name("dtype"), equal=_NO_SPACES)])
-    if name is not None:
-        new = new.with_changes(args=[*new.args, cst.Arg(name, keyword=cst.Name("name"), equal=_NO_SPACES)])
-    return new
-
-
-_NO_SPACES = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+    args = [cst.Arg(value), keyword_arg("dtype", dtype or cst.parse_expression("keras.config.floatx()"))]
+    return call.with_changes(func=cst.parse_expression("keras.Variable"),
+                             args=[*args, keyword_arg("name", name)] if name is not None else args)
 
 
 def continuation_lines(rule, changes: dict) -> dict:
@@ -889,4 +884,3 @@ def continuation_lines(rule, changes: dict) -> dict:
 
 
 _COMMA = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))

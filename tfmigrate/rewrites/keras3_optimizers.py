@@ -15,18 +15,25 @@ from collections.abc import Iterable
 
 import libcst as cst
 
-from tfmigrate.cst.callargs import argument, commas_mended, is_none, keyword_is, keyword_renamed
-from tfmigrate.cst.codegen import code_in
+from tfmigrate.cst.callargs import (
+    KEYWORD_EQUAL, commas_mended, is_none, keyword_arg, keyword_is, keyword_renamed,
+)
+from tfmigrate.cst.codegen import code, code_in
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import assignments, find, name_nodes
 from tfmigrate.rewrites.mirrored import TfNames
 from tfmigrate.rule import ImportItem
 
-__all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "compiled_optimizer", "keras2_step_classes", "learning_rate_reads",
-           "optimizer_arguments", "replaced_optimizer_names", "tf1_compiled_optimizers"]
+__all__ = ["COMPUTED_OTHERWISE", "OPTIMIZERS", "TF1_OPTIMIZERS", "compiled_optimizer", "keras2_step_classes",
+           "keras_of_tf1_optimizer", "learning_rate_reads", "optimizer_arguments", "replaced_optimizer_names",
+           "tf1_compiled_optimizers"]
 
 #: Keras 2's optimizer classes (canonical names: `tf.keras.` and `keras.` fold into `keras.`).
-OPTIMIZERS = {f"keras.optimizers.{name}" for name in ("SGD", "Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam")}
+#: Keras 2's lower-case aliases of them (`keras.optimizers.rmsprop(lr=1e-4)`, Keras's cifar10_cnn
+#: example), which Keras 3 has not.
+KERAS2_ALIASES = {"sgd": "SGD", "rmsprop": "RMSprop", "adagrad": "Adagrad", "adadelta": "Adadelta", "adam": "Adam",
+                  "adamax": "Adamax", "nadam": "Nadam"}
+OPTIMIZERS = {f"keras.optimizers.{name}" for name in (*KERAS2_ALIASES.values(), *KERAS2_ALIASES)}
 #: Callbacks that set the optimizer's learning rate, which a schedule does not let them.
 LR_CALLBACKS = ("ReduceLROnPlateau", "LearningRateScheduler")
 #: Optimizers Keras 3 computes otherwise than Keras 2's (checked on TF 2.21: one Dense layer, 20
@@ -92,7 +99,7 @@ def optimizer_arguments(rule) -> tuple[dict, list, tuple[cst.CSTNode, str] | Non
             args, blocker = _decayed(rule, args, decay, imports)
             if blocker is not None:
                 return {}, [], (call, blocker)
-        func = cst.Name(own_class) if own_class is not None else call.func
+        func = cst.Name(own_class) if own_class is not None else _class_spelled(call.func)
         if args != list(call.args) or func is not call.func:
             changes[call] = call.with_changes(func=func, args=commas_mended(args, call.args) if call.args else args)
     return changes, imports, None
@@ -112,15 +119,20 @@ KERAS2_PARAMETERS = {
 }
 
 
+def _class_spelled(func: cst.BaseExpression) -> cst.BaseExpression:
+    """`keras.optimizers.rmsprop` (a Keras 2 alias) as `keras.optimizers.RMSprop`."""
+    if isinstance(func, cst.Attribute) and func.attr.value in KERAS2_ALIASES:
+        return func.with_changes(attr=cst.Name(KERAS2_ALIASES[func.attr.value]))
+    return func
+
+
 def _keras2_default_rate(optimizer: str | None, args: list[cst.Arg]) -> list[cst.Arg]:
     """``args`` of an optimizer of :data:`KERAS2_DEFAULT_RATES` made without a rate, with Keras 2's
     default rate given (`Adadelta()` -> `Adadelta(learning_rate=1.0)`)."""
     if optimizer not in KERAS2_DEFAULT_RATES or any(arg.keyword is None or keyword_is(arg, "learning_rate")
                                                     for arg in args):
         return args
-    rate = cst.Arg(cst.parse_expression(KERAS2_DEFAULT_RATES[optimizer]), keyword=cst.Name("learning_rate"),
-                   equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))
-    return [rate, *args]
+    return [keyword_arg("learning_rate", cst.parse_expression(KERAS2_DEFAULT_RATES[optimizer])), *args]
 
 
 def _named_by_position(rule, call: cst.Call) -> list[cst.Arg] | None:
@@ -135,8 +147,7 @@ def _named_by_position(rule, call: cst.Call) -> list[cst.Arg] | None:
     for arg in call.args:
         position = next((i for i, p in enumerate(positional) if p is arg), None)
         if position is not None and position > 0:
-            arg = arg.with_changes(keyword=cst.Name(order[position]), equal=cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+            arg = arg.with_changes(keyword=cst.Name(order[position]), equal=KEYWORD_EQUAL)
         named.append(arg)
     return named
 
@@ -208,7 +219,8 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
 def _optimizer_class(rule, call: cst.Call) -> str | None:
     """The Keras optimizer class ``call`` makes (`Adam` of `keras.optimizers.Adam(...)`), else None."""
     made = next((n for n in rule.imports.resolve_all(call.func) if n in OPTIMIZERS), None)
-    return made.rsplit(".", 1)[-1] if made is not None else None
+    name = made.rsplit(".", 1)[-1] if made is not None else None
+    return KERAS2_ALIASES.get(name, name)
 
 
 def _decayed_with_callback(rule, call: cst.Call) -> bool:
@@ -355,9 +367,8 @@ def _clipping(rule, call: cst.Call) -> cst.Arg | None:
 def _optimizer_named(rule, call: cst.Call, names: Iterable[str]) -> str | None:
     """The one of ``names`` that ``call`` makes (`keras.optimizers.Adam(...)`) or compiles with
     by name (`compile(optimizer='adam')`), else None."""
-    made = set(rule.imports.resolve_all(call.func))
-    return next((name for name in names if _compiles_with(call, name.lower()) or f"keras.optimizers.{name}" in made),
-                None)
+    made = _optimizer_class(rule, call)
+    return next((name for name in names if _compiles_with(call, name.lower()) or name == made), None)
 
 
 def _compiles_with(call: cst.Call, name: str) -> bool:
@@ -388,21 +399,51 @@ def shared_optimizer(rule) -> tuple[cst.CSTNode, str] | None:
     return None
 
 
-#: TF1 optimizers a Keras model was compiled with (TF 1.x's tf.keras wrapped them; its Keras
-#: guide compiled with `tf.train.AdamOptimizer(0.001)`): the Keras class of the same step, TF1's
-#: parameters in order, their Keras names, and TF1 defaults Keras's differ from.
-TF1_COMPILED = {
-    "tensorflow.train.AdamOptimizer": ("Adam", ("learning_rate", "beta1", "beta2", "epsilon", "use_locking", "name"),
-                                       {"beta1": "beta_1", "beta2": "beta_2"}, {"epsilon": "1e-08"}),
-    "tensorflow.train.GradientDescentOptimizer": ("SGD", ("learning_rate", "use_locking", "name"), {}, {}),
-    "tensorflow.train.MomentumOptimizer": ("SGD", ("learning_rate", "momentum", "use_locking", "name", "use_nesterov"),
-                                           {"use_nesterov": "nesterov"}, {}),
+#: The TF1 optimizers whose Keras counterpart makes the same update, and how their arguments map:
+#: the positional order of the TF1 signature, TF1 keyword -> Keras keyword (None: dropped), and
+#: defaults that differ. Keras's Adam is TF1's "epsilon hat" form; only the default epsilon
+#: differs (1e-7 against 1e-8). Momentum's update, at a constant rate, is Keras SGD's (Nesterov's too).
+TF1_OPTIMIZERS = {
+    "tensorflow.train.GradientDescentOptimizer": (
+        "SGD", ["learning_rate"], {"learning_rate": "learning_rate", "use_locking": None, "name": "name"}, {},
+    ),
+    "tensorflow.train.MomentumOptimizer": (
+        "SGD", ["learning_rate", "momentum"],
+        {"learning_rate": "learning_rate", "momentum": "momentum", "use_locking": None, "name": "name",
+         "use_nesterov": "nesterov"}, {},
+    ),
+    "tensorflow.train.AdamOptimizer": (
+        "Adam", ["learning_rate", "beta1", "beta2", "epsilon"],
+        {"learning_rate": "learning_rate", "beta1": "beta_1", "beta2": "beta_2", "epsilon": "epsilon",
+         "use_locking": None, "name": "name"},
+        {"epsilon": "1e-8"},
+    ),
 }
+
+
+def keras_of_tf1_optimizer(call: cst.Call, qualified: str, spell) -> tuple[str | None, str | None]:
+    """The code of the Keras optimizer making the same update as the TF1 one ``call`` makes
+    (``qualified``, a key of :data:`TF1_OPTIMIZERS`), TensorFlow names spelled by ``spell``:
+    (code, None), or (None, why not)."""
+    keras_name, positional, keywords, defaults = TF1_OPTIMIZERS[qualified]
+    arguments: dict[str, str] = {}
+    for k, arg in enumerate(call.args):
+        if arg.star:
+            return None, "the optimizer is made with *args or **kwargs"
+        v1_name = arg.keyword.value if arg.keyword else (positional[k] if k < len(positional) else None)
+        if v1_name not in keywords:
+            return None, f"the optimizer's argument `{code(arg)}` has no Keras counterpart with the same update"
+        if keywords[v1_name] is not None:
+            arguments[keywords[v1_name]] = code(arg.value)
+    for keyword, value in defaults.items():
+        arguments.setdefault(keyword, value)
+    made = ", ".join(f"{k}={v}" for k, v in arguments.items())
+    return f"{spell('tensorflow.keras.optimizers.' + keras_name)}({made})", None
 
 
 def tf1_compiled_optimizers(rule) -> tuple[dict, list[ImportItem]]:
     """`compile(optimizer=tf.train.AdamOptimizer(0.001))` (or a name bound once to it and read
-    only by `compile`) -> `tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-08)`: the
+    only by `compile`) -> `tf.keras.optimizers.Adam(learning_rate=0.001, epsilon=1e-8)`: the
     same step (Adam's epsilon is TF1's 1e-8, Keras's 1e-7; momentum as Keras's SGD steps it at a
     constant rate), and no TF1 API left to keep the program in TF1 mode. Not in a module with an
     `Embedding` (TF1's Adam added up a row's gradients, Keras 3's squares each: see
@@ -414,18 +455,18 @@ def tf1_compiled_optimizers(rule) -> tuple[dict, list[ImportItem]]:
             return {}, []
         bound = assignments(rule.context)
         changes: dict = {}
-        imports: list[ImportItem] = []
+        tf = TfNames(rule)
         for call in find(module, cst.Call):
             made = compiled_optimizer(call)
             if isinstance(made, cst.Name) and len(bound.get(made.value, ())) == 1 and _read_by_compile_only(rule, made.value):
                 made = bound[made.value][0].value
-            if not isinstance(made, cst.Call) or rule.imports.resolve(made.func) not in TF1_COMPILED or made in changes:
+            qualified = rule.imports.resolve(made.func) if isinstance(made, cst.Call) else None
+            if qualified not in TF1_OPTIMIZERS or made in changes:
                 continue
-            keras_call, needed = _keras_optimizer(rule, made)
-            if keras_call is not None:
-                changes[made] = keras_call
-                imports += needed
-        return changes, imports
+            keras_call, why = keras_of_tf1_optimizer(made, qualified, tf)
+            if why is None:
+                changes[made] = cst.parse_expression(keras_call)
+        return changes, tf.imports if changes else []
 
     return rule.context.memo("keras3.tf1_compiled_optimizers", compute)
 
@@ -435,24 +476,6 @@ def _read_by_compile_only(rule, name: str) -> bool:
     passed = {id(compiled_optimizer(call)) for call in find(rule.context.module, cst.Call)}
     reads = [node for node in name_nodes(rule.context.module).get(name, ()) if id(node) not in passed]
     return len(reads) == 1  # its binding
-
-
-def _keras_optimizer(rule, call: cst.Call) -> tuple[cst.Call | None, list[ImportItem]]:
-    """The Keras optimizer of :data:`TF1_COMPILED` for the TF1 one ``call`` makes; (None, [])
-    where its arguments cannot be told (`*args`)."""
-    if any(arg.star for arg in call.args):
-        return None, []
-    name, order, renamed, defaults = TF1_COMPILED[rule.imports.resolve(call.func)]
-    func, imports = rule.tf_ref(f"tensorflow.keras.optimizers.{name}")
-    args = []
-    for parameter in order:
-        value = argument(call, order, parameter)
-        if value is None and parameter in defaults:
-            value = cst.parse_expression(defaults[parameter])
-        if value is not None and parameter != "use_locking":
-            args.append(cst.Arg(value, keyword=cst.Name(renamed.get(parameter, parameter)),
-                                equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))))
-    return call.with_changes(func=func, args=args), imports
 
 
 def compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:

@@ -56,28 +56,11 @@ import libcst as cst
 
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import find, names_used, single_small, walk
+from tfmigrate.rewrites.keras3_optimizers import TF1_OPTIMIZERS as OPTIMIZERS, keras_of_tf1_optimizer
 from tfmigrate.rewrites.tower_input import INITIALIZERS
 from tfmigrate.tf_api import tf1_only
 from tfmigrate.rewrites.refusal import Refused
 
-# The v1 optimizers whose Keras counterpart makes the same update, and how their arguments
-# map: positional order of the v1 signature, v1 keyword -> Keras keyword (None: dropped).
-OPTIMIZERS = {
-    "tensorflow.train.GradientDescentOptimizer": (
-        "SGD", ["learning_rate"], {"learning_rate": "learning_rate", "use_locking": None, "name": "name"}, {},
-    ),
-    "tensorflow.train.MomentumOptimizer": (
-        "SGD", ["learning_rate", "momentum"],
-        {"learning_rate": "learning_rate", "momentum": "momentum", "use_locking": None, "name": "name"}, {},
-    ),
-    # Keras's Adam is v1's "epsilon hat" form; only the default epsilon differs (1e-7 vs 1e-8).
-    "tensorflow.train.AdamOptimizer": (
-        "Adam", ["learning_rate", "beta1", "beta2", "epsilon"],
-        {"learning_rate": "learning_rate", "beta1": "beta_1", "beta2": "beta_2", "epsilon": "epsilon",
-         "use_locking": None, "name": "name"},
-        {"epsilon": "1e-8"},
-    ),
-}
 # What marks a Keras model built when it is made (its variables exist before the first step).
 BUILT = re.compile(r"\bInput\(|\binput_shape\s*=|\binput_dim\s*=|\bbatch_input_shape\s*=|\.build\(")
 # TF1 APIs the TF2 step cannot keep, besides those the verify detector lists.
@@ -229,21 +212,11 @@ class _ToTf2(cst.CSTTransformer):
         return updated.with_changes(body=body)
 
     # --- the optimizer ---------------------------------------------------------------------
-    def _keras_optimizer(self, call: cst.Call) -> cst.Call:
-        keras_name, positional, keywords, defaults = OPTIMIZERS[self.resolve(call.func)]
-        arguments: dict[str, str] = {}
-        for k, arg in enumerate(call.args):
-            if arg.star:
-                raise NotTf2("the optimizer is made with *args or **kwargs")
-            v1_name = arg.keyword.value if arg.keyword else (positional[k] if k < len(positional) else None)
-            if v1_name not in keywords:
-                raise NotTf2(f"the optimizer's argument `{code(arg)}` has no Keras counterpart with the same update")
-            if keywords[v1_name] is not None:
-                arguments[keywords[v1_name]] = code(arg.value)
-        for keyword, value in defaults.items():
-            arguments.setdefault(keyword, value)
-        made = ", ".join(f"{k}={v}" for k, v in arguments.items())
-        return cst.parse_expression(f"{self.tf('tensorflow.keras.optimizers.' + keras_name)}({made})")
+    def _keras_optimizer(self, call: cst.Call) -> cst.BaseExpression:
+        made, why = keras_of_tf1_optimizer(call, self.resolve(call.func), self.tf)
+        if why is not None:
+            raise NotTf2(why)
+        return cst.parse_expression(made)
 
     # --- the replica step: a tape ----------------------------------------------------------
     def leave_FunctionDef(self, original: cst.FunctionDef, updated: cst.FunctionDef):

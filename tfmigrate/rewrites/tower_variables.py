@@ -315,12 +315,12 @@ def _reuses_somehow(rule, loop: cst.For) -> bool:
     a `reuse=` argument other than a literal False/None, or a class of the module it enters
     that does (tensorpack's `TowerContext`, whose `__enter__` opens the tower's variable scope
     with `reuse=index > 0`)."""
-    around = _withs_around(loop, module_parents(rule.context))
-    entered = [*(item.item for w in find(loop.body, cst.With) for item in w.items), *(item.item for item in around)]
+    around = [item.item for item in _withs_around(loop, module_parents(rule.context))]
+    entered = [*(item.item for w in find(loop.body, cst.With) for item in w.items), *around]
     classes = {c.name.value: c for c in rule.context.module.body if isinstance(c, cst.ClassDef)}
     contexts = [classes[call.func.value] for call in entered
                 if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in classes]
-    return any(_asks_for_reuse(part) for part in [loop.body, *(item.item for item in around), *contexts])
+    return any(_asks_for_reuse(part) for part in [loop.body, *around, *contexts])
 
 
 def _function(rule, call: cst.Call) -> cst.FunctionDef | None:

@@ -350,6 +350,9 @@ def make_keras2_modules(tf_keras):
     legacy = tf_keras.optimizers.legacy
     optimizer_names = {n: getattr(legacy, n) for n in dir(legacy) if not n.startswith("_")}
     optimizer_names.update(_keras2_defaults(legacy))
+    # Keras 2's lower-case aliases (`keras.optimizers.rmsprop(lr=1e-4)`, Keras's cifar10_cnn example)
+    optimizer_names.update({name.lower(): optimizer_names[name] for name in
+                            ("SGD", "RMSprop", "Adagrad", "Adadelta", "Adam", "Adamax", "Nadam")})
     _name_legacy_optimizers(tf_keras, optimizer_names)
     _evaluate_in_order()
     optimizers = _Overlay("keras.optimizers", optimizer_names, tf_keras.optimizers)

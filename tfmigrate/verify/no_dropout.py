@@ -20,6 +20,9 @@ TURNED_OFF: list[str] = []
 _SEEN: set = set()
 #: The layers that drop or perturb at random in training (the spatial dropouts derive from Dropout).
 _RANDOM_LAYERS = ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout")
+#: The recurrent cells whose `dropout=` and `recurrent_dropout=` draw masks (`LSTM(32, dropout=0.2)`
+#: makes an `LSTMCell(dropout=0.2)`).
+_RECURRENT_CELLS = ("LSTMCell", "GRUCell", "SimpleRNNCell")
 
 
 def install(legacy_keras: bool, from_program=None) -> None:
@@ -36,6 +39,11 @@ def install(legacy_keras: bool, from_program=None) -> None:
         for cls in value.__mro__ if isinstance(value, type) and issubclass(value, bases) else ():
             if issubclass(cls, bases) and "call" in vars(cls):
                 cls.call = _passed_through
+    cells = tuple(cls for cls in (getattr(layers, name, None) for name in _RECURRENT_CELLS) if cls is not None)
+    for value in vars(layers).values():
+        for cls in value.__mro__ if isinstance(value, type) and issubclass(value, cells) else ():
+            if issubclass(cls, cells) and "__init__" in vars(cls) and not getattr(cls.__init__, "_tfmigrate", False):
+                cls.__init__ = _without_cell_dropout(cls.__init__)
 
 
 def _passed_through(self, inputs, training=None):
@@ -44,6 +52,22 @@ def _passed_through(self, inputs, training=None):
         amount = next((f"{k}={getattr(self, k)}" for k in ("rate", "stddev") if hasattr(self, k)), "")
         TURNED_OFF.append(f"{type(self).__name__}({amount})")
     return inputs
+
+
+def _without_cell_dropout(init):
+    """A recurrent cell's `__init__` that makes it without input and recurrent dropout: a held-out
+    `LSTM(32, dropout=0.2, recurrent_dropout=0.2)` program differed from step 0, its masks drawn
+    from the two Kerases' different random streams."""
+
+    def __init__(self, *args, **kwargs):
+        dropped = {key: kwargs[key] for key in ("dropout", "recurrent_dropout") if kwargs.get(key)}
+        if dropped and id(self) not in _SEEN:
+            _SEEN.add(id(self))
+            TURNED_OFF.append(f"{type(self).__name__}({', '.join(f'{k}={v}' for k, v in dropped.items())})")
+        init(self, *args, **{**kwargs, **{key: 0.0 for key in dropped}})
+
+    __init__._tfmigrate = True
+    return __init__
 
 
 def _sample_at_mean(legacy_keras: bool, from_program) -> None:
