@@ -1129,9 +1129,11 @@ class MultiGpuModel(Rule):
                         "right after the model is made, and Keras 3 makes the optimizer where `compile` runs: compile "
                         "the model right after `multi_gpu_model(...)`, or build and compile it under `strategy.scope()` "
                         "by hand")
-            for returned_value in find(statement, cst.Return) if not returned else ():
-                if returned_value.value is not None and models & _references(returned_value.value):
-                    return (f"the model is returned (line {self.position(returned_value).start.line}) and compiled by the "
+            if returned:
+                continue
+            for node in find(statement, cst.Return):
+                if node.value is not None and models & _references(node.value):
+                    return (f"the model is returned (line {self.position(node).start.line}) and compiled by the "
                             "caller, outside the strategy's scope, where Keras 3 would make the optimizer: make "
                             "the strategy in the caller and build and compile the model under its scope by hand")
         return None

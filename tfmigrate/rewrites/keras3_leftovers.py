@@ -493,9 +493,8 @@ def frozen_after_compile(rule, models: set) -> tuple[dict, list[cst.BaseStatemen
                                   "the flag when it trains (it would train none of its weights, where Keras 2 trained "
                                   "those trainable at compile time): set `trainable` back to True around its training")
         if func.attr.value == "train_on_batch":
-            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
             changes[call] = call.with_changes(func=cst.Name("train_as_compiled"),
-                                              args=[cst.Arg(func.value, comma=comma), *call.args])
+                                              args=[cst.Arg(func.value, comma=_COMMA), *call.args])
     return changes, ([cst.parse_statement(_TRAIN_AS_COMPILED)] if changes else []), None
 
 
@@ -679,7 +678,7 @@ def _written_call(call: cst.Call, written: str, phases: dict[int, int]) -> cst.C
         kept = [e for e in listed.elements if e is not phase]
         kept[-1:] = [kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)] if kept else []
         args[0] = args[0].with_changes(value=listed.with_changes(elements=kept))
-        args = [*args[:-1], args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+        args = [*args[:-1], args[-1].with_changes(comma=_COMMA),
                 keyword_arg("learning_phase_at", cst.Integer(str(phases[id(phase.value)])))]
     return call.with_changes(func=cst.Name(written), args=args)
 

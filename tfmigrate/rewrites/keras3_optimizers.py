@@ -195,10 +195,9 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
       the sum (a held-out keras-retinanet program with `clipnorm=0.001` was 2e-4 apart from the
       second step, equal with a bound never reached): `SummedClip<Name>` clips the sum."""
     def compute() -> dict[int, tuple[str, str]]:
-        calls = find(rule.context.module, cst.Call)
-        embedding = any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in calls)
+        embedding = _makes_embedding(rule)
         found = {}
-        for call in calls:
+        for call in find(rule.context.module, cst.Call):
             if _optimizer_named(rule, call, ("RMSprop",)):
                 found[id(call)] = ("RMSprop", "Keras2RMSprop")
             elif _optimizer_named(rule, call, ("Adagrad",)):
@@ -451,14 +450,17 @@ def tf1_compiled_optimizers(rule) -> tuple[dict, list[ImportItem]]:
 
     def compute() -> tuple[dict, list[ImportItem]]:
         module = rule.context.module
-        if any(EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in find(module, cst.Call)):
+        if _makes_embedding(rule):
             return {}, []
         bound = assignments(rule.context)
+        compiles = [call for call in find(module, cst.Call) if compiled_optimizer(call) is not None]
+        passed = {id(compiled_optimizer(call)) for call in compiles}  # the optimizers `compile` is given
         changes: dict = {}
         tf = TfNames(rule)
-        for call in find(module, cst.Call):
+        for call in compiles:
             made = compiled_optimizer(call)
-            if isinstance(made, cst.Name) and len(bound.get(made.value, ())) == 1 and _read_by_compile_only(rule, made.value):
+            if isinstance(made, cst.Name) and len(bound.get(made.value, ())) == 1 and _read_by_compile_only(
+                    module, made.value, passed):
                 made = bound[made.value][0].value
             qualified = rule.imports.resolve(made.func) if isinstance(made, cst.Call) else None
             if qualified not in TF1_OPTIMIZERS or made in changes:
@@ -471,11 +473,17 @@ def tf1_compiled_optimizers(rule) -> tuple[dict, list[ImportItem]]:
     return rule.context.memo("keras3.tf1_compiled_optimizers", compute)
 
 
-def _read_by_compile_only(rule, name: str) -> bool:
-    """Whether the module reads ``name`` only as the optimizer of `compile(...)` calls."""
-    passed = {id(compiled_optimizer(call)) for call in find(rule.context.module, cst.Call)}
-    reads = [node for node in name_nodes(rule.context.module).get(name, ()) if id(node) not in passed]
+def _read_by_compile_only(module: cst.Module, name: str, passed: set[int]) -> bool:
+    """Whether ``module`` reads ``name`` only as the optimizer `compile(...)` calls are given
+    (``passed``, by id)."""
+    reads = [node for node in name_nodes(module).get(name, ()) if id(node) not in passed]
     return len(reads) == 1  # its binding
+
+
+def _makes_embedding(rule) -> bool:
+    """Whether the module makes a Keras `Embedding` (whose rows' gradients optimizers treat apart)."""
+    return rule.context.memo("keras3.makes_embedding", lambda: any(
+        EMBEDDINGS & set(rule.imports.resolve_all(call.func)) for call in find(rule.context.module, cst.Call)))
 
 
 def compiled_optimizer(call: cst.Call) -> cst.BaseExpression | None:

@@ -33,17 +33,19 @@ def install(legacy_keras: bool, from_program=None) -> None:
     if from_program is not None:
         _sample_at_mean(legacy_keras, from_program)
     layers = importlib.import_module("tf_keras.layers" if legacy_keras else "keras.layers")
-    bases = tuple(cls for cls in (getattr(layers, name, None) for name in _RANDOM_LAYERS) if cls is not None)
-    for value in vars(layers).values():
-        # and the private bases that hold their `call` (Keras 3's BaseSpatialDropout)
-        for cls in value.__mro__ if isinstance(value, type) and issubclass(value, bases) else ():
-            if issubclass(cls, bases) and "call" in vars(cls):
-                cls.call = _passed_through
-    cells = tuple(cls for cls in (getattr(layers, name, None) for name in _RECURRENT_CELLS) if cls is not None)
-    for value in vars(layers).values():
-        for cls in value.__mro__ if isinstance(value, type) and issubclass(value, cells) else ():
-            if issubclass(cls, cells) and "__init__" in vars(cls) and not getattr(cls.__init__, "_tfmigrate", False):
-                cls.__init__ = _without_cell_dropout(cls.__init__)
+    for cls in _defining(layers, _RANDOM_LAYERS, "call"):
+        cls.call = _passed_through
+    for cls in _defining(layers, _RECURRENT_CELLS, "__init__"):
+        if not getattr(cls.__init__, "_tfmigrate", False):
+            cls.__init__ = _without_cell_dropout(cls.__init__)
+
+
+def _defining(layers, names: tuple[str, ...], attribute: str) -> set[type]:
+    """The classes of ``layers`` deriving from those ``names`` name, and their private bases that
+    do too (Keras 3's BaseSpatialDropout), that define ``attribute`` themselves."""
+    bases = tuple(cls for cls in (getattr(layers, name, None) for name in names) if cls is not None)
+    return {cls for value in vars(layers).values() if isinstance(value, type) and issubclass(value, bases)
+            for cls in value.__mro__ if issubclass(cls, bases) and attribute in vars(cls)}
 
 
 def _passed_through(self, inputs, training=None):
