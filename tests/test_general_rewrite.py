@@ -41,7 +41,7 @@ REWRITTEN = [
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
     "general_variables_above_model_fn", "general_round_robin_devices", "general_summed_loss_gradients_after",
-    "general_summed_loss_clipped",
+    "general_summed_loss_clipped", "general_step_fetched_schedule",
     "general_towers_read_own_queues", "general_padded_embedding_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
@@ -702,15 +702,21 @@ def test_towers_returned_to_the_one_caller_run_in_its_strategy_and_its_update_is
     assert "tf.distribute.get_strategy().extended.call_for_each_replica(tower_fn)" in out
     assert "return tower_grads, tf.reduce_mean(tower_losses)" in out
     # ...the caller makes it, from the towers' own device list, after resetting the graph...
+    # (the global step, made before the scope, stays TF1's variable: tests/test_global_steps.py)...
     assert ("    tf.reset_default_graph()\n"
-            "    strategy = tf.distribute.MirroredStrategy(devices=DEVICES)\n"
-            "    with strategy.scope():\n") in out
+            "    strategy = tf.distribute.MirroredStrategy(devices=DEVICES)\n") in out
+    assert ("    global_step = tf.train.get_or_create_global_step()\n"
+            "    with strategy.scope():\n"
+            "        opt = tf.train.AdamOptimizer(0.001)\n") in out
     # ...and keeps averaging as it did; each replica applies 1/N of the average.
     # (once, outside the replicas: the averaging is not built again by each)
     assert "grads_and_vars_list = list(average_gradients(grads))\n\n        def apply_share():" in out
     assert "for g, v in grads_and_vars_list if g is not None]" in out
-    assert "return opt.apply_gradients(share, global_step=global_step)" in out  # one line again
+    assert "return opt.apply_gradients(share)" in out  # one line again
     assert "apply_op = tf.group(strategy.experimental_local_results(" in out
+    assert ("        with tf.control_dependencies([apply_op]):\n"
+            "            apply_op = global_step.assign_add(1).op\n"
+            "        return apply_op, loss\n") in out
 
 
 @pytest.mark.parametrize("change, reason", [

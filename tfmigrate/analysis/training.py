@@ -16,6 +16,13 @@ from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import find, name_reads, own_nodes
 
 
+#: What makes a TF1 variable.
+VARIABLE_MAKERS = {"tensorflow.Variable", "tensorflow.get_variable"}
+
+#: What makes the global step: a variable too, which the update counts.
+GLOBAL_STEP_MAKERS = {"tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"}
+
+
 def variable_update(rule, call: cst.Call) -> tuple[str, cst.BaseExpression | None, cst.BaseExpression | None] | None:
     """(The update, the variable, the value) of `tf.assign_add(v, n)` or `v.assign_add(n)` (any
     of :data:`VARIABLE_UPDATES`), else None."""

@@ -845,24 +845,36 @@ class ReplaceById(cst.CSTTransformer):
         return self.changes.get(id(original), updated)
 
 
-def place_scope(outer, parents, imports, region, create, scope_item, prelude=()):
+def place_scope(outer, parents, imports, region, create, scope_item, prelude=(), made_first=()):
     """Put the graph under ``strategy.scope()`` in place of the hand placement on the CPU.
 
     Prefers the `with` that opens the graph (`tf.Graph().as_default()`) or pins it to
     `/cpu:0`; otherwise the whole enclosing function body goes under the scope. Returns the
     node to replace and its replacement (with the loop region rewritten inside). The
-    ``prelude`` statements (what the strategy's device list reads) go just before ``create``.
+    ``prelude`` statements (what the strategy's device list reads) go just before ``create``;
+    the ``made_first`` statements of the block (a global step kept TF1's variable) go just
+    before the scope opens, which then holds the rest of the block.
     """
     creates = [*prelude, create]
     node = strategy_scope_owner(outer, parents, imports)
+    if made_first:
+        region = {**region, **{id(statement): cst.RemovalSentinel.REMOVE for statement in made_first}}
+    if isinstance(node, cst.With) and made_first:
+        _, cpu = _graph_items(node, imports)
+        items = _comma_separated([item for i, item in enumerate(node.items) if i not in cpu])
+        rewritten = node.visit(ReplaceById(region))
+        block = [*_made_before_scope(made_first), cst.With(items=[scope_item], body=rewritten.body)]
+        creates[0] = creates[0].with_changes(leading_lines=node.leading_lines)
+        if not items:  # the `with` only pinned the graph to the CPU
+            return node, cst.FlattenSentinel([*creates, *block])
+        opened = rewritten.with_changes(items=items, body=rewritten.body.with_changes(body=block), leading_lines=())
+        return node, cst.FlattenSentinel([*creates, opened])
     if isinstance(node, cst.With):
         graph, cpu = _graph_items(node, imports)
         items = [item for i, item in enumerate(node.items) if i not in cpu]
         position = graph[-1] + 1 if graph else cpu[0]
         items.insert(position, scope_item)
-        items = [item.with_changes(comma=cst.MaybeSentinel.DEFAULT) for item in items[:-1]] + [
-            items[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        ]
+        items = _comma_separated(items)
         rewritten = node.visit(ReplaceById(region)).with_changes(items=items)
         creates[0] = creates[0].with_changes(leading_lines=node.leading_lines)
         return node, cst.FlattenSentinel([*creates, rewritten.with_changes(leading_lines=())])
@@ -875,9 +887,25 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=())
         while rest and _runs_before_strategy(rest[0]):
             before, rest = [*before, rest[0]], rest[1:]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
-        return node, node.with_changes(body=node.body.with_changes(body=[*before, *creates, scoped]))
+        return node, node.with_changes(body=node.body.with_changes(
+            body=[*before, *creates, *_made_before_scope(made_first), scoped]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
+
+
+def _comma_separated(items: list[cst.WithItem]) -> list[cst.WithItem]:
+    return [item.with_changes(comma=cst.MaybeSentinel.DEFAULT) for item in items]
+
+
+def _made_before_scope(statements) -> list[cst.BaseStatement]:
+    """``statements`` (global steps) moved to just before the strategy's scope, said why."""
+    if not statements:
+        return []
+    why = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in (
+        "Made before the strategy's scope, the step stays TF1's variable: fetched with the update,",
+        "it reads the count after it, as it did (a mirrored step would read the count before).")]
+    first = statements[0]
+    return [first.with_changes(leading_lines=[*why, *first.leading_lines]), *statements[1:]]
 
 
 def _graph_reset_after_plain_python(statements: list, imports) -> int:

@@ -68,6 +68,7 @@ from tfmigrate.cst.traversal import contains, find, first_free, fresh_name, modu
 from tfmigrate.rewrites.mirrored import (
     ReplaceById, TfNames, check_tower, helper_import, is_reuse_statement, place_scope, strategy_scope_owner,
 )
+from tfmigrate.rewrites.global_steps import steps_made_before_scope
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rewrites.replica_update import (
     ITERATOR_BUILTINS, caller_update, find_update, increment_global_step_once, may_be_iterator, optimizers_named_apart,
@@ -178,6 +179,18 @@ def _updating_member(rule, group: list):
     return found[0] if found else group[-1]
 
 
+def _scoped(rule, home: Region, region_changes: dict, creates: list, scope_item: cst.WithItem, others: list) -> dict:
+    """The changes that make the strategy (``creates``) and open its scope over ``home``: over
+    the module's run, or the `with`/function that builds the graph, a global step made first."""
+    if module_run(rule, home):
+        _check_in_run(rule, home, others)
+        return module_scope(rule, home, region_changes, creates, scope_item)
+    made_first = steps_made_before_scope(rule, strategy_scope_owner(home.loop, home.parents, rule.imports))
+    anchor, new_anchor = place_scope(home.loop, home.parents, rule.imports, region_changes, creates[-1], scope_item,
+                                     creates[:-1], made_first)
+    return {anchor: new_anchor}
+
+
 def _plan(rule, tower, group: list) -> Edit:
     """The rewrite of the loops of ``group`` (``tower`` alone, or with the loops rewritten with
     it), where ``tower`` feeds the update and the others only compute."""
@@ -231,12 +244,8 @@ def _plan(rule, tower, group: list) -> Edit:
     _check_one_strategy(rule, home, group)
     moving, prelude = device_prelude(rule, home, create)
     region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in moving)
-    if module_run(rule, home):
-        _check_in_run(rule, home, [regions[id(member.loop)] for member in others])
-        changes = module_scope(rule, home, region_changes, [*prelude, create], scope_item)
-    else:
-        anchor, new_anchor = place_scope(home.loop, home.parents, imports, region_changes, create, scope_item, prelude)
-        changes = {anchor: new_anchor}
+    changes = _scoped(rule, home, region_changes, [*prelude, create], scope_item,
+                      [regions[id(member.loop)] for member in others])
     for method in scope_region.external:
         built_in = scope_region.owner.name.value
         why = _BUILT_IN.format(where="the constructor" if built_in == "__init__" else f"`{built_in}`")

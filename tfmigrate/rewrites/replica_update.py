@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from tfmigrate.analysis.devices import enclosing_class
-from tfmigrate.analysis.training import gradient_computation, optimizer_step, training_call
+from tfmigrate.analysis.training import VARIABLE_MAKERS, gradient_computation, optimizer_step, training_call
 from tfmigrate.cst.callargs import argument, callee_name, is_false, is_true, method_call, with_keyword
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import dotted_name
@@ -34,7 +34,8 @@ from tfmigrate.cst.traversal import (
 from tfmigrate.rewrites.hand_written import kept_caller_update, kept_update, own_optimizer_steps
 from tfmigrate.rewrites.mirrored import ReplaceById, TfNames, averages, averaging_helper, comment_lines, is_docstring
 from tfmigrate.rewrites.refusal import Refused, StateRefused
-from tfmigrate.rewrites.tower_checks import VARIABLE_MAKERS, check_only_computes, global_steps_outside
+from tfmigrate.rewrites.global_steps import global_steps_outside
+from tfmigrate.rewrites.tower_checks import check_only_computes
 from tfmigrate.rewrites.tower_code import (
     Collected, Region, Update, collected_appends, index_of, line_of, mentions, method_of, module_calls, outside_loop,
     simple_statements, statement_lines,

@@ -21,7 +21,7 @@ import libcst as cst
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.devices import enclosing_class, tower_loop_at
 from tfmigrate.analysis.training import (
-    KNOWN_LIBRARIES, module_functions, tensors_read, training_call, trains, variable_update,
+    KNOWN_LIBRARIES, VARIABLE_MAKERS, module_functions, tensors_read, training_call, trains, variable_update,
 )
 from tfmigrate.cst.callargs import argument, callee_name, method_call, short_name
 from tfmigrate.cst.codegen import code
@@ -30,6 +30,7 @@ from tfmigrate.cst.traversal import (
     single_small, walk,
 )
 from tfmigrate.rewrites.mirrored import own_optimizer_update, references, strategy_scope_owner
+from tfmigrate.rewrites.global_steps import global_steps_outside
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rewrites.tower_averages import averages_applied, unhandled_averages
 from tfmigrate.rewrites.tower_code import (
@@ -600,9 +601,6 @@ def loads_per_copy(rule, region: Region, strategy: str) -> dict:
     return changes
 
 
-VARIABLE_MAKERS = {"tensorflow.Variable", "tensorflow.get_variable"}
-
-
 _SESSION_NAME = re.compile(r"(^|\.)_?(sess|session)$", re.IGNORECASE)
 
 
@@ -614,29 +612,3 @@ def _loads_in_session(call: cst.Call) -> bool:
     return session is not None and bool(_SESSION_NAME.search(code(session)))
 
 
-def global_steps_outside(rule, region: Region, statements) -> list[tuple[cst.BaseStatement, cst.Arg]]:
-    """The `global_step=` arguments of ``statements`` that name a step made outside what the
-    strategy scope covers (in `__init__`, at module level): a plain variable, not a mirrored one."""
-    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
-    in_loop = {id(s) for s in simple_statements(region.loop)}
-    made_inside: set[str] = set()
-    for line in simple_statements(owner):
-        small = single_small(line)
-        if id(line) in in_loop or (isinstance(small, cst.Assign) and isinstance(small.value, (cst.Name, cst.Attribute))
-                                   and code(small.value) not in made_inside):
-            continue  # another name for what is made elsewhere (`self.global_step = global_step`)
-        made_inside |= scope_bindings(line) | {code(t.target) for t in find(line, cst.AssignTarget)}
-    return [(statement, arg) for statement in statements for arg in _global_step_args(statement)
-            if code(arg.value) not in made_inside | {"None"}]
-
-
-def _global_step_args(statement: cst.CSTNode) -> list[cst.Arg]:
-    """`global_step=step`, or the step passed by position to `apply_gradients(grads, step)` or
-    `minimize(loss, step)` (ChineseNER's `self.opt.apply_gradients(grads_vars, self.global_step)`)."""
-    found = []
-    for call in find(statement, cst.Call):
-        positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-        found += [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "global_step"]
-        if method_call(call, "apply_gradients") or method_call(call, "minimize"):
-            found += positional[1:2]
-    return found

@@ -28,7 +28,7 @@ from tfmigrate.cst.traversal import (
 from tfmigrate.rewrites.mirrored import ReplaceById, device_helpers, devices_argument, references, strategy_scope_owner
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rewrites.tower_body import ReplicaBody, indexable, is_enumerate_index, is_range_index
-from tfmigrate.rewrites.tower_checks import VARIABLE_MAKERS
+from tfmigrate.analysis.training import GLOBAL_STEP_MAKERS, VARIABLE_MAKERS
 from tfmigrate.rewrites.tower_callers import PassedArguments
 from tfmigrate.rewrites.tower_code import (
     Region, Update, index_of, line_of, module_calls, simple_statements, single_binding,
@@ -270,10 +270,6 @@ def module_run(rule, region: Region) -> list[cst.BaseStatement]:
         while start > 0 and _plain_module_statement(body[start - 1]):
             start -= 1
     return body[start:end + 1]
-
-
-#: What makes the global step: a variable too, which the update counts in every replica.
-GLOBAL_STEP_MAKERS = {"tensorflow.train.get_or_create_global_step", "tensorflow.train.create_global_step"}
 
 
 def _makes_variables(rule, statement: cst.BaseStatement) -> bool:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.project_imports import project_function
-from tfmigrate.analysis.training import module_functions
+from tfmigrate.analysis.training import VARIABLE_MAKERS, module_functions
 from tfmigrate.cst.callargs import argument
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import find, find_own, module_parents, name_reads, names_used, scope_bindings
 from tfmigrate.rewrites.refusal import Refused
-from tfmigrate.rewrites.tower_checks import VARIABLE_MAKERS
 from tfmigrate.rewrites.tower_code import (
     class_methods, functions_called, line_of, module_calls, replica_code, self_method,
 )
