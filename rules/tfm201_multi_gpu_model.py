@@ -7,7 +7,7 @@ import libcst as cst
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
-from tfmigrate.analysis.keras_losses import batch_coupled, batch_mean_returned, masked_steps
+from tfmigrate.analysis.keras_losses import batch_coupled, batch_value_returned, masked_steps, per_example_mean
 from tfmigrate.analysis.passed_models import passed_models, returned_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
@@ -16,6 +16,7 @@ from tfmigrate.cst.traversal import (
 )
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rewrites.tower_code import functions_called
+from tfmigrate.rewrites.keras3_losses import per_example_losses
 from tfmigrate.rewrites.keras3_predict import prediction_functions, predictions
 from tfmigrate.rewrites.keras3_session import session_setup
 from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits
@@ -294,7 +295,10 @@ class MultiGpuModel(Rule):
         also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
         becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a backend function with
         no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one
-        mean for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step); an activity regularizer (the parallel model added
+        value for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step)
+        made from a mean (an RMSE's root), or a bare mean (`return K.mean(...)`, which the fix
+        otherwise gives per example, `axis=-1`, the same mean) where the examples are weighted or
+        the function is read outside `compile`; an activity regularizer (the parallel model added
         it once per device slice); time steps masked (`Embedding(mask_zero=True)`, `Masking`) in
         a model with a per-step output (the parallel model averaged the loss over the batch's
         unmasked steps, Keras 3 over each replica's, then the replicas); a model compiled away
@@ -1009,6 +1013,7 @@ class MultiGpuModel(Rule):
         changes.update(casts)
         changes.update(output_metrics(compiles))
         changes.update(accuracy_log_names(module, compiles))
+        changes.update(per_example_losses(module, compiles, changes))
         imports += cast_imports
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
@@ -1241,14 +1246,31 @@ class MultiGpuModel(Rule):
                             f"{self.position(division).start.line}): the parallel model computed it once on the merged "
                             "outputs, MirroredStrategy computes it on each replica's part and averages the parts, another "
                             "loss; reduce per example (`axis=`) first, or keep the model on one device")
-                mean = batch_mean_returned(self.context.module, name.value)
-                if mean is not None:
-                    return (f"the loss `{name.value}` returns one mean over the whole batch (`{self._code(mean.func)}(...)` "
-                            f"with no axis, line {self.position(mean).start.line}), and Keras 3 under a distribution "
-                            "strategy adds such a loss over the replicas where Keras 2 took it once (2 replicas: "
-                            "twice the loss and twice the step; checked): return it per example "
-                            "(`K.mean(..., axis=-1)`) first")
+                whole = self._whole_batch_value(name.value)
+                if whole is not None:
+                    return whole
         return None
+
+    def _whole_batch_value(self, loss: str) -> str | None:
+        """Why the module's loss ``loss``, returning one value for the whole batch, cannot be
+        given per example (:mod:`tfmigrate.rewrites.keras3_losses` gives a bare mean so); else None."""
+        found = batch_value_returned(self.context.module, loss)
+        if found is None:
+            return None
+        reduction, bare_mean = found
+        added = ("Keras 3 under a distribution strategy adds such a loss over the replicas where Keras 2 took it once "
+                 "(2 replicas: twice the loss and twice the step; checked)")
+        what = f"`{self._code(reduction.func) if isinstance(reduction, cst.Call) else self._code(reduction)}(...)`"
+        where = f"line {self.position(reduction).start.line}"
+        if not bare_mean:
+            return (f"the loss `{loss}` returns one value for the whole batch, made from {what} with no axis ({where}): "
+                    f"{added}, and computed per example it would be another loss (the root of a mean is not the mean "
+                    "of roots); compute it per example by hand, or keep the model on one device")
+        why = per_example_mean(self.context.module, loss, reduction)
+        if why is None:
+            return None
+        return (f"the loss `{loss}` returns one mean over the whole batch ({what} with no axis, {where}), and {added}; "
+                f"it is given per example (`axis=-1`) only where that keeps the loss, but {why}")
 
     def _compile_calls(self, node: cst.CSTNode, models: set) -> list[cst.Call]:
         """The `compile(...)` calls under ``node`` of one of ``models`` (`parallel.compile`)."""

@@ -389,6 +389,23 @@ def test_a_model_get_model_returns_is_compiled_by_its_caller_under_its_strategy_
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
 
+def test_a_siamese_model_with_one_mean_for_its_loss_is_fixed_and_trains_the_same(tmp_path):
+    """Keras's siamese example writes its contrastive loss as one mean for the batch (`K.mean`
+    with no axis): Keras 3 under a strategy would add the replicas' means (twice the loss and
+    the step). The fix gives it per example, the same mean, and the program trains the same."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_siamese_contrastive.py", tmp_path)
+    text = fixed.read_text()
+    assert "return ops.mean(y_true * ops.square(y_pred) + (1.0 - y_true) * ops.square(" in text
+    assert text.count(", axis=-1)") == 1 and "multi_gpu_model(" not in text
+    new = _run(fixed)
+    assert new.returncode == 0, new.stderr[-3000:]
+    assert _last_json(new.stdout)["accuracy"] > 0.7, new.stdout[-500:]
+    status, report = run_verify(legacy, fixed, tmp_path, steps=36)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
 def test_an_ocr_model_with_its_ctc_loss_inside_runs_to_the_end_and_trains_the_same(tmp_path):
     """Keras's image_ocr layout: `K.ctc_batch_cost` in a `Lambda` named 'ctc', a Sequence yielding
     inputs and a dummy 'ctc' target by name, a clipped SGD, `K.function` reading the softmax

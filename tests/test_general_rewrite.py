@@ -3154,31 +3154,72 @@ def test_a_module_keeping_tf1_apis_is_refused_with_the_reason(seed, fit, refusal
     ("dice_coef_loss", True),
     ("'binary_crossentropy'", False),
     # One mean for the whole batch: Keras 3 under a strategy adds the replicas' values (checked on
-    # 2 logical CPUs: twice the loss and the step), so it is refused too, with its own reason.
-    ("mean_loss", True),
+    # 2 logical CPUs: twice the loss and the step); given per example it is the same mean.
+    ("mean_loss", False),
     ("per_example_loss", False),
+    # The root of one mean: per example it would be another loss (a held-out-style RMSE kernel
+    # was fixed and trained on twice the loss before it was refused).
+    ("rmse_loss", True),
+    ("rmse_by_name_loss", True),
 ])
-def test_a_loss_dividing_whole_batch_sums_is_refused(loss, refused):
+def test_a_loss_coupling_the_whole_batch_is_refused_unless_it_is_one_mean(loss, refused):
     """A U-Net's Dice loss divides sums over the whole batch: the parallel model computed it on
     the merged outputs, MirroredStrategy per replica (a held-out U-Net trained differently)."""
-    source = keras_kernel(loss=loss) + textwrap.dedent("""
-        def dice_coef(y_true, y_pred):
-            intersection = K.sum(K.flatten(y_true) * K.flatten(y_pred))
-            return (2. * intersection + 1.) / (K.sum(y_true) + K.sum(y_pred) + 1.)
-        def dice_coef_loss(y_true, y_pred):
-            return -dice_coef(y_true, y_pred)
-        def mean_loss(y_true, y_pred):
-            return K.mean(K.square(y_pred - y_true))
-        def per_example_loss(y_true, y_pred):
-            return K.mean(K.square(y_pred - y_true), axis=-1)
-    """)
+    source = keras_kernel(loss=loss) + WHOLE_BATCH_LOSSES
     findings = [f for f in run_check(source) if f.code == "TFM201"]
     assert findings and findings[0].fixable is not refused
-    if loss == "mean_loss":
-        assert "the loss `mean_loss` returns one mean over the whole batch" in findings[0].message
+    lines = source.lstrip("\n").splitlines()
+    if loss.startswith("rmse"):
+        mean = "mse = K.mean(" if loss == "rmse_by_name_loss" else "return K.sqrt(K.mean("
+        line = next(n for n, text in enumerate(lines, 1) if mean in text)
+        assert (f"the loss `{loss}` returns one value for the whole batch, made from `K.mean(...)` with no axis "
+                f"(line {line})") in findings[0].message, findings[0].message
     elif refused:
-        line = next(n for n, text in enumerate(source.lstrip("\n").splitlines(), 1) if "return (2. * intersection" in text)
+        line = next(n for n, text in enumerate(lines, 1) if "return (2. * intersection" in text)
         assert f"the loss `dice_coef_loss` divides sums over the whole batch (`dice_coef`, line {line})" in findings[0].message
+
+
+WHOLE_BATCH_LOSSES = textwrap.dedent("""
+    from keras import backend as K
+    def dice_coef(y_true, y_pred):
+        intersection = K.sum(K.flatten(y_true) * K.flatten(y_pred))
+        return (2. * intersection + 1.) / (K.sum(y_true) + K.sum(y_pred) + 1.)
+    def dice_coef_loss(y_true, y_pred):
+        return -dice_coef(y_true, y_pred)
+    def mean_loss(y_true, y_pred):
+        return K.mean(K.square(y_pred - y_true))
+    def per_example_loss(y_true, y_pred):
+        return K.mean(K.square(y_pred - y_true), axis=-1)
+    def rmse_loss(y_true, y_pred):
+        return K.sqrt(K.mean(K.square(y_pred - y_true)))
+    def rmse_by_name_loss(y_true, y_pred):
+        mse = K.mean(K.square(y_pred - y_true))
+        return K.sqrt(mse)
+""")
+
+
+def test_a_loss_returning_one_mean_is_given_per_example():
+    """keras's siamese example returns `K.mean(...)` over the batch: the fix gives it per example
+    (the batch's mean is the mean of the examples'), converted to Keras 3's `ops` like the rest."""
+    fixed_text = unsafe_fix(keras_kernel(loss="mean_loss") + WHOLE_BATCH_LOSSES)
+    assert ("def mean_loss(y_true, y_pred):\n"
+            "    # Per example (axis=-1): Keras 3 under a strategy averages per-example losses over the\n"
+            "    # replicas, where it would add up one mean per replica; the batch's mean is the same.\n"
+            "    return ops.mean(ops.square(y_pred - y_true), axis=-1)\n") in fixed_text, fixed_text
+    # The losses not compiled keep their one value for the batch.
+    assert "def rmse_loss(y_true, y_pred):\n    return ops.sqrt(ops.mean(ops.square(y_pred - y_true)))\n" in fixed_text
+
+
+@pytest.mark.parametrize("change, reason", [
+    (("model.fit(x, y", "model.fit(x, y, sample_weight=np.ones(len(y))"), "the examples are weighted (`sample_weight=`)"),
+    (("def mean_loss(", "print(mean_loss)\ndef mean_loss("), "`mean_loss` is also read outside `compile`"),
+])
+def test_a_mean_loss_that_cannot_be_given_per_example_is_refused_with_the_reason(change, reason):
+    source = replaced(keras_kernel(loss="mean_loss", seed="np.random.seed(2)") + WHOLE_BATCH_LOSSES, change)
+    findings = [f for f in run_check(source) if f.code == "TFM201"]
+    assert findings and not findings[0].fixable
+    assert "the loss `mean_loss` returns one mean over the whole batch" in findings[0].message
+    assert reason in findings[0].message, findings[0].message
 
 
 def test_an_averaging_helper_imported_relatively_is_read_from_the_package(tmp_path):

@@ -55,6 +55,22 @@ def test_a_step_made_in_the_graph_block_is_made_before_the_scope_and_counted_onc
     assert ("            with tf.control_dependencies([train_op]):\n"
             "                train_op = global_step.assign_add(1).op\n") in out
     assert out.count("global_step = tf.Variable(") == 1 and "global_step=" not in out
+    assert "get_collection_ref" not in out
+
+
+@pytest.mark.parametrize("collection", ["'train_op'", "tf.GraphKeys.TRAIN_OP"])
+def test_a_program_reading_the_train_op_collection_reads_the_counted_update(collection):
+    """TF1's optimizer puts its update, which counted the step, first in the `train_op`
+    collection; a program that reads it back (`tf.get_collection('train_op')[0]`) ran the
+    replicas' update alone, and its step never moved (a fixture's staircase rate parted at
+    step 11)."""
+    source = WITH_GRAPH.replace("_, step = sess.run([train_op, global_step], {x: data})",
+                                f"_, step = sess.run([tf.get_collection({collection})[0], global_step], {{x: data}})")
+    out = fixed(source)
+    assert ("                train_op = global_step.assign_add(1).op\n"
+            "            # The program reads the `train_op` collection, where TF1's optimizer put its\n"
+            "            # counting update first: the counted update takes the replicas' place there.\n"
+            "            tf.get_collection_ref(tf.GraphKeys.TRAIN_OP)[:] = [train_op]\n") in out, out
 
 
 def test_a_step_made_in_a_function_body_is_made_between_the_strategy_and_its_scope():

@@ -16,7 +16,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import is_false, keyword_is, short_name
 from tfmigrate.cst.traversal import find
 
-__all__ = ["batch_coupled", "batch_mean_returned", "masked_steps"]
+__all__ = ["batch_coupled", "batch_value_returned", "masked_steps", "per_example_mean"]
 
 #: Layers that mask time steps out of the loss (`Embedding(mask_zero=True)`, `Masking()`).
 _MASKING = ("keras.layers.Masking", "tensorflow.keras.layers.Masking")
@@ -69,35 +69,75 @@ def _reduces_batch(node: cst.CSTNode, reduced: set[str]) -> bool:
     return False
 
 
-#: Reductions that average (the replicas' averages are added up: see batch_mean_returned).
+#: Reductions that average.
 _MEANS = {"mean", "reduce_mean"}
 
 
-def batch_mean_returned(module: cst.Module, name: str) -> cst.Call | None:
-    """The mean over the whole batch (`K.mean(x)`, `tf.reduce_mean(x)`: no axis) that the module
-    function ``name`` (a loss) returns, as one number for the batch; else None. Keras 3 under
-    MirroredStrategy adds the replicas' values of such a loss (2 replicas: twice the loss and
-    twice the step, checked on TF 2.21), where it averages a loss given per example."""
+def batch_value_returned(module: cst.Module, name: str) -> tuple[cst.Call, bool] | None:
+    """The whole-batch reduction (no axis) behind what the module function ``name`` (a loss)
+    returns, as one number for the batch, and whether the loss is that one mean itself
+    (`return K.mean(K.square(y_pred - y_true))`); else None. Keras 3 under MirroredStrategy adds
+    the replicas' values of such a loss (2 replicas: twice the loss and twice the step, checked
+    on TF 2.21), where it averages a loss given per example. A mean over every element of the
+    batch is the mean of per-example means (equal counts), so the bare mean can be given per
+    example (`axis=-1`); a value made from one (the root of a mean: RMSE) cannot."""
     function = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
     if function is None:
         return None
+    reduced = _reduced_names(function)
     for returned in find(function.body, cst.Return):
-        for call in find(returned, cst.Call) if returned.value is not None else ():
-            if short_name(call.func) in _MEANS and not _has_axis(call) and not _inside_another_call(returned, call):
-                return call
+        value = returned.value
+        if value is None or not _reduces_batch(value, reduced):
+            continue
+        if (isinstance(value, cst.Call) and short_name(value.func) in _MEANS and not _has_axis(value)
+                and not any(_reduces_batch(arg.value, reduced) for arg in value.args)):
+            return value, True
+        whole = [call for call in find(value, cst.Call) if short_name(call.func) in _REDUCTIONS and not _has_axis(call)]
+        return (whole[0] if whole else _reduction_bound(function, value, reduced)), False
     return None
+
+
+def _reduction_bound(function: cst.FunctionDef, value: cst.CSTNode, reduced: set[str]) -> cst.CSTNode:
+    """The whole-batch reduction behind a name that ``value`` reads (`mse = K.mean(...)`, maybe
+    through other names); ``value`` itself if none is found."""
+    read = {name.value for name in find(value, cst.Name)} & reduced
+    for assign in find(function.body, cst.Assign):
+        if isinstance(assign.targets[0].target, cst.Name) and assign.targets[0].target.value in read:
+            calls = [call for call in find(assign.value, cst.Call)
+                     if short_name(call.func) in _REDUCTIONS and not _has_axis(call)]
+            return calls[0] if calls else _reduction_bound(function, assign.value, reduced - read)
+    return value
+
+
+def per_example_mean(module: cst.Module, loss: str, call: cst.Call) -> str | None:
+    """Why the loss ``loss`` returning ``call`` (one mean for the batch) cannot be given per
+    example with the same meaning, else None: the function read elsewhere than in `compile`
+    (its value's shape would change there), or examples weighted (Keras 2 scaled one number by
+    the weights' mean, not each example by its own weight)."""
+    compiled = [node for node in find(module, cst.Call)
+                if isinstance(node.func, cst.Attribute) and node.func.attr.value == "compile"]
+    in_compile = {id(name) for node in compiled for name in find(node, cst.Name)}
+    definition = next(s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == loss)
+    for name in find(module, cst.Name):
+        if name.value == loss and id(name) not in in_compile and name is not definition.name:
+            return f"`{loss}` is also read outside `compile`, where its value would change shape"
+    for node in find(module, cst.Arg):
+        if node.keyword is not None and node.keyword.value in _WEIGHTINGS:
+            return f"the examples are weighted (`{node.keyword.value}=`), which Keras 2 applied to the one mean"
+    for node in find(module, cst.Yield):
+        if isinstance(node.value, cst.Tuple) and len(node.value.elements) == 3:
+            return "a generator yields (inputs, targets, weights): the examples are weighted"
+    return None
+
+
+#: Keyword arguments that weight examples in the loss.
+_WEIGHTINGS = {"sample_weight", "class_weight", "sample_weight_mode"}
 
 
 def _has_axis(call: cst.Call) -> bool:
     positional = [arg for arg in call.args if arg.keyword is None]
     return len(positional) > 1 or any(arg.keyword is not None and arg.keyword.value in ("axis", "reduction_indices")
                                       for arg in call.args)
-
-
-def _inside_another_call(root: cst.CSTNode, call: cst.Call) -> bool:
-    """Whether ``call`` is an argument of another call of ``root`` (its mean is not what is
-    returned as it is)."""
-    return any(other is not call and any(node is call for node in find(other, cst.Call)) for other in find(root, cst.Call))
 
 
 def masked_steps(rule) -> str | None:
