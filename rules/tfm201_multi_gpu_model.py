@@ -7,7 +7,9 @@ import libcst as cst
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
-from tfmigrate.analysis.keras_losses import batch_coupled, batch_value_returned, masked_steps, per_example_mean
+from tfmigrate.analysis.keras_losses import (
+    batch_coupled, batch_value_returned, compiled_losses, loss_label, masked_steps, per_example_mean,
+)
 from tfmigrate.analysis.passed_models import passed_models, returned_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
 from tfmigrate.cst.names import dotted_name
@@ -99,6 +101,8 @@ def _unpacked(statement: cst.BaseStatement) -> set[str]:
 #: Builtins that compute data, and make no layer.
 _DATA_BUILTINS = {"len", "int", "float", "str", "tuple", "list", "dict", "set", "sorted", "max", "min", "sum", "range",
                   "zip", "enumerate", "abs", "round"}
+#: Modules whose functions compute data or paths, never a layer (`os.path.join(TMP, 'model.h5')`).
+_DATA_MODULES = ("numpy.", "os.", "math.", "json.", "pickle.", "random.", "glob.", "time.", "datetime.")
 
 
 @dataclass
@@ -1246,27 +1250,30 @@ class MultiGpuModel(Rule):
                             f"{self.position(division).start.line}): the parallel model computed it once on the merged "
                             "outputs, MirroredStrategy computes it on each replica's part and averages the parts, another "
                             "loss; reduce per example (`axis=`) first, or keep the model on one device")
-                whole = self._whole_batch_value(name.value)
+            for function in compiled_losses(self.context.module, loss) if loss is not None else ():
+                whole = self._whole_batch_value(function)
                 if whole is not None:
                     return whole
         return None
 
-    def _whole_batch_value(self, loss: str) -> str | None:
-        """Why the module's loss ``loss``, returning one value for the whole batch, cannot be
-        given per example (:mod:`tfmigrate.rewrites.keras3_losses` gives a bare mean so); else None."""
-        found = batch_value_returned(self.context.module, loss)
+    def _whole_batch_value(self, function: cst.FunctionDef | cst.Lambda) -> str | None:
+        """Why the loss ``function``, returning one value for the whole batch, cannot be given
+        per example (:mod:`tfmigrate.rewrites.keras3_losses` gives a bare mean so); else None."""
+        found = batch_value_returned(function)
         if found is None:
             return None
         reduction, bare_mean = found
+        loss = loss_label(function)
         added = ("Keras 3 under a distribution strategy adds such a loss over the replicas where Keras 2 took it once "
                  "(2 replicas: twice the loss and twice the step; checked)")
-        what = f"`{self._code(reduction.func) if isinstance(reduction, cst.Call) else self._code(reduction)}(...)`"
+        what = f"`{self._code(reduction.func)}(...)`" if isinstance(reduction, cst.Call) else f"`{self._code(reduction)}`"
         where = f"line {self.position(reduction).start.line}"
         if not bare_mean:
             return (f"the loss `{loss}` returns one value for the whole batch, made from {what} with no axis ({where}): "
-                    f"{added}, and computed per example it would be another loss (the root of a mean is not the mean "
-                    "of roots); compute it per example by hand, or keep the model on one device")
-        why = per_example_mean(self.context.module, loss, reduction)
+                    f"{added}, and given per example it could be another loss (a function of a mean, such as an RMSE's "
+                    "root, is not the mean of the examples' values); compute it per example by hand, or keep the model "
+                    "on one device")
+        why = per_example_mean(self.context.module, function)
         if why is None:
             return None
         return (f"the loss `{loss}` returns one mean over the whole batch ({what} with no axis, {where}), and {added}; "
@@ -1359,7 +1366,7 @@ class MultiGpuModel(Rule):
         stays where it is)."""
         for call in find(value, cst.Call):
             name = self.imports.resolve(call.func) or ""
-            if not (name.startswith("numpy.") or isinstance(call.func, cst.Name) and call.func.value in _DATA_BUILTINS):
+            if not (name.startswith(_DATA_MODULES) or isinstance(call.func, cst.Name) and call.func.value in _DATA_BUILTINS):
                 return False
         return True
 

@@ -3210,6 +3210,69 @@ def test_a_loss_returning_one_mean_is_given_per_example():
     assert "def rmse_loss(y_true, y_pred):\n    return ops.sqrt(ops.mean(ops.square(y_pred - y_true)))\n" in fixed_text
 
 
+def test_a_module_retraining_its_saved_template_makes_one_strategy_and_casts_its_metric_once():
+    """A held-out IMDB script trains a parallel model, saves the template to a path built with
+    `os.path.join`, reloads it and wraps it again. The second model's scope reached up to the
+    path (a call that might make a layer), over the first model's scope: two strategies nested
+    ("Mixing different tf.distribute.Strategy objects"); and its metric got a second label cast
+    in the second pass."""
+    source = textwrap.dedent("""
+        import os
+        import numpy as np
+        import tensorflow as tf
+        from keras import backend as K
+        from keras.layers import Dense
+        from keras.models import Sequential, load_model
+        from keras.utils import multi_gpu_model
+
+        np.random.seed(1)
+        OUT = os.path.join(os.getcwd(), 'out')
+        MODEL_PATH = os.path.join(OUT, 'model.h5')
+
+        def hits(y_true, y_pred):
+            return K.mean(K.equal(y_true, K.round(y_pred)), axis=-1)
+
+        x = np.random.rand(96, 4)
+        y = np.random.rand(96, 1)
+        with tf.device('/cpu:0'):
+            model = Sequential([Dense(8, activation='relu', input_shape=(4,)), Dense(1)])
+        parallel = multi_gpu_model(model, gpus=2)
+        parallel.compile(loss='mse', optimizer='sgd', metrics=[hits])
+        parallel.fit(x, y, batch_size=32, epochs=2)
+        model.save(MODEL_PATH)
+
+        restored = load_model(MODEL_PATH, custom_objects={'hits': hits})
+        restored_parallel = multi_gpu_model(restored, gpus=2)
+        restored_parallel.compile(loss='mse', optimizer='sgd', metrics=[hits])
+        restored_parallel.fit(x, y, batch_size=32, epochs=1)
+    """).lstrip("\n")
+    out = unsafe_fix(source)
+    assert out.count("MirroredStrategy(") == 1 and out.count("with strategy.scope():") == 2, out
+    assert "\nMODEL_PATH = os.path.join(OUT, 'model.h5')\n" in out
+    assert ("with strategy.scope():\n"
+            "    restored = load_model(MODEL_PATH, custom_objects={'hits': hits})\n") in out
+    assert out.count(".cast(y_true, y_pred.dtype)") == 1
+
+
+def test_a_lambda_or_a_nested_function_returning_one_mean_is_found_too():
+    """`compile(loss=lambda t, p: K.mean(...))` and a loss made by a builder's own function were
+    not looked at: fixed as they were, Keras 3 trained them on twice the loss (checked)."""
+    lam = unsafe_fix(keras_kernel(loss="lambda t, p: K.mean(K.square(p - t))") + WHOLE_BATCH_LOSSES)
+    assert "loss=lambda t, p: ops.mean(ops.square(p - t), axis=-1))" in lam, lam
+    nested = keras_kernel(loss="make_loss(0.5)") + WHOLE_BATCH_LOSSES + textwrap.dedent("""
+        def make_loss(scale):
+            def scaled(y_true, y_pred):
+                return scale * K.mean(K.square(y_pred - y_true))
+            return scaled
+    """)
+    (finding,) = [f for f in run_check(nested) if f.code == "TFM201"]
+    assert not finding.fixable
+    assert "the loss `make_loss` returns one value for the whole batch, made from `K.mean(...)`" in finding.message
+    root = keras_kernel(loss="lambda t, p: K.sqrt(K.mean(K.square(p - t)))") + WHOLE_BATCH_LOSSES
+    (finding,) = [f for f in run_check(root) if f.code == "TFM201"]
+    assert not finding.fixable and "the loss `lambda` returns one value for the whole batch" in finding.message
+
+
 @pytest.mark.parametrize("change, reason", [
     (("model.fit(x, y", "model.fit(x, y, sample_weight=np.ones(len(y))"), "the examples are weighted (`sample_weight=`)"),
     (("def mean_loss(", "print(mean_loss)\ndef mean_loss("), "`mean_loss` is also read outside `compile`"),

@@ -16,7 +16,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import is_false, keyword_is, short_name
 from tfmigrate.cst.traversal import find
 
-__all__ = ["batch_coupled", "batch_value_returned", "masked_steps", "per_example_mean"]
+__all__ = ["batch_coupled", "batch_value_returned", "compiled_losses", "loss_label", "masked_steps", "per_example_mean"]
 
 #: Layers that mask time steps out of the loss (`Embedding(mask_zero=True)`, `Masking()`).
 _MASKING = ("keras.layers.Masking", "tensorflow.keras.layers.Masking")
@@ -73,35 +73,45 @@ def _reduces_batch(node: cst.CSTNode, reduced: set[str]) -> bool:
 _MEANS = {"mean", "reduce_mean"}
 
 
-def batch_value_returned(module: cst.Module, name: str) -> tuple[cst.Call, bool] | None:
-    """The whole-batch reduction (no axis) behind what the module function ``name`` (a loss)
-    returns, as one number for the batch, and whether the loss is that one mean itself
-    (`return K.mean(K.square(y_pred - y_true))`); else None. Keras 3 under MirroredStrategy adds
-    the replicas' values of such a loss (2 replicas: twice the loss and twice the step, checked
-    on TF 2.21), where it averages a loss given per example. A mean over every element of the
+def compiled_losses(module: cst.Module, loss: cst.BaseExpression) -> list[cst.FunctionDef | cst.Lambda]:
+    """The loss functions a `compile(loss=...)` argument gives: the lambdas it holds, and the
+    module's functions it names (made anywhere in the module: a builder's own `def my_loss`)."""
+    functions = {function.name.value: function for function in reversed(find(module, cst.FunctionDef))}
+    named = [functions[name.value] for name in find(loss, cst.Name) if name.value in functions]
+    return [*find(loss, cst.Lambda), *named]
+
+
+def batch_value_returned(loss: cst.FunctionDef | cst.Lambda) -> tuple[cst.CSTNode, bool] | None:
+    """The whole-batch reduction (no axis) behind what the loss function ``loss`` returns, as
+    one number for the batch, and whether the loss is that one mean itself (`return
+    K.mean(K.square(y_pred - y_true))`); else None. Keras 3 under MirroredStrategy adds the
+    replicas' values of such a loss (2 replicas: twice the loss and twice the step, checked on
+    TF 2.21), where it averages a loss given per example. A mean over every element of the
     batch is the mean of per-example means (equal counts), so the bare mean can be given per
     example (`axis=-1`); a value made from one (the root of a mean: RMSE) cannot."""
-    function = next((s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == name), None)
-    if function is None:
-        return None
-    reduced = _reduced_names(function)
-    for returned in find(function.body, cst.Return):
-        value = returned.value
+    reduced = _reduced_names(loss) if isinstance(loss, cst.FunctionDef) else set()
+    values = [loss.body] if isinstance(loss, cst.Lambda) else [r.value for r in find(loss.body, cst.Return)]
+    for value in values:
         if value is None or not _reduces_batch(value, reduced):
             continue
         if (isinstance(value, cst.Call) and short_name(value.func) in _MEANS and not _has_axis(value)
                 and not any(_reduces_batch(arg.value, reduced) for arg in value.args)):
             return value, True
         whole = [call for call in find(value, cst.Call) if short_name(call.func) in _REDUCTIONS and not _has_axis(call)]
-        return (whole[0] if whole else _reduction_bound(function, value, reduced)), False
+        return (whole[0] if whole else _reduction_bound(loss, value, reduced)), False
     return None
 
 
-def _reduction_bound(function: cst.FunctionDef, value: cst.CSTNode, reduced: set[str]) -> cst.CSTNode:
+def loss_label(loss: cst.FunctionDef | cst.Lambda) -> str:
+    """How a message names the loss: its function's name, or `lambda`."""
+    return loss.name.value if isinstance(loss, cst.FunctionDef) else "lambda"
+
+
+def _reduction_bound(function: cst.CSTNode, value: cst.CSTNode, reduced: set[str]) -> cst.CSTNode:
     """The whole-batch reduction behind a name that ``value`` reads (`mse = K.mean(...)`, maybe
     through other names); ``value`` itself if none is found."""
     read = {name.value for name in find(value, cst.Name)} & reduced
-    for assign in find(function.body, cst.Assign):
+    for assign in find(function, cst.Assign):
         if isinstance(assign.targets[0].target, cst.Name) and assign.targets[0].target.value in read:
             calls = [call for call in find(assign.value, cst.Call)
                      if short_name(call.func) in _REDUCTIONS and not _has_axis(call)]
@@ -109,18 +119,17 @@ def _reduction_bound(function: cst.FunctionDef, value: cst.CSTNode, reduced: set
     return value
 
 
-def per_example_mean(module: cst.Module, loss: str, call: cst.Call) -> str | None:
-    """Why the loss ``loss`` returning ``call`` (one mean for the batch) cannot be given per
+def per_example_mean(module: cst.Module, loss: cst.FunctionDef | cst.Lambda) -> str | None:
+    """Why the loss function ``loss``, returning one mean for the batch, cannot be given per
     example with the same meaning, else None: the function read elsewhere than in `compile`
     (its value's shape would change there), or examples weighted (Keras 2 scaled one number by
     the weights' mean, not each example by its own weight)."""
     compiled = [node for node in find(module, cst.Call)
                 if isinstance(node.func, cst.Attribute) and node.func.attr.value == "compile"]
     in_compile = {id(name) for node in compiled for name in find(node, cst.Name)}
-    definition = next(s for s in module.body if isinstance(s, cst.FunctionDef) and s.name.value == loss)
-    for name in find(module, cst.Name):
-        if name.value == loss and id(name) not in in_compile and name is not definition.name:
-            return f"`{loss}` is also read outside `compile`, where its value would change shape"
+    for name in find(module, cst.Name) if isinstance(loss, cst.FunctionDef) else ():
+        if name.value == loss.name.value and id(name) not in in_compile and name is not loss.name:
+            return f"`{loss.name.value}` is also read outside `compile`, where its value would change shape"
     for node in find(module, cst.Arg):
         if node.keyword is not None and node.keyword.value in _WEIGHTINGS:
             return f"the examples are weighted (`{node.keyword.value}=`), which Keras 2 applied to the one mean"

@@ -60,7 +60,7 @@ from tfmigrate.analysis.keras_batch_norm import frozen_assignments
 from tfmigrate.cst.callargs import (
     KEYWORD_EQUAL, argument, commas_mended, keyword_arg, keyword_is, keyword_renamed, short_name, with_keyword,
 )
-from tfmigrate.cst.codegen import code_in, realigned_continuations
+from tfmigrate.cst.codegen import code, code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
     assignments, block_indentation, find, init_of, module_parents, names_used, single_small,
@@ -767,9 +767,19 @@ def metric_label_casts(rule, names: set, compiles: list[cst.Call]) -> tuple[dict
             cast = cst.parse_statement(f"{params[0]} = {ops}.cast({params[0]}, {params[1]}.dtype)\n")
             body = list(function.body.body)
             at = 1 if body and is_docstring(body[0]) else 0
+            if at < len(body) and _casts_labels(body[at], params):
+                continue  # cast already (a second finding's pass)
             changes[function] = function.with_changes(body=function.body.with_changes(body=[*body[:at], cast, *body[at:]]))
     imports = [ImportItem("keras", "ops", None if ops == "ops" else ops)] if changes else []
     return changes, imports
+
+
+def _casts_labels(statement: cst.BaseStatement, params: list[str]) -> bool:
+    """`y_true = ops.cast(y_true, y_pred.dtype)` (any module's `cast`)."""
+    small = single_small(statement)
+    return (isinstance(small, cst.Assign) and code(small.targets[0].target) == params[0]
+            and isinstance(small.value, cst.Call) and short_name(small.value.func) == "cast"
+            and bool(small.value.args) and code(small.value.args[0].value) == params[0])
 
 
 def output_metrics(compiles: list[cst.Call]) -> dict:

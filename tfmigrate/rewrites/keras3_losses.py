@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.analysis.keras_losses import batch_value_returned, per_example_mean
+from tfmigrate.analysis.keras_losses import batch_value_returned, compiled_losses, per_example_mean
 from tfmigrate.cst.callargs import keyword_is, with_keyword
 from tfmigrate.cst.traversal import find
 
@@ -25,21 +25,22 @@ _WHY = ("Per example (axis=-1): Keras 3 under a strategy averages per-example lo
 
 
 def per_example_losses(module: cst.Module, compiles: list[cst.Call], changes: dict) -> dict:
-    """The returns of the module's losses compiled by ``compiles`` that give one mean for the
-    batch, given per example (`axis=-1`, on the mean as ``changes`` make it: `ops.mean`) and said
+    """The returns of the losses ``compiles`` compile that give one mean for the batch, given
+    per example (`axis=-1`, on the mean as ``changes`` make it: `ops.mean`), a function's said
     why in a comment."""
     made: dict = {}
     for compiled in compiles:
         loss = next((arg.value for arg in compiled.args if keyword_is(arg, "loss")),
                     compiled.args[1].value if len(compiled.args) > 1 and compiled.args[1].keyword is None else None)
-        for name in find(loss, cst.Name) if loss is not None else ():
-            found = batch_value_returned(module, name.value)
-            if found is None or not found[1] or per_example_mean(module, name.value, found[0]) is not None:
+        for function in compiled_losses(module, loss) if loss is not None else ():
+            found = batch_value_returned(function)
+            if found is None or not found[1] or per_example_mean(module, function) is not None:
                 continue
             mean = found[0]
             made[mean] = with_keyword(changes.get(mean, mean), "axis", "-1")
-            line = next(line for line in find(module, cst.SimpleStatementLine)
-                        if isinstance(line.body[0], cst.Return) and line.body[0].value is mean)
-            comment = [cst.EmptyLine(comment=cst.Comment(f"# {text}")) for text in _WHY]
-            made[line] = line.with_changes(leading_lines=[*line.leading_lines, *comment])
+            line = next((line for line in find(function, cst.SimpleStatementLine)
+                         if isinstance(line.body[0], cst.Return) and line.body[0].value is mean), None)
+            if line is not None:  # not a lambda's
+                comment = [cst.EmptyLine(comment=cst.Comment(f"# {text}")) for text in _WHY]
+                made[line] = line.with_changes(leading_lines=[*line.leading_lines, *comment])
     return made
