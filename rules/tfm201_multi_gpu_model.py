@@ -11,7 +11,7 @@ from tfmigrate.analysis.keras_losses import (
     batch_coupled, batch_value_returned, compiled_losses, loss_label, masked_steps, per_example_mean,
 )
 from tfmigrate.analysis.passed_models import passed_models, returned_models
-from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is
+from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is, method_call
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
     blank_lines_unindented, contains, enclosing, find, init_of, module_parents, placed_after_imports, single_small,
@@ -724,9 +724,12 @@ class MultiGpuModel(Rule):
             body, index = blocks.where(guard)
         built = self._construction(body, index, model)
         sites: list[tuple[tuple, int, int, str]] = []  # where the callers build a template passed in
+        # Built under a strategy's scope already (the fix of another call wrapping it, one stage of
+        # a fine-tuning script before): compiled under the model's own strategy, as a template passed in.
+        under_strategy = built is None and self._built_under_strategy(call, model)
         if built is not None:
             built = self._first_layer_call(body, built)
-        else:
+        elif not under_strategy:
             sites, blocker = self._passed_template_sites(body[index], model, blocks)
             if blocker is not None:
                 return None, blocker
@@ -764,7 +767,7 @@ class MultiGpuModel(Rule):
                 return None, outside
         lines = self._parallel_lines_replaced(call, body, index, last, guards, target, model, wrapped, blocks)
         placed = _Placed(call, body, index, last, lines, strategy, devices, blocks, keras3)
-        if sites:
+        if sites or under_strategy:
             changes, imports, blocker = self._passed_template_changes(placed, model, sites)
         else:
             changes, imports, blocker = self._built_here_changes(placed, built, models)
@@ -896,7 +899,7 @@ class MultiGpuModel(Rule):
         start = self._optimizer_made(body, index, last) if last > index else index
         compiled = self._without_helper(placed.call, [*body[start:index], *placed.lines])
         compiled = [made_within(statement, keras3) for statement in compiled]
-        if last > index:
+        if last > index and not self._in_a_scope(body[index]):
             scope = cst.parse_expression(f"{model}.distribute_strategy.scope()")
             inner = [compiled[0].with_changes(leading_lines=()), *compiled[1:]]
             compiled = [cst.With(items=[cst.WithItem(scope)], leading_lines=body[start].leading_lines,
@@ -905,6 +908,14 @@ class MultiGpuModel(Rule):
         for statement in body[start + 1:last + 1]:
             changes[statement] = cst.RemovalSentinel.REMOVE
         return changes, imports, None
+
+    def _in_a_scope(self, statement: cst.BaseStatement) -> bool:
+        """Whether ``statement`` sits right in a `with ....scope():` block (a recompile after
+        freezing, wrapped by an earlier pass in `with model.distribute_strategy.scope():`)."""
+        parents = module_parents(self.context)
+        block = parents.get(id(statement))
+        owner = parents.get(id(block)) if block is not None else None
+        return isinstance(owner, cst.With) and any(method_call(item.item, "scope") for item in owner.items)
 
     def _under_scope(self, body, first: cst.BaseStatement, moved: list, strategy: str,
                      devices: str) -> tuple[dict, list, str | None]:
@@ -1303,6 +1314,27 @@ class MultiGpuModel(Rule):
             if self._cpu_block_assigns(statement, {model}):  # with tf.device('/cpu:0'): ... model = Model(...)
                 return position
         return None
+
+    def _built_under_strategy(self, call: cst.Call, model: str) -> bool:
+        """Whether a `with <strategy>.scope():` statement above ``call`` in its function (or at
+        module level) assigns ``model``, ``<strategy>`` made by `tf.distribute.MirroredStrategy(...)`."""
+        module = self.context.module
+        strategies = {self._code(target.target) for assign in find(module, cst.Assign) for target in assign.targets
+                      if isinstance(assign.value, cst.Call)
+                      and self.imports.resolve(assign.value.func) == "tensorflow.distribute.MirroredStrategy"}
+        line = self.position(call).start.line
+        parents = module_parents(self.context)
+        scope = enclosing(call, parents, cst.FunctionDef)  # the same function's, or the module's
+        for statement in find(module, cst.With):
+            if enclosing(statement, parents, cst.FunctionDef) is not scope:
+                continue
+            if self.position(statement).start.line < line and any(
+                    method_call(item.item, "scope") and self._code(item.item.func.value) in strategies
+                    for item in statement.items):
+                if any((assigned := single_assign(each)) is not None and assigned[0] == model
+                       for each in find(statement.body, cst.SimpleStatementLine)):
+                    return True
+        return False
 
     def _optimizer_made(self, body, built: int, last: int) -> int:
         """``built``, or the statement above it in the block that makes the optimizer the

@@ -3254,6 +3254,38 @@ def test_a_module_retraining_its_saved_template_makes_one_strategy_and_casts_its
     assert out.count(".cast(y_true, y_pred.dtype)") == 1
 
 
+def test_a_template_wrapped_again_after_its_first_fix_compiles_under_its_own_strategy():
+    """A fine-tuning script wraps one template twice (train, freeze layers, wrap and compile
+    again): fixing the first call builds the template under a strategy, and the second was left
+    as it was ("not built in this block"). It is compiled under the model's own strategy."""
+    source = textwrap.dedent("""
+        import numpy as np
+        import tensorflow as tf
+        from keras.layers import Dense
+        from keras.models import Sequential
+        from keras.utils import multi_gpu_model
+
+        x = np.random.rand(96, 4)
+        y = np.random.rand(96, 1)
+        with tf.device('/cpu:0'):
+            model = Sequential([Dense(8, activation='relu', input_shape=(4,)), Dense(1)])
+        parallel = multi_gpu_model(model, gpus=2)
+        parallel.compile(loss='mse', optimizer='adam')
+        parallel.fit(x, y, batch_size=32, epochs=2)
+        model.layers[0].trainable = False
+        parallel = multi_gpu_model(model, gpus=2)
+        parallel.compile(loss='mse', optimizer='sgd')
+        parallel.fit(x, y, batch_size=32, epochs=1)
+    """).lstrip("\n")
+    out = unsafe_fix(source)
+    assert "multi_gpu_model" not in out and out.count("MirroredStrategy(") == 1, out
+    # (the recompile after freezing was put under the first model's strategy by the first fix)
+    assert ("model.layers[0].trainable = False\n"
+            "with parallel.distribute_strategy.scope():\n"
+            "    parallel = model\n"
+            "    parallel.compile(loss='mse', optimizer='sgd')\n") in out, out
+
+
 def test_a_lambda_or_a_nested_function_returning_one_mean_is_found_too():
     """`compile(loss=lambda t, p: K.mean(...))` and a loss made by a builder's own function were
     not looked at: fixed as they were, Keras 3 trained them on twice the loss (checked)."""
