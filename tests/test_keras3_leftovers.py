@@ -985,6 +985,20 @@ def test_an_optimizer_that_clips_becomes_one_that_clips_the_replicas_sum(optimiz
     assert f"optimizer=SummedClip{name}(" in result and "summed = context.all_reduce(\"sum\", summed)" in result
 
 
+def test_a_clipping_adam_beside_an_embedding_clips_the_sum_of_dense_gradients():
+    """A Kaggle text kernel's `Adam(lr, clipnorm=1.0)` in a module with an Embedding was refused:
+    an Adam stepped as Keras 2's (dense rows) could not also clip the replicas' sum.
+    `SummedClipAdam` makes every gradient dense to sum it, which adds up an Embedding's rows as
+    Keras 2 did (tests/test_fix_runs.py trains the class; a held-out GRU kernel: MATCH)."""
+    extra = """
+        from keras.layers import Embedding
+        vocabulary = Embedding(100, 8)
+    """
+    result = unsafe_fix(script(optimizer="keras.optimizers.Adam(lr=1e-3, clipnorm=1.0)", extra=extra))
+    assert "optimizer=SummedClipAdam(learning_rate=1e-3, clipnorm=1.0)" in result
+    assert "class DenseGradientAdam" not in result and "summed = [tf.convert_to_tensor(grads[i]) for i in present]" in result
+
+
 def test_visible_gpus_and_a_memory_fraction_become_tf2_settings():
     """`visible_device_list` is `tf.config.set_visible_devices` (where there are GPUs: TF1 ignored
     the list without them); a memory fraction, which TF2 caps in megabytes only, becomes memory

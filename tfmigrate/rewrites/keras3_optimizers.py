@@ -193,7 +193,9 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
     - Any other optimizer that clips its gradients (`clipnorm=`, `clipvalue=`): Keras 3 under a
       strategy clips each replica's gradient before they are summed, the parallel model clipped
       the sum (a held-out keras-retinanet program with `clipnorm=0.001` was 2e-4 apart from the
-      second step, equal with a bound never reached): `SummedClip<Name>` clips the sum."""
+      second step, equal with a bound never reached): `SummedClip<Name>` clips the sum. It makes
+      every gradient dense to sum it, so an `Embedding`'s rows are added up first too (an Adam
+      with `clipnorm=` in a module with an Embedding, a Kaggle toxic-comment kernel's, was refused)."""
     def compute() -> dict[int, tuple[str, str]]:
         embedding = _makes_embedding(rule)
         found = {}
@@ -202,11 +204,11 @@ def keras2_step_optimizers(rule) -> dict[int, tuple[str, str]]:
                 found[id(call)] = ("RMSprop", "Keras2RMSprop")
             elif _optimizer_named(rule, call, ("Adagrad",)):
                 found[id(call)] = ("Adagrad", "Keras2Adagrad")
-            elif embedding and (adaptive := _optimizer_named(rule, call, ADAPTIVE)) is not None:
-                found[id(call)] = (adaptive, f"DenseGradient{adaptive}")
-            elif _clipping(rule, call) is not None:
+            elif _clipping(rule, call) is not None:  # (it adds up an Embedding's rows too, as DenseGradient does)
                 name = _optimizer_class(rule, call)
                 found[id(call)] = (name, f"SummedClip{name}")
+            elif embedding and (adaptive := _optimizer_named(rule, call, ADAPTIVE)) is not None:
+                found[id(call)] = (adaptive, f"DenseGradient{adaptive}")
             if _decayed_with_callback(rule, call):  # over the class above, if any
                 name = _optimizer_class(rule, call)
                 found[id(call)] = (name, f"Decayed{found[id(call)][1] if id(call) in found else name}")
