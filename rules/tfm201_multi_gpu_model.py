@@ -308,9 +308,8 @@ class MultiGpuModel(Rule):
         unmasked steps, Keras 3 over each replica's, then the replicas); a model compiled away
         from where it is made (but for another method's `self.` model), or returned to a caller
         that does not bind it to names or compiles it elsewhere (Keras 3 makes the optimizer
-        where `compile` runs); `ImageDataGenerator`, gone from Keras 3; and
-        `evaluate_generator`, `predict_generator` of the model (the batches read ahead would be
-        dropped); `train_on_batch` of a model with batch normalization (Keras 3 under a strategy
+        where `compile` runs); `ImageDataGenerator`, gone from Keras 3;
+        `train_on_batch` of a model with batch normalization (Keras 3 under a strategy
         runs it on the whole batch on every replica, checked equal to one device, where the
         parallel model normalized each GPU's slice by its own statistics; without normalization it
         trains the same, though without the split's speed-up); `sample_weight=` with targets given
@@ -1047,7 +1046,7 @@ class MultiGpuModel(Rule):
         changes.update(module_paths(module))
         predicted = predictions(self, models)
         changes.update(predicted)
-        fits = [call for call in self._generator_calls(models) if call.func.attr.value == "fit_generator"]
+        fits = self._generator_calls(models)  # and evaluate_generator, predict_generator
         changes.update(generator_fits(fits, changes))
         changes.update(continuation_lines(self, changes))
         classes, class_imports = keras2_step_classes(self)
@@ -1179,13 +1178,6 @@ class MultiGpuModel(Rule):
             )
         for call in generator_calls:
             fed = generator_argument(call)
-            if call.func.attr.value != "fit_generator":
-                return (
-                    f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}): Keras 3 under a "
-                    "distribution strategy opens an iterator on a generator to build the model and drops the "
-                    "batches it read ahead, so it would evaluate or predict on other batches; feed arrays or a "
-                    "batched `tf.data.Dataset`"
-                )
             if fed is None:
                 return f"`{self._code(call.func)}(...)` (line {self.position(call).start.line}): pass the generator by name"
         validated = self._validated_fit(models) if self._uses_tf1_apis() else None

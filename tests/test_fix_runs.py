@@ -406,6 +406,21 @@ def test_a_siamese_model_with_one_mean_for_its_loss_is_fixed_and_trains_the_same
     assert status == 0 and report["verdict"] == "match", report.get("reasons")
 
 
+def test_a_model_scored_from_a_sequence_and_a_generator_scores_as_keras_2_did(tmp_path):
+    """`evaluate_generator` on a Sequence and `predict_generator` on a Python generator after
+    `fit_generator`: fixed, the epochs' losses, the evaluation and the predictions' sum print
+    what the legacy program printed."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_evaluate_generator.py", tmp_path)
+    text = fixed.read_text()
+    assert "BatchesInOrder.evaluate(parallel_model, valid)" in text
+    assert "BatchesInOrder.predict(parallel_model, test_rows(test, BATCH), steps=2)" in text
+    status, report = run_verify(legacy, fixed, tmp_path, loss_regex=r"^(?:train|eval|pred) ([0-9.]+)")
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+    assert len(report["new"]["steps"]) == 4
+
+
 def test_an_ocr_model_with_its_ctc_loss_inside_runs_to_the_end_and_trains_the_same(tmp_path):
     """Keras's image_ocr layout: `K.ctc_batch_cost` in a `Lambda` named 'ctc', a Sequence yielding
     inputs and a dummy 'ctc' target by name, a clipped SGD, `K.function` reading the softmax

@@ -8,7 +8,10 @@ Keras 3.15: batches 0, 1, 6, 7, ... where Keras 2 trained 0, 1, 2, 3, ...), and 
 module: a `tf.data.Dataset` over the generator whose every iterator starts at the first batch
 not trained yet, counted by the class, which is also a callback. Keras 2 trained a generator's
 batches in the order it yields them and went on with the next one at the next epoch; so does
-this.
+this. Its `evaluate_generator` and `predict_generator` become `BatchesInOrder.evaluate` and
+`.predict`, which read the batches Keras 2 read and score them as arrays in batches of their size.
+On a partial last batch Keras 2.2-2.3 weighed the batches' losses by their size (as Keras 3's
+`evaluate` does), tf.keras 1.x averaged them as equals.
 
 `model.fit_generator(gen, steps_per_epoch=100, epochs=3)` becomes
 `BatchesInOrder.fit(model, gen, steps_per_epoch=100, epochs=3)`.
@@ -76,6 +79,41 @@ class BatchesInOrder(keras.callbacks.Callback):
                 validation_data = cls._one_target(*validation_data)
         # The order is the class's own: Keras 3 would not shuffle a dataset anyway.
         return model.fit(data, validation_data=validation_data, callbacks=callbacks, shuffle=False, **arguments)
+
+    @classmethod
+    def evaluate(cls, model, generator, steps=None, **arguments):
+        """Keras 2's `model.evaluate_generator(generator, steps, ...)` on Keras 3: the batches Keras
+        2 read, joined and evaluated as arrays in batches of their size (fed a generator, Keras 3
+        under a strategy would read ahead of it and drop what it read)."""
+        data, size = cls._arrays(generator, steps)
+        arguments.setdefault("verbose", 0)  # Keras 2's default there
+        data = cls._one_target(*data) if isinstance(data, tuple) else (data,)
+        weights = data[2] if len(data) > 2 else None
+        return model.evaluate(data[0], data[1] if len(data) > 1 else None, sample_weight=weights, batch_size=size,
+                              **arguments)
+
+    @classmethod
+    def predict(cls, model, generator, steps=None, **arguments):
+        """Keras 2's `model.predict_generator(generator, steps, ...)` on Keras 3, read as `evaluate` reads."""
+        data, size = cls._arrays(generator, steps)
+        arguments.setdefault("verbose", 0)
+        return model.predict(data[0] if isinstance(data, tuple) else data, batch_size=size, **arguments)
+
+    @classmethod
+    def _arrays(cls, generator, steps):
+        """The batches Keras 2 evaluated or predicted on, joined, and their size: a Sequence's from
+        its first (all of them without ``steps``), a generator's next ones (after those a `fit`
+        here read and has not trained or validated on)."""
+        if isinstance(generator, keras.utils.PyDataset):
+            batches = [cls._tuples(generator[index]) for index in range(steps or len(generator))]
+        elif id(generator) in cls._made:
+            reader = cls._made[id(generator)][1]
+            batches = [reader._batch(reader._used) for _ in range(steps)]
+            for _ in batches:
+                reader._count()
+        else:
+            batches = [cls._tuples(next(generator)) for _ in range(steps)]
+        return {nest}(lambda *parts: numpy.concatenate(parts), *batches), len({flatten}(batches[0])[0])
 
     @staticmethod
     def _by_name(parts):
@@ -184,9 +222,9 @@ def batches_in_order_class(rule) -> tuple[cst.BaseStatement, list[ImportItem]]:
 
 
 def generator_fits(calls: list[cst.Call], changes: dict) -> dict:
-    """`model.fit_generator(gen, ...)` -> `BatchesInOrder.fit(model, gen, ...)` for ``calls``,
-    from the renamed `model.fit(gen, ...)` that ``changes`` holds for each
-    (:func:`tfmigrate.rewrites.keras3_leftovers.generator_methods`)."""
+    """`model.fit_generator(gen, ...)` -> `BatchesInOrder.fit(model, gen, ...)` for ``calls``
+    (`evaluate_generator` and `predict_generator` alike), from the renamed `model.fit(gen, ...)`
+    that ``changes`` holds for each (:func:`tfmigrate.rewrites.keras3_leftovers.generator_methods`)."""
     fits = {}
     for call in calls:
         renamed = changes.get(call)
@@ -194,7 +232,7 @@ def generator_fits(calls: list[cst.Call], changes: dict) -> dict:
             continue
         comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         model = cst.Arg(renamed.func.value, comma=comma)
-        fits[call] = renamed.with_changes(func=cst.parse_expression("BatchesInOrder.fit"),
+        fits[call] = renamed.with_changes(func=cst.parse_expression(f"BatchesInOrder.{renamed.func.attr.value}"),
                                           args=[model, *_generator_first(list(renamed.args), comma)])
     return fits
 

@@ -23,7 +23,7 @@ crash), or worse, takes it and trains otherwise:
   which is `InverseTimeDecay(lr, decay_steps=1, decay_rate=decay)`;
 - `fit_generator` / `evaluate_generator` / `predict_generator` (now `fit` / `evaluate` /
   `predict`, without the worker arguments; a model off `multi_gpu_model` trained so goes
-  through :mod:`tfmigrate.rewrites.keras3_generators`, evaluated or fed a Sequence is refused);
+  through :mod:`tfmigrate.rewrites.keras3_generators`, evaluated or predicted on so too);
 - `Model(input=..., output=...)` (now `inputs=`, `outputs=`);
 - `tf.set_random_seed(n)`, TF1's seed call that Keras 2 programs made to be repeatable (the Keras
   FAQ's): `tf.random.set_seed(n)`, so that the program runs in TF2 mode, where Keras 3 trains;
@@ -619,7 +619,7 @@ GONE_MODULES = {"keras.preprocessing.text": "tokenize with `keras.layers.TextVec
 #: `keras.preprocessing.image` keeps only its image file functions).
 #: Keras 2 backend functions Keras 3 has not, and the function of the same meaning the fix
 #: writes into the module (:func:`backend_functions`).
-BACKEND_WRITTEN = {"ctc_batch_cost": "ctc_batch_cost", "function": "backend_function"}
+BACKEND_WRITTEN = {"ctc_batch_cost": "ctc_batch_cost", "function": "backend_function", "batch_dot": "batch_dot"}
 
 _BACKEND_FUNCTIONS = {
     "ctc_batch_cost": '''
@@ -632,6 +632,24 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
     loss = {tf}.nn.ctc_loss(labels={tf}.cast(y_true, {tf}.int32), logits=logits, label_length=label_length,
                           logit_length=input_length, logits_time_major=False, blank_index=-1)
     return {tf}.expand_dims(loss, 1)
+''',
+    "batch_dot": '''
+def batch_dot(x, y, axes=None):
+    """Keras 2's `K.batch_dot` (gone from Keras 3): for each example, `x` and `y` multiplied and
+    summed over one axis of each (`axes`; by default x's last and y's second to last, y's last
+    for a matrix), the other axes of x then of y kept; a vector per example comes back (batch, 1)."""
+    x_rank, y_rank = len(x.shape), len(y.shape)
+    if axes is None:
+        axes = (x_rank - 1, y_rank - 1 if y_rank == 2 else y_rank - 2)
+    if isinstance(axes, int):
+        axes = (axes, axes)
+    x_axis, y_axis = axes[0] % x_rank, axes[1] % y_rank
+    names = iter("cdefghijklmnopqrstuvwxyz")  # a: the examples, b: the axis summed over
+    x_names = "".join("a" if i == 0 else "b" if i == x_axis else next(names) for i in range(x_rank))
+    y_names = "".join("a" if i == 0 else "b" if i == y_axis else next(names) for i in range(y_rank))
+    kept = "".join(name for name in x_names + y_names if name not in "ab")
+    result = keras.ops.einsum(f"{x_names},{y_names}->a{kept}", x, y)
+    return keras.ops.expand_dims(result, 1) if len(result.shape) == 1 else result
 ''',
     "function": '''
 def backend_function(inputs, outputs, learning_phase_at=None):
