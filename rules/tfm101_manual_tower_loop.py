@@ -79,8 +79,8 @@ class ManualTowerLoop(Rule):
         scope they are each replica's own, and stay), a global step made outside the strategy
         scope that no named update could count once after (a step made in the scope's block by a
         statement that can run first is made just before the scope, so that fetched with the
-        update it reads the count after it, as TF1's did), a loop in a module-level block that may run more than once, towers that store
-        into a variable themselves (`tf.assign(last, x)`: in a replica it updates that replica's
+        update it reads the count after it, as TF1's did), a loop in a module-level block that
+        may run more than once, towers that store into a variable themselves (`tf.assign(last, x)`: in a replica it updates that replica's
         copy; a moving average such as a hand-written batch norm's stays, and a counter the
         towers add to, made under the scope, is made with `aggregation=tf.VariableAggregation.SUM`
         so that every replica's add reaches every copy), a
