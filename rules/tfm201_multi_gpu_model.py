@@ -18,6 +18,7 @@ from tfmigrate.cst.traversal import (
 )
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rewrites.tower_code import functions_called
+from tfmigrate.rewrites.keras3_batch_steps import TRAIN_SPLIT, split_batch_steps
 from tfmigrate.rewrites.keras3_losses import per_example_losses
 from tfmigrate.rewrites.keras3_predict import prediction_functions, predictions
 from tfmigrate.rewrites.keras3_session import session_setup
@@ -256,6 +257,10 @@ class MultiGpuModel(Rule):
         leaves TF1 mode. An optimizer that clips its gradients (`clipnorm=`, `clipvalue=`) becomes
         a `SummedClip<Name>` subclass that clips the gradients summed over the replicas, as the
         parallel model clipped them (Keras 3's own clips each replica's part before the sum).
+        `train_on_batch` of a model with batch normalization becomes `train_split(model, ...)`,
+        written into the module, which fits that one batch: Keras 3's `train_on_batch` under a
+        strategy runs the whole batch on every replica, where the parallel model normalized each
+        GPU's slice by its own statistics, as `fit`'s replicas do.
         A `decay=` in a module whose learning-rate callback (`ReduceLROnPlateau`,
         `LearningRateScheduler`) sets the rate becomes a `Decayed<Name>` subclass stepping at
         lr / (1 + decay * iterations) of the rate the callback set, as Keras 2 did (a schedule
@@ -308,11 +313,7 @@ class MultiGpuModel(Rule):
         unmasked steps, Keras 3 over each replica's, then the replicas); a model compiled away
         from where it is made (but for another method's `self.` model), or returned to a caller
         that does not bind it to names or compiles it elsewhere (Keras 3 makes the optimizer
-        where `compile` runs); `ImageDataGenerator`, gone from Keras 3;
-        `train_on_batch` of a model with batch normalization (Keras 3 under a strategy
-        runs it on the whole batch on every replica, checked equal to one device, where the
-        parallel model normalized each GPU's slice by its own statistics; without normalization it
-        trains the same, though without the split's speed-up); `sample_weight=` with targets given
+        where `compile` runs); `ImageDataGenerator`, gone from Keras 3; `sample_weight=` with targets given
         as a dict by output name (Keras 3.15 fails: "KeyError: 0"); layers frozen that surely
         hold batch normalization (all layers of an application built with it, a model whose
         builder makes it; Keras 3 runs a frozen `BatchNormalization` in inference mode, Keras 2
@@ -1015,9 +1016,14 @@ class MultiGpuModel(Rule):
             changes.update(backend)
             imports += backend_imports
         trained_as_compiled: list = []
+        stepped = whole_batch_steps(self, models)  # train_on_batch with batch normalization: split by `fit`
         if blocked is None:
-            unfrozen, trained_as_compiled, blocked = frozen_after_compile(self, models)
+            unfrozen, trained_as_compiled, blocked = frozen_after_compile(self, models, split=bool(stepped))
             changes.update(unfrozen)
+            changes.update(split_batch_steps(stepped, unfrozen))
+            if stepped:
+                trained_as_compiled.append(cst.parse_statement(TRAIN_SPLIT))
+                imports.append(ImportItem("keras"))
         if blocked is not None:
             node, reason = blocked
             where = f"`{self._code(node.func)}(...)`: " if isinstance(node, cst.Call) else ""
@@ -1204,7 +1210,7 @@ class MultiGpuModel(Rule):
                 "model trains, validates, evaluates or predicts on holds a multiple of the global batch: move the "
                 "module to TF2 APIs first (`tf.random.set_seed`, no Session), or build and compile the model under "
                 "`strategy.scope()` by hand and keep the data a multiple of the batch")
-        return (self._batch_coupled_loss(models) or self._activity_regularized() or whole_batch_steps(self, models)
+        return (self._batch_coupled_loss(models) or self._activity_regularized()
                 or frozen_batch_norm(self) or masked_steps(self))
 
     def _activity_regularized(self) -> str | None:

@@ -421,6 +421,20 @@ def test_a_model_scored_from_a_sequence_and_a_generator_scores_as_keras_2_did(tm
     assert len(report["new"]["steps"]) == 4
 
 
+def test_train_on_batch_of_a_batch_normalized_model_trains_as_the_parallel_model_did(tmp_path):
+    """A Conv1D net with batch normalization stepped by `train_on_batch` and `K.set_value`: fixed,
+    each batch goes through `train_split` (`fit` splits it over the replicas, each normalizing its
+    part, as the parallel model's GPUs did); equal to the legacy program within 2e-7 over 30
+    steps. Left as `train_on_batch`, it differed by 7e-3 from the first step on a held-out
+    program (the whole batch on every replica)."""
+    from tests.conftest import run_verify
+
+    legacy, fixed = _fixed_copy("fix_keras_train_on_batch_batchnorm.py", tmp_path)
+    assert "loss, accuracy = train_split(parallel, x_all[start:start + BATCH]" in fixed.read_text()
+    status, report = run_verify(legacy, fixed, tmp_path, steps=30)
+    assert status == 0 and report["verdict"] == "match", report.get("reasons")
+
+
 def test_an_ocr_model_with_its_ctc_loss_inside_runs_to_the_end_and_trains_the_same(tmp_path):
     """Keras's image_ocr layout: `K.ctc_batch_cost` in a `Lambda` named 'ctc', a Sequence yielding
     inputs and a dummy 'ctc' target by name, a clipped SGD, `K.function` reading the softmax

@@ -1111,15 +1111,19 @@ def test_a_model_mgpu_wrapper_class_is_the_parallel_model_and_goes_with_its_one_
     assert "ModelMGPU" not in result and "    parallel = model\n" in result
 
 
-def test_train_on_batch_of_a_batch_normalized_model_is_refused():
+def test_train_on_batch_of_a_batch_normalized_model_is_split_by_fit():
     """Keras 3 under a strategy runs `train_on_batch` on the whole batch on every replica (checked:
     the weights of one device, to the bit): batch statistics over the whole batch, where the
-    parallel model normalized each GPU's slice by its own. Without normalization it is fixed."""
-    fit = "parallel.train_on_batch(x, y)"
-    assert "on the whole batch on every replica" in refusal(
-        script(fit=fit).replace("(inputs))", "(BatchNormalization()(inputs)))").replace(
-            "from keras.layers import Input\n", "from keras.layers import Input, BatchNormalization\n"))
-    assert "parallel.train_on_batch(x, y)" in unsafe_fix(script(fit=fit))
+    parallel model normalized each GPU's slice by its own (this was refused). `fit` splits it:
+    `train_split(model, ...)` fits the one batch (tests/test_fix_runs.py trains it). Without
+    normalization `train_on_batch` stays."""
+    fit = "loss = parallel.train_on_batch(x, y)"
+    normalized = unsafe_fix(script(fit=fit).replace("(inputs))", "(BatchNormalization()(inputs)))").replace(
+        "from keras.layers import Input\n", "from keras.layers import Input, BatchNormalization\n"))
+    assert "loss = train_split(parallel, x, y)\n" in normalized
+    assert "\ndef train_split(model, x, y=None, sample_weight=None, class_weight=None, reset_metrics=True):\n" in normalized
+    assert "    history = model.fit(x, y, sample_weight=sample_weight, class_weight=class_weight, batch_size=rows" in normalized
+    assert "loss = parallel.train_on_batch(x, y)" in unsafe_fix(script(fit=fit))
 
 
 def test_per_example_weights_with_targets_by_output_name_are_refused():
@@ -1431,3 +1435,15 @@ def test_batch_dot_is_written_into_the_module_for_keras_3():
     """
     result = unsafe_fix(script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n", 1))
     assert "    return batch_dot(query, keys, axes=[2, 2])\n" in result and "\ndef batch_dot(x, y, axes=None):\n" in result
+
+
+def test_a_frozen_discriminator_with_batch_normalization_is_trained_as_compiled_and_split():
+    """A GAN's discriminator with batch normalization, frozen after it is compiled: its
+    `train_on_batch` becomes `train_as_compiled(model, ...)`, which trains through `train_split`
+    (the batch split over the replicas by `fit`)."""
+    fit = "parallel.trainable = False\nloss = parallel.train_on_batch(x, y)"
+    source = script(fit=fit).replace("(inputs))", "(BatchNormalization()(inputs)))").replace(
+        "from keras.layers import Input\n", "from keras.layers import Input, BatchNormalization\n")
+    result = unsafe_fix(source)
+    assert "loss = train_as_compiled(parallel, x, y)\n" in result
+    assert "        return train_split(model, *args, **kwargs)\n" in result and "\ndef train_split(" in result

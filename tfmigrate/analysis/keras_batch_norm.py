@@ -5,7 +5,8 @@ layer normalized each slice by its own statistics, as MirroredStrategy's replica
 Two things Keras 3 does differently break that:
 
 - `train_on_batch` under a strategy runs the whole batch on every replica (checked: the same
-  weights as one device, to the bit): statistics over the whole batch.
+  weights as one device, to the bit): statistics over the whole batch. (`fit` splits it: the
+  fix trains such a batch through `fit`.)
 - A frozen layer (`layer.trainable = False`, fine-tuning a base model; a GAN's discriminator
   inside the combined model) runs in inference mode in Keras 3, normalizing by its moving
   statistics; Keras 2 still normalized by the batch's statistics while training (a held-out
@@ -48,18 +49,13 @@ def frozen_assignments(module: cst.Module) -> list[tuple[cst.Assign, cst.Attribu
             if isinstance(target.target, cst.Attribute) and target.target.attr.value == "trainable"]
 
 
-def whole_batch_steps(rule, models: set) -> str | None:
-    """Why `parallel.train_on_batch(x, y)` of one of ``models`` cannot keep its meaning in a module
-    with batch normalization, else None."""
-    module = rule.context.module
-    stepped = [call for call in find(module, cst.Call) if isinstance(call.func, cst.Attribute)
+def whole_batch_steps(rule, models: set) -> list[cst.Call]:
+    """The `train_on_batch(...)` calls of one of ``models`` in a module with batch normalization:
+    Keras 3 under a strategy would run each on the whole batch on every replica
+    (:mod:`tfmigrate.rewrites.keras3_batch_steps` splits them as the parallel model did)."""
+    stepped = [call for call in find(rule.context.module, cst.Call) if isinstance(call.func, cst.Attribute)
                and call.func.attr.value == "train_on_batch" and dotted_name(call.func.value) in models]
-    if not stepped or not _normalized(rule):
-        return None
-    return (f"`{code_in(module, stepped[0].func)}(...)` (line {rule.position(stepped[0]).start.line}) trains a model "
-            "with batch normalization, and Keras 3 under a strategy runs `train_on_batch` on the whole batch on every "
-            "replica, where the parallel model normalized each GPU's slice by its own statistics (another loss from "
-            "the first step): train through `fit` (or a distributed dataset) to split the batch")
+    return stepped if stepped and _normalized(rule) else []
 
 
 def frozen_batch_norm(rule) -> str | None:

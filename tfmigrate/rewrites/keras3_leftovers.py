@@ -468,14 +468,15 @@ def train_as_compiled(model, *args, **kwargs):
 '''
 
 
-def frozen_after_compile(rule, models: set) -> tuple[dict, list[cst.BaseStatement], tuple | None]:
+def frozen_after_compile(rule, models: set, split: bool = False) -> tuple[dict, list[cst.BaseStatement], tuple | None]:
     """A GAN's discriminator, compiled and then frozen (`self.discriminator.trainable = False`)
     to compile the combined model (Keras-GAN's layout): Keras 2 kept training it through its own
     `train_on_batch`, whose weights were fixed when it was compiled; Keras 3 reads the flag when it
     trains and trained nothing (checked). Each `train_on_batch` of one of ``models`` (the
     template and the parallel model, the same model once migrated) -> `train_as_compiled(model,
-    ...)`, written into the module. Returns (changes, [the function], blocker): its `fit` is
-    refused."""
+    ...)`, written into the module (which, ``split``, trains through `train_split`: a model with
+    batch normalization, :mod:`tfmigrate.rewrites.keras3_batch_steps`). Returns (changes, [the
+    function], blocker): its `fit` is refused."""
     module = rule.context.module
     frozen = [assign for assign, target in frozen_assignments(module) if dotted_name(target.value) in models]
     compiled = [call for call in find(module, cst.Call) if isinstance(call.func, cst.Attribute)
@@ -495,7 +496,8 @@ def frozen_after_compile(rule, models: set) -> tuple[dict, list[cst.BaseStatemen
         if func.attr.value == "train_on_batch":
             changes[call] = call.with_changes(func=cst.Name("train_as_compiled"),
                                               args=[cst.Arg(func.value, comma=_COMMA), *call.args])
-    return changes, ([cst.parse_statement(_TRAIN_AS_COMPILED)] if changes else []), None
+    written = _TRAIN_AS_COMPILED.replace("model.train_on_batch(", "train_split(model, ") if split else _TRAIN_AS_COMPILED
+    return changes, ([cst.parse_statement(written)] if changes else []), None
 
 
 def generator_methods(module: cst.Module) -> dict:
