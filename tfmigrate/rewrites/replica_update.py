@@ -964,8 +964,9 @@ def _count_once(rule, update: str, step: str, tf: TfNames) -> list[cst.BaseState
 def _reads_train_op_collection(rule) -> bool:
     """`tf.get_collection('train_op')`, `tf.get_collection(tf.GraphKeys.TRAIN_OP)`."""
     for call in find(rule.context.module, cst.Call):
-        if (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1] in ("get_collection", "get_collection_ref") \
-                and call.args and code(call.args[0].value).strip("'\"").endswith(("train_op", "TRAIN_OP")):
+        name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
+        if name in ("get_collection", "get_collection_ref") and call.args and code(
+                call.args[0].value).strip("'\"").endswith(("train_op", "TRAIN_OP")):
             return True
     return False
 
