@@ -8,7 +8,7 @@ from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel
 from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import (
-    batch_coupled, batch_value_returned, compiled_losses, loss_label, masked_steps, per_example_mean,
+    batch_coupled, batch_value_returned, compiled_loss, compiled_losses, loss_label, masked_steps, per_example_mean,
 )
 from tfmigrate.analysis.passed_models import passed_models, returned_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is, method_call
@@ -1249,8 +1249,7 @@ class MultiGpuModel(Rule):
         (Dice): the parallel model computed it on the merged batch, MirroredStrategy per replica;
         or that returns one mean for the batch, which Keras 3 adds over the replicas."""
         for node in self._compile_calls(self.context.module, models):
-            loss = next((arg.value for arg in node.args if keyword_is(arg, "loss")),
-                        node.args[1].value if len(node.args) > 1 and node.args[1].keyword is None else None)
+            loss = compiled_loss(node)
             for name in find(loss, cst.Name) if loss is not None else ():
                 coupled = batch_coupled(self.context.module, name.value)
                 if coupled is not None:

@@ -16,7 +16,7 @@ import libcst as cst
 from tfmigrate.cst.callargs import is_false, keyword_is, short_name
 from tfmigrate.cst.traversal import find
 
-__all__ = ["batch_coupled", "batch_value_returned", "compiled_losses", "loss_label", "masked_steps", "per_example_mean"]
+__all__ = ["batch_coupled", "batch_value_returned", "compiled_loss", "compiled_losses", "loss_label", "masked_steps", "per_example_mean"]
 
 #: Layers that mask time steps out of the loss (`Embedding(mask_zero=True)`, `Masking()`).
 _MASKING = ("keras.layers.Masking", "tensorflow.keras.layers.Masking")
@@ -71,6 +71,12 @@ def _reduces_batch(node: cst.CSTNode, reduced: set[str]) -> bool:
 
 #: Reductions that average.
 _MEANS = {"mean", "reduce_mean"}
+
+
+def compiled_loss(call: cst.Call) -> cst.BaseExpression | None:
+    """What a `compile(...)` call gives as its loss (`loss=`, or its second argument by position)."""
+    return next((arg.value for arg in call.args if keyword_is(arg, "loss")),
+                call.args[1].value if len(call.args) > 1 and call.args[1].keyword is None else None)
 
 
 def compiled_losses(module: cst.Module, loss: cst.BaseExpression) -> list[cst.FunctionDef | cst.Lambda]:

@@ -22,7 +22,8 @@ def train_split(model, x, y=None, sample_weight=None, class_weight=None, reset_m
     """`model.train_on_batch(...)` of a model with batch normalization, as Keras 2's parallel
     model trained it: the batch split over the replicas, each part normalized by its own
     statistics (Keras 3's `train_on_batch` under a strategy runs the whole batch on every
-    replica). Returns what `train_on_batch` returns: the loss, or the loss and the metrics."""
+    replica). Returns what `train_on_batch` returns: the loss, or the loss and the metrics
+    (of this batch alone, as `reset_metrics=True` gave them)."""
     rows = len(keras.tree.flatten(x)[0])
     history = model.fit(x, y, sample_weight=sample_weight, class_weight=class_weight, batch_size=rows, epochs=1,
                         verbose=0, shuffle=False)

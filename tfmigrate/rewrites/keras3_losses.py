@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from tfmigrate.analysis.keras_losses import batch_value_returned, compiled_losses, per_example_mean
-from tfmigrate.cst.callargs import keyword_is, with_keyword
+from tfmigrate.analysis.keras_losses import batch_value_returned, compiled_loss, compiled_losses, per_example_mean
+from tfmigrate.cst.callargs import with_keyword
 from tfmigrate.cst.traversal import find
 
 __all__ = ["per_example_losses"]
@@ -30,8 +30,7 @@ def per_example_losses(module: cst.Module, compiles: list[cst.Call], changes: di
     why in a comment."""
     made: dict = {}
     for compiled in compiles:
-        loss = next((arg.value for arg in compiled.args if keyword_is(arg, "loss")),
-                    compiled.args[1].value if len(compiled.args) > 1 and compiled.args[1].keyword is None else None)
+        loss = compiled_loss(compiled)
         for function in compiled_losses(module, loss) if loss is not None else ():
             found = batch_value_returned(function)
             if found is None or not found[1] or per_example_mean(module, function) is not None:
