@@ -49,24 +49,31 @@ def batch_coupled(module: cst.Module, name: str) -> tuple[str, cst.BinaryOperati
     return None
 
 
-def _reduced_names(function: cst.FunctionDef) -> set[str]:
-    """The names the function binds to a whole-batch reduction (`intersection = K.sum(a * b)`)."""
-    reduced: set[str] = set()
+def _reduced_names(function: cst.FunctionDef) -> dict[str, cst.Call]:
+    """The names the function binds to a whole-batch reduction (`intersection = K.sum(a * b)`),
+    each with that reduction (for a name bound through another, the first such name's)."""
+    reduced: dict[str, cst.Call] = {}
     for assign in find(function.body, cst.Assign):
-        if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name) and _reduces_batch(assign.value, reduced):
-            reduced.add(assign.targets[0].target.value)
+        if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+            found = _whole_batch_reduction(assign.value, reduced)
+            if found is not None:
+                reduced[assign.targets[0].target.value] = found
     return reduced
 
 
-def _reduces_batch(node: cst.CSTNode, reduced: set[str]) -> bool:
-    """Whether ``node`` holds a reduction without an axis (`K.sum(x)`, `tf.reduce_sum(x)`), or a
-    name in ``reduced``."""
-    if any(name.value in reduced for name in find(node, cst.Name)):
-        return True
-    for call in find(node, cst.Call):
-        if short_name(call.func) in _REDUCTIONS and not _has_axis(call):
-            return True
-    return False
+def _whole_batch_reduction(node: cst.CSTNode, reduced: dict[str, cst.Call]) -> cst.Call | None:
+    """The reduction without an axis (`K.sum(x)`, `tf.reduce_sum(x)`) ``node`` holds, else the one
+    behind the first name of ``reduced`` it reads (in the order they were bound), else None."""
+    calls = [call for call in find(node, cst.Call) if short_name(call.func) in _REDUCTIONS and not _has_axis(call)]
+    if calls:
+        return calls[0]
+    read = {name.value for name in find(node, cst.Name)}
+    return next((call for name, call in reduced.items() if name in read), None)
+
+
+def _reduces_batch(node: cst.CSTNode, reduced: dict[str, cst.Call]) -> bool:
+    """Whether ``node`` holds a reduction without an axis, or reads a name bound to one."""
+    return _whole_batch_reduction(node, reduced) is not None
 
 
 #: Reductions that average.
@@ -95,34 +102,22 @@ def batch_value_returned(loss: cst.FunctionDef | cst.Lambda) -> tuple[cst.CSTNod
     TF 2.21), where it averages a loss given per example. A mean over every element of the
     batch is the mean of per-example means (equal counts), so the bare mean can be given per
     example (`axis=-1`); a value made from one (the root of a mean: RMSE) cannot."""
-    reduced = _reduced_names(loss) if isinstance(loss, cst.FunctionDef) else set()
+    reduced = _reduced_names(loss) if isinstance(loss, cst.FunctionDef) else {}
     values = [loss.body] if isinstance(loss, cst.Lambda) else [r.value for r in find(loss.body, cst.Return)]
     for value in values:
-        if value is None or not _reduces_batch(value, reduced):
+        reduction = _whole_batch_reduction(value, reduced) if value is not None else None
+        if reduction is None:
             continue
-        if (isinstance(value, cst.Call) and short_name(value.func) in _MEANS and not _has_axis(value)
+        if (reduction is value and short_name(value.func) in _MEANS
                 and not any(_reduces_batch(arg.value, reduced) for arg in value.args)):
             return value, True
-        whole = [call for call in find(value, cst.Call) if short_name(call.func) in _REDUCTIONS and not _has_axis(call)]
-        return (whole[0] if whole else _reduction_bound(loss, value, reduced)), False
+        return reduction, False
     return None
 
 
 def loss_label(loss: cst.FunctionDef | cst.Lambda) -> str:
     """How a message names the loss: its function's name, or `lambda`."""
     return loss.name.value if isinstance(loss, cst.FunctionDef) else "lambda"
-
-
-def _reduction_bound(function: cst.CSTNode, value: cst.CSTNode, reduced: set[str]) -> cst.CSTNode:
-    """The whole-batch reduction behind a name that ``value`` reads (`mse = K.mean(...)`, maybe
-    through other names); ``value`` itself if none is found."""
-    read = {name.value for name in find(value, cst.Name)} & reduced
-    for assign in find(function, cst.Assign):
-        if isinstance(assign.targets[0].target, cst.Name) and assign.targets[0].target.value in read:
-            calls = [call for call in find(assign.value, cst.Call)
-                     if short_name(call.func) in _REDUCTIONS and not _has_axis(call)]
-            return calls[0] if calls else _reduction_bound(function, assign.value, reduced - read)
-    return value
 
 
 def per_example_mean(module: cst.Module, loss: cst.FunctionDef | cst.Lambda) -> str | None:
