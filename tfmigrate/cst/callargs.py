@@ -108,6 +108,13 @@ def keyword_arg(keyword: str, value: cst.BaseExpression) -> cst.Arg:
     return cst.Arg(value, keyword=cst.Name(keyword), equal=KEYWORD_EQUAL)
 
 
+def receiver_passed(call: cst.Call, function: str) -> cst.Call:
+    """``call`` of a method, `model.train_on_batch(x, y)`, as a call of ``function`` that takes
+    the receiver first: `train_split(model, x, y)`."""
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if call.args else cst.MaybeSentinel.DEFAULT
+    return call.with_changes(func=cst.Name(function), args=[cst.Arg(call.func.value, comma=comma), *call.args])
+
+
 def with_keyword(call: cst.Call, keyword: str, value: str) -> cst.Call:
     """``call`` with `<keyword>=<value>` added as its last argument."""
     args = list(call.args)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.cst.callargs import receiver_passed
 
 __all__ = ["TRAIN_SPLIT", "split_batch_steps"]
 
@@ -40,6 +41,5 @@ def split_batch_steps(stepped: list[cst.Call], changes: dict) -> dict:
     for call in stepped:
         if call in changes:
             continue
-        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        made[call] = call.with_changes(func=cst.Name("train_split"), args=[cst.Arg(call.func.value, comma=comma), *call.args])
+        made[call] = receiver_passed(call, "train_split")
     return made

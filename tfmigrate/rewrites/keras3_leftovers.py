@@ -58,7 +58,8 @@ import libcst as cst
 
 from tfmigrate.analysis.keras_batch_norm import frozen_assignments
 from tfmigrate.cst.callargs import (
-    KEYWORD_EQUAL, argument, commas_mended, keyword_arg, keyword_is, keyword_renamed, short_name, with_keyword,
+    KEYWORD_EQUAL, argument, commas_mended, keyword_arg, keyword_is, keyword_renamed, receiver_passed, short_name,
+    with_keyword,
 )
 from tfmigrate.cst.codegen import code, code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
@@ -494,8 +495,7 @@ def frozen_after_compile(rule, models: set, split: bool = False) -> tuple[dict, 
                                   "the flag when it trains (it would train none of its weights, where Keras 2 trained "
                                   "those trainable at compile time): set `trainable` back to True around its training")
         if func.attr.value == "train_on_batch":
-            changes[call] = call.with_changes(func=cst.Name("train_as_compiled"),
-                                              args=[cst.Arg(func.value, comma=_COMMA), *call.args])
+            changes[call] = receiver_passed(call, "train_as_compiled")
     written = _TRAIN_AS_COMPILED.replace("model.train_on_batch(", "train_split(model, ") if split else _TRAIN_AS_COMPILED
     return changes, ([cst.parse_statement(written)] if changes else []), None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tfmigrate.cst.callargs import receiver_passed
 from tfmigrate.cst.codegen import code_in
 from tfmigrate.cst.traversal import find
 from tfmigrate.rewrites.mirrored import TfNames
@@ -76,7 +77,6 @@ def predictions(rule, models: set) -> dict:
     ...)` -> `predict_rows(model, x, ...)`."""
     calls = find(rule.context.module, cst.Call)
     recurrent = any(RECURRENT_LAYERS & set(rule.imports.resolve_all(call.func)) for call in calls)
-    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     changes = {}
     for call in calls:
         func = call.func
@@ -86,11 +86,9 @@ def predictions(rule, models: set) -> dict:
         method = "predict" if func.attr.value == "predict_proba" else func.attr.value
         x_alone = sum(a.keyword is None for a in call.args) == 1  # as the functions written take it
         if method == "predict_classes" and x_alone:
-            changes[call] = call.with_changes(func=cst.Name("predict_classes"),
-                                              args=[cst.Arg(func.value, comma=comma), *call.args])
+            changes[call] = receiver_passed(call, "predict_classes")
         elif method == "predict" and recurrent and x_alone:
-            changes[call] = call.with_changes(func=cst.Name("predict_rows"),
-                                              args=[cst.Arg(func.value, comma=comma), *call.args])
+            changes[call] = receiver_passed(call, "predict_rows")
         elif method != func.attr.value:
             changes[call] = call.with_changes(func=func.with_changes(attr=cst.Name(method)))
     return changes
