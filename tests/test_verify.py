@@ -227,6 +227,32 @@ def test_preload_servers_are_kept_per_import_setting_and_two_at_most(monkeypatch
     assert len(made) == 3 and legacy.closed and not first.closed and not third.closed
 
 
+@pytest.mark.parametrize("given, used", [(None, "0"), ("1", "1")])
+def test_both_runs_use_tensorflow_s_own_cpu_kernels_unless_the_environment_says(given, used, monkeypatch,
+                                                                                tmp_path):
+    """oneDNN's fused batch normalization is 1e-5 off the exact gradient, which Keras 3's unfused
+    one computes: a correct migration of a batch-normalized model trained with Adadelta was
+    2e-4 apart at step 1 with it and matched with it off. A user's own setting stays."""
+    from tfmigrate.verify import runner
+
+    seen = {}
+
+    def start(command, log, handle, env, legacy_keras):
+        seen.update(env)
+        raise RuntimeError("not run")
+
+    monkeypatch.setattr(runner, "_start", start)
+    if given is None:
+        monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    else:
+        monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", given)
+    spec = runner.RunSpec(label="OLD", program=tmp_path / "p.py", legacy=False, keras=False, steps=1,
+                          devices=2, seed=0, timeout=10, workdir=tmp_path)
+    with pytest.raises(RuntimeError):
+        runner.run_program(spec)
+    assert seen["TF_ENABLE_ONEDNN_OPTS"] == used
+
+
 def test_cli_import_stays_free_of_tensorflow():
     code = ("import sys, tfmigrate.cli.main, tfmigrate.verify.cli\n"
             "heavy = [m for m in ('tensorflow', 'numpy', 'matplotlib') if m in sys.modules]\n"

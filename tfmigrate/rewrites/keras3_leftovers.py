@@ -610,7 +610,7 @@ BACKEND_OPS = {name: name for name in (
     "sigmoid", "softmax", "relu", "binary_crossentropy", "categorical_crossentropy", "zeros_like", "ones_like",
     "floor", "std", "var", "prod", "any", "all", "transpose", "reshape", "stack", "squeeze", "log1p", "cos", "sin",
     "argmax", "argmin", "concatenate", "expand_dims", "shape",
-)} | {"pow": "power", "switch": "where", "int_shape": "shape"}
+)} | {"pow": "power", "switch": "where", "int_shape": "shape", "reverse": "flip"}
 #: Keras 2 backend random functions and their `keras.random` namesakes (same parameters).
 BACKEND_RANDOM = {"random_normal": "normal", "random_uniform": "uniform"}
 #: Where Keras 2's default axis was the last and `keras.ops`'s is another (or none).
@@ -806,23 +806,44 @@ def output_metrics(compiles: list[cst.Call]) -> dict:
     """`compile(loss={'main': ..., 'aux': ...}, metrics=['accuracy'])` -> `metrics={'main':
     ['accuracy'], 'aux': ['accuracy']}` (with a list of losses, a list of metric lists): Keras 2
     computed a flat list's metrics on every output, Keras 3 takes one for a model of one output
-    only (a held-out two-headed model failed: "tuple arity mismatch")."""
+    only (a held-out two-headed model failed: "tuple arity mismatch"). The outputs are read
+    from `loss`, or from `loss_weights` where one loss is given for them all; that loss is then
+    given once per output too, as Keras 3 weighs only a loss per weight ("`loss_weights` must
+    match the number of losses"; a held-out captcha model of four heads)."""
     changes = {}
     for call in compiles:
         loss = next((arg.value for arg in call.args if keyword_is(arg, "loss")), None)
+        weights = next((arg.value for arg in call.args if keyword_is(arg, "loss_weights")), None)
         metrics = next((arg.value for arg in call.args if keyword_is(arg, "metrics")), None)
-        if not isinstance(metrics, cst.List) or any(
+        outputs = _outputs_listed(loss) or _outputs_listed(weights)
+        if outputs is None:
+            continue
+        if loss is not None and not _outputs_listed(loss) and isinstance(loss, (cst.SimpleString, cst.Name,
+                                                                                 cst.Attribute)):
+            changes[loss] = _per_output(outputs, loss)
+        if isinstance(metrics, cst.List) and not any(
                 isinstance(e, cst.StarredElement) or isinstance(e.value, (cst.List, cst.Tuple, cst.Dict))
                 for e in metrics.elements):
-            continue
-        flat = cst.List(_on_one_line(metrics.elements))
-        if isinstance(loss, cst.Dict) and all(isinstance(e, cst.DictElement) for e in loss.elements):
-            changes[metrics] = cst.Dict(_on_one_line([cst.DictElement(e.key.deep_clone(), flat.deep_clone())
-                                                      for e in loss.elements]))
-        elif isinstance(loss, (cst.List, cst.Tuple)) and len(loss.elements) > 1 and not any(
-                isinstance(e, cst.StarredElement) for e in loss.elements):
-            changes[metrics] = cst.List(_on_one_line([cst.Element(flat.deep_clone()) for _ in loss.elements]))
+            changes[metrics] = _per_output(outputs, cst.List(_on_one_line(metrics.elements)))
     return changes
+
+
+def _outputs_listed(value) -> list | None:
+    """The outputs a `loss=` or `loss_weights=` dict names (its keys), or a list of more than one
+    counts (its elements); None for anything else."""
+    if isinstance(value, cst.Dict) and value.elements and all(isinstance(e, cst.DictElement) for e in value.elements):
+        return [e.key for e in value.elements]
+    if isinstance(value, (cst.List, cst.Tuple)) and len(value.elements) > 1 and not any(
+            isinstance(e, cst.StarredElement) for e in value.elements):
+        return [None] * len(value.elements)
+    return None
+
+
+def _per_output(outputs: list, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``value`` once per output: a dict by the outputs' names, else a list."""
+    if outputs[0] is not None:
+        return cst.Dict(_on_one_line([cst.DictElement(key.deep_clone(), value.deep_clone()) for key in outputs]))
+    return cst.List(_on_one_line([cst.Element(value.deep_clone()) for _ in outputs]))
 
 
 def accuracy_log_names(module: cst.Module, compiles: list[cst.Call]) -> dict:
@@ -880,6 +901,8 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
     if name not in BACKEND_OPS:
         return None
     new = call.with_changes(func=cst.parse_expression(f"{ops}.{BACKEND_OPS[name]}"))
+    if name == "reverse":  # `K.reverse(x, axes)`: `ops.flip(x, axis)` takes an axis or several too
+        new = new.with_changes(args=[keyword_renamed(arg, "axes", "axis") for arg in new.args])
     if name in BACKEND_LAST_AXIS and len(args) <= BACKEND_LAST_AXIS[name] and not any(
             keyword_is(a, "axis") for a in args):
         new = with_keyword(new, "axis", "-1")

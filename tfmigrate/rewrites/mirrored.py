@@ -884,7 +884,7 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=(),
         rest = body[len(before):]
         reset = _graph_reset_after_plain_python(rest, imports)
         before, rest = [*before, *rest[:reset]], rest[reset:]
-        while rest and _runs_before_strategy(rest[0]):
+        while rest and runs_before_strategy(rest[0]):
             before, rest = [*before, rest[0]], rest[1:]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
         return node, node.with_changes(body=node.body.with_changes(
@@ -914,15 +914,21 @@ def _graph_reset_after_plain_python(statements: list, imports) -> int:
     reset must not run under the strategy's scope ("Do not use tf.reset_default_graph() to clear
     nested graphs"). 0 when there is no such reset."""
     for index, statement in enumerate(statements):
-        call = only_call(statement)
-        if call is not None and method_call(call, "reset_default_graph"):
+        if resets_graph(statement):
             return index + 1
         if any((imports.resolve(node) or "").startswith("tensorflow") for node in find(statement, cst.Name, cst.Attribute)):
             return 0
     return 0
 
 
-def _runs_before_strategy(statement: cst.CSTNode) -> bool:
+def resets_graph(statement: cst.CSTNode) -> bool:
+    """`tf.reset_default_graph()`: what was built before it is gone, and a strategy's scope must
+    not be open when it runs ("Do not use tf.reset_default_graph() to clear nested graphs")."""
+    call = only_call(statement)
+    return call is not None and method_call(call, "reset_default_graph")
+
+
+def runs_before_strategy(statement: cst.CSTNode) -> bool:
     """Leading statements that stay above the strategy: `tf.reset_default_graph()` (a strategy
     scope must not be open when it runs), imports, and settings of the environment such as
     `os.environ['CUDA_VISIBLE_DEVICES'] = ...` (making the strategy starts the runtime, which
@@ -930,8 +936,7 @@ def _runs_before_strategy(statement: cst.CSTNode) -> bool:
     if isinstance(statement, cst.SimpleStatementLine) and all(isinstance(s, (cst.Import, cst.ImportFrom))
                                                                for s in statement.body):
         return True
-    call = only_call(statement)
-    if call is not None and method_call(call, "reset_default_graph"):
+    if resets_graph(statement):
         return True
     text = code(statement)
     return isinstance(statement, cst.SimpleStatementLine) and ("os.environ" in text or "putenv" in text)

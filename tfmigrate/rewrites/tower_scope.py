@@ -25,7 +25,9 @@ from tfmigrate.cst.traversal import (
     assigned_pairs, assignments, blank_lines_unindented, contains, find, free_names, name_reads, names_used,
     scope_bindings, single_small, target_names, walk,
 )
-from tfmigrate.rewrites.mirrored import ReplaceById, device_helpers, devices_argument, references, strategy_scope_owner
+from tfmigrate.rewrites.mirrored import (
+    ReplaceById, device_helpers, devices_argument, references, resets_graph, runs_before_strategy, strategy_scope_owner,
+)
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rewrites.tower_body import ReplicaBody, indexable, is_enumerate_index, is_range_index
 from tfmigrate.analysis.training import GLOBAL_STEP_MAKERS, VARIABLE_MAKERS
@@ -269,6 +271,12 @@ def module_run(rule, region: Region) -> list[cst.BaseStatement]:
         start = first
         while start > 0 and _plain_module_statement(body[start - 1]):
             start -= 1
+    # A `tf.reset_default_graph()` before the loop throws away what was built above it, and must
+    # not run under the scope (a held-out Kaggle kernel's reset crashed there): the run starts
+    # after it, and after the settings and imports that go before the strategy is made.
+    start = max([start, *(i + 1 for i in range(start, at) if resets_graph(body[i]))])
+    while start < at and runs_before_strategy(body[start]):
+        start += 1
     return body[start:end + 1]
 
 

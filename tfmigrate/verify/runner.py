@@ -104,6 +104,11 @@ def run_program(spec: RunSpec, on_tick: Optional[Callable[[float], None]] = None
     env["PYTHONHASHSEED"] = str(spec.seed)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # oneDNN's CPU kernels are not exact: its fused batch normalization's gradient is 1e-5 off
+    # TensorFlow's own (and Keras 3's unfused one), which an adaptive optimizer grew into a
+    # MISMATCH of a correct migration from step 1. Both runs use TensorFlow's kernels, unless
+    # the environment says otherwise.
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     package_root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     started = time.monotonic()
