@@ -1040,7 +1040,7 @@ class MultiGpuModel(Rule):
         changes.update(categorical_dtypes(self))
         changes.update(integer_sizes(self))
         changes.update(boolean_inputs(self, models))
-        changes.update(generator_methods(module))
+        changes.update(generator_methods(module, skipped=self._wrapped_elsewhere(models)))
         spellings, spelling_imports = tf2_spellings(self)
         changes.update(spellings)
         imports += spelling_imports
@@ -1067,6 +1067,9 @@ class MultiGpuModel(Rule):
         written, written_imports = backend_functions(self, changes)
         classes += checkpoint + written + trained_as_compiled
         class_imports += checkpoint_imports + written_imports
+        # What another call's fix of the module wrote already (a resumed training wraps twice) stays one copy.
+        defined = {s.name.value for s in module.body if isinstance(s, (cst.ClassDef, cst.FunctionDef))}
+        classes = [c for c in classes if not (isinstance(c, (cst.ClassDef, cst.FunctionDef)) and c.name.value in defined)]
         changes.update(placed_after_imports(module, changes, classes))
         imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
@@ -1291,6 +1294,18 @@ class MultiGpuModel(Rule):
         """The `compile(...)` calls under ``node`` of one of ``models`` (`parallel.compile`)."""
         return [call for call in find(node, cst.Call) if isinstance(call.func, cst.Attribute)
                 and call.func.attr.value == "compile" and self._code(call.func.value) in models]
+
+    def _wrapped_elsewhere(self, models: set) -> set[str]:
+        """The models another `multi_gpu_model` call of the module wraps (its template and the
+        parallel model it makes): the fix of that call trains them on a generator through
+        `BatchesInOrder` (a resumed training's second wrap read ahead of the generator, renamed
+        `fit` by the first call's fix: 20% apart from its first step)."""
+        wrapped = set()
+        for call in find(self.context.module, cst.Call):
+            if self._is_multi_gpu_model(call):
+                template = argument(call, PARAMS, "model")
+                wrapped |= {dotted_name(template) if template is not None else None, self._assigned.get(id(call))}
+        return wrapped - models - {None}
 
     def _generator_calls(self, models: set) -> list[cst.Call]:
         """`parallel_model.fit_generator(...)` (or `evaluate_generator`, `predict_generator`) calls:

@@ -41,7 +41,7 @@ REWRITTEN = [
     "general_trainer_and_tester_classes", "general_lazy_property_model", "general_initialize_then_add_optimizer",
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
     "general_variables_above_model_fn", "general_round_robin_devices", "general_summed_loss_gradients_after",
-    "general_summed_loss_clipped", "general_step_fetched_schedule",
+    "general_summed_loss_clipped", "general_step_fetched_schedule", "general_kernel_reset_colocated_average",
     "general_towers_read_own_queues", "general_padded_embedding_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
@@ -4392,3 +4392,38 @@ def test_a_model_kept_on_self_between_two_wrapped_models_is_built_under_the_scop
             "        with strategy.scope():\n"
             "            self.generator = self.build_generator()\n\n"
             "            z = Input(shape=(self.latent_dim,))\n") in result
+
+
+def test_an_averaging_helper_colocating_with_each_variable_places_by_its_device():
+    """tensorflow/models' Inception trainer sums each variable's tower gradients under
+    `tf.colocate_with(v)`: the helper runs in the cross-replica context on mirrored variables,
+    where `colocate_with` failed ("DistributedVariable.handle is not available outside the replica
+    context"; a held-out trainer crashed, and matched over 20 steps once fixed so). The
+    variable's device places the ops as `colocate_with` did."""
+    result = fixed("""
+        import tensorflow as tf
+
+        def average_gradients(tower_grads):
+            average_grads = []
+            for grad_and_vars in zip(*tower_grads):
+                v = grad_and_vars[0][1]
+                with tf.colocate_with(v):
+                    grad = tf.reduce_mean(tf.stack([g for g, _ in grad_and_vars]), 0)
+                average_grads.append((grad, v))
+            return average_grads
+
+        def train(x):
+            with tf.Graph().as_default(), tf.device('/cpu:0'):
+                opt = tf.train.GradientDescentOptimizer(0.1)
+                parts = tf.split(x, 2)
+                tower_grads = []
+                for i in range(2):
+                    with tf.device('/gpu:%d' % i):
+                        with tf.variable_scope('model', reuse=i > 0):
+                            loss = tf.reduce_mean(tf.layers.dense(parts[i], 1))
+                        tower_grads.append(opt.compute_gradients(loss))
+                grads = average_gradients(tower_grads)
+                return opt.apply_gradients(grads)
+    """)
+    assert "        with tf.device(v.device):\n            grad = tf.reduce_mean(" in result
+    assert "colocate_with" not in result

@@ -42,10 +42,17 @@ def test_program_rewrite_parses_is_idempotent_and_leaves_no_towers(migrated):
     compile(text, str(migrated), "exec")
     code = text.split('"""', 2)[2]  # after the module docstring
     assert "strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % k for k in range(NUM_GPUS)])" in text
-    assert "with tf.Graph().as_default(), strategy.scope():" in text
     assert "tf.device(" not in code and "tower_losses" not in code and "reuse=" not in code
     assert "point_parts = tf.split(points, strategy.num_replicas_in_sync)" in text
-    assert "tf.reduce_mean(per_example) / strategy.num_replicas_in_sync, global_step=global_step)" in text
+    # The step, made first, is made before the scope (TF1's variable) and counted once after the
+    # replicas' update, which goes without it: fetched with the update, it reads the count after it.
+    assert ("    with tf.Graph().as_default():\n"
+            "        # Made before the strategy's scope, the step stays TF1's variable: fetched with the update,\n"
+            "        # it reads the count after it, as it did (a mirrored step would read the count before).\n"
+            "        global_step = tf.train.get_or_create_global_step()\n"
+            "        with strategy.scope():\n") in text
+    assert "tf.reduce_mean(per_example) / strategy.num_replicas_in_sync)" in text
+    assert "            with tf.control_dependencies([train_op]):\n                train_op = global_step.assign_add(1).op\n" in text
     assert "colocate_gradients_with_ops" not in text
     assert "loss = tf.concat(strategy.experimental_local_results(strategy.run(replica_step)), axis=0)" in text
     assert "train_op = loss.op" in text
@@ -326,3 +333,31 @@ def test_keras_lambda_form_says_why_and_what_to_do_by_hand():
     (rule,) = [r for r in all_rules() if r.code == "TFM105"]
     assert "Lambda" in rule.what_it_finds and "Keras" in rule.fix_notes and "by hand" in rule.fix_notes
     assert "inline" in rule.fix_notes
+
+
+@pytest.mark.tensorflow
+def test_a_global_step_fetched_with_the_update_reads_the_count_after_it(tmp_path):
+    """`make_parallel`'s gist with a step passed to `minimize` and fetched with the update: made
+    under the scope it was mirrored, read before the update (0 after the first step, where TF1
+    read 1): a program steering by it ran one step behind. Made before the scope and counted once
+    after the replicas' update, it prints the steps TF1 printed."""
+    pytest.importorskip("tensorflow")
+    from tests.conftest import unsafe_fix
+
+    source = replaced(
+        (FIXTURES / "programs" / "parallel_make_parallel.py").read_text(),
+        ("        loss = make_parallel(", "        global_step = tf.Variable(0, trainable=False, name='global_step')\n"
+                                        "        loss = make_parallel("),
+        ("minimize(mean_loss, colocate_gradients_with_ops=True)",
+         "minimize(mean_loss, global_step=global_step, colocate_gradients_with_ops=True)"),
+        ("_, loss_value = sess.run([train_op, mean_loss], {x: xs, y: ys})\n                if step % 10 == 0:\n"
+         "                    print('step %d loss %.5f' % (step, loss_value))",
+         "_, loss_value, fetched = sess.run([train_op, mean_loss, global_step], {x: xs, y: ys})\n"
+         "                print('step %d loss %.5f' % (fetched, loss_value))"))
+    old, new = tmp_path / "old.py", tmp_path / "new.py"
+    old.write_text(source)
+    new.write_text(unsafe_fix(source))
+    assert "train_op = global_step.assign_add(1).op\n" in new.read_text()
+    code, report = run_verify(old, new, tmp_path, loss_regex=r"step (\d+) loss")
+    assert code == 0, json.dumps(report, indent=1)[:3000]
+    assert [s["loss"] for s in report["old"]["steps"]][:3] == [1.0, 2.0, 3.0]

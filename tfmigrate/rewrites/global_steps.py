@@ -10,7 +10,7 @@ variable, read before the update (0): the program's Python side would run one st
 So a step made in the code the scope covers, by a statement that can run first, is made just
 before the scope opens (:func:`steps_made_before_scope`); like a step made outside it (in
 `__init__`, at module level) it stays TF1's variable, and the replicas update without it while
-the step is counted once after their update (`replica_update`'s `_count_once`). Checked on TF
+the step is counted once after their update (:func:`count_once`). Checked on TF
 2.21: such a step fetched with the update reads 1, 2, 3 as TF1's did; a mirrored one 0, 1, 2.
 """
 
@@ -22,7 +22,7 @@ from tfmigrate.analysis.training import GLOBAL_STEP_MAKERS, VARIABLE_MAKERS, var
 from tfmigrate.cst.callargs import method_call
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import find, names_used, scope_bindings, single_small
-from tfmigrate.rewrites.mirrored import strategy_scope_owner
+from tfmigrate.rewrites.mirrored import TfNames, strategy_scope_owner
 from tfmigrate.rewrites.tower_code import Region, simple_statements
 
 
@@ -105,3 +105,34 @@ def _counted_by_named_updates(rule, owner: cst.CSTNode, step: str) -> bool:
         return False
     return not any((update := variable_update(rule, call)) is not None and update[1] is not None
                    and code(update[1]) == step for call in find(owner, cst.Call))
+
+
+def count_once(rule, update: str, step: str, tf: TfNames) -> list[cst.BaseStatement]:
+    """`step += 1` once the replicas' ``update`` ran, where the update's op was; and, where the
+    program reads TF1's `train_op` collection back, the counted update in place of the replicas'
+    (TF1's optimizer put its update, which counted the step, there first)."""
+    increment = cst.parse_statement(
+        f"with {tf('tensorflow.control_dependencies')}([{update}]):\n    {update} = {step}.assign_add(1).op\n")
+    counted = [increment.with_changes(leading_lines=[
+        cst.EmptyLine(indent=False),
+        cst.EmptyLine(comment=cst.Comment(f"# The replicas apply without `{step}`, which counts the step once, after")),
+        cst.EmptyLine(comment=cst.Comment("# their update (made outside the strategy's scope, a step is not mirrored).")),
+    ])]
+    if rule.context.memo("global_steps.train_op_collection", lambda: _reads_train_op_collection(rule)):
+        collection = cst.parse_statement(
+            f"{tf('tensorflow.get_collection_ref')}({tf('tensorflow.GraphKeys.TRAIN_OP')})[:] = [{update}]\n")
+        counted.append(collection.with_changes(leading_lines=[
+            cst.EmptyLine(comment=cst.Comment("# The program reads the `train_op` collection, where TF1's optimizer put its")),
+            cst.EmptyLine(comment=cst.Comment("# counting update first: the counted update takes the replicas' place there.")),
+        ]))
+    return counted
+
+
+def _reads_train_op_collection(rule) -> bool:
+    """`tf.get_collection('train_op')`, `tf.get_collection(tf.GraphKeys.TRAIN_OP)`."""
+    for call in find(rule.context.module, cst.Call):
+        name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
+        if name in ("get_collection", "get_collection_ref") and call.args and code(
+                call.args[0].value).strip("'\"").endswith(("train_op", "TRAIN_OP")):
+            return True
+    return False

@@ -500,14 +500,17 @@ def frozen_after_compile(rule, models: set, split: bool = False) -> tuple[dict, 
     return changes, ([cst.parse_statement(written)] if changes else []), None
 
 
-def generator_methods(module: cst.Module) -> dict:
+def generator_methods(module: cst.Module, skipped: set = frozenset()) -> dict:
     """`model.fit_generator(gen, 100, epochs=3, workers=4)` -> `model.fit(gen, steps_per_epoch=100,
     epochs=3)`: Keras 3's `fit` takes a generator itself; the arguments after it are named (its
-    positions differ) and the worker arguments dropped."""
+    positions differ) and the worker arguments dropped. The calls of the ``skipped`` models are
+    left to the fix that wraps them (:mod:`tfmigrate.rewrites.keras3_generators`)."""
     changes = {}
     for call in find(module, cst.Call):
         func = call.func
         if not (isinstance(func, cst.Attribute) and func.attr.value in GENERATOR_METHODS) or any(a.star for a in call.args):
+            continue
+        if dotted_name(func.value) in skipped:
             continue
         method, params = GENERATOR_METHODS[func.attr.value]
         args, position = [], 0

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from tfmigrate.cst.callargs import (
-    KEYWORD_EQUAL, commas_mended, is_none, keyword_arg, keyword_is, keyword_renamed,
+    KEYWORD_EQUAL, commas_mended, is_none, keyword_arg, keyword_is, keyword_renamed, short_name,
 )
 from tfmigrate.cst.codegen import code, code_in
 from tfmigrate.cst.names import dotted_name
@@ -230,7 +230,18 @@ def _decayed_with_callback(rule, call: cst.Call) -> bool:
     if _optimizer_class(rule, call) is None:
         return False
     decay = next((arg for arg in call.args if keyword_is(arg, "decay")), None)
-    return decay is not None and not _is_zero(decay.value) and any(rule.context.mentions(n) for n in LR_CALLBACKS)
+    return decay is not None and not _is_zero(decay.value) and (
+        any(rule.context.mentions(n) for n in LR_CALLBACKS) or _rate_set(rule))
+
+
+def _rate_set(rule) -> bool:
+    """Whether the module sets an optimizer's rate by hand: `K.set_value(model.optimizer.lr, x)`
+    (a hand-written step-decay callback, keras's cifar10 style; its schedule-made rate has no
+    `assign`, and a held-out program crashed so)."""
+    return rule.context.memo("keras3_optimizers.rate_set", lambda: any(
+        short_name(call.func) == "set_value" and call.args
+        and isinstance(call.args[0].value, cst.Attribute) and call.args[0].value.attr.value in ("lr", "learning_rate")
+        for call in find(rule.context.module, cst.Call)))
 
 
 def replaced_optimizer_names(rule) -> set[str]:

@@ -64,8 +64,11 @@ device scopes go, and so does a ``tf.variable_scope(tf.get_variable_scope(), reu
 wrapper: MirroredStrategy builds replica 0's variables and reuses them in the others itself.
 
 As for TFM101 (``mirrored.place_scope``), the graph is built under ``strategy.scope()`` and
-the strategy is created before it, so that variables made before the call (a global step) are
-mirrored too; at module level, with no ``tf.Graph().as_default()`` to put under the scope, the
+the strategy is created before it, so that variables made before the call are mirrored too. A
+global step given to ``minimize`` and made by a statement that can run first is made just before
+the scope instead (TF1's variable: fetched with the update it reads the count after it, where a
+mirrored one read the count before) and counted once after the replicas' update, which goes
+without it (:mod:`tfmigrate.rewrites.global_steps`). At module level, with no ``tf.Graph().as_default()`` to put under the scope, the
 strategy is created just before it is first needed (``strategy.run`` enters the scope for the
 replicas) unless ``minimize`` is given a global step. The helper is deleted; the inline form's
 output list and tower loop go. Anything else is refused with the reason.
@@ -73,17 +76,18 @@ output list and tower loop go. Anything else is refused with the reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import libcst as cst
 
 from tfmigrate.analysis.devices import device_scope_arg, device_scopes, mentions_gpu, tower_group
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import children, find, first_free, module_parents, names_used, walk
+from tfmigrate.cst.traversal import children, find, first_free, module_parents, names_used, single_small, walk
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, assigned_name, comment_lines, device_helpers, devices_argument, loop_index,
-    method_call, TfNames, only_call, place_scope, ReplaceById, references, tf_root,
+    method_call, TfNames, only_call, place_scope, ReplaceById, references, strategy_scope_owner, tf_root,
 )
+from tfmigrate.rewrites.global_steps import count_once, global_step_args, steps_made_before_scope
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rule import Edit, FixSafety
 
@@ -683,6 +687,21 @@ class _Rewrite:
             name = first_free(self.module, "opt", "optimizer", "mirrored_optimizer")
             self.head.append(cst.parse_statement(f"{name} = {code(step.optimizer)}\n"))
             self.optimizer = cst.Name(name)
+        self.made_first, self.counted = self._step_counted_once()
+
+    def _step_counted_once(self) -> tuple[list[cst.BaseStatement], str | None]:
+        """A global step made first in the block the scope covers and passed to `minimize`: made
+        before the scope (TF1's variable, not a mirrored one, which read the count before the
+        update when fetched with it: a step one behind), and counted once after the replicas'
+        update, which goes without it (:mod:`tfmigrate.rewrites.global_steps`). Returns (the
+        statements made first, the step), or ([], None)."""
+        owner = strategy_scope_owner(self.step.statement, self.parents, self.rule.imports)
+        made = {code(single_small(s).targets[0].target): s for s in steps_made_before_scope(self.rule, owner)}
+        passed = [arg for arg in global_step_args(self.step.statement) if code(arg.value) in made]
+        if not passed:
+            return [], None
+        self.step = replace(self.step, kept=[arg for arg in self.step.kept if arg is not passed[0]])
+        return [made[code(passed[0].value)]], code(passed[0].value)
 
     def training_tail(self, depth: int) -> list[cst.BaseStatement]:
         """`train_op = opt.minimize(<the replica's loss> [/ N], ...)` and the return of the output."""
@@ -729,6 +748,7 @@ class _Rewrite:
                 f"{self.strategy}.run({self.name})), axis=0)\n"
             ).with_changes(leading_lines=blank),
             cst.parse_statement(f"{self.step.train} = {self.result}.op\n"),
+            *(count_once(self.rule, self.step.train, self.counted, self.tf) if self.counted else []),
         ]
         # The graph goes under strategy.scope(), as for TFM101, so that the variables built before
         # the call (a global step) are mirrored too; at module level without a graph to put under
@@ -739,7 +759,7 @@ class _Rewrite:
         try:
             anchor, new_anchor = place_scope(
                 statement, self.parents, self.rule.imports, {id(k): v for k, v in changes.items()}, create,
-                cst.WithItem(cst.parse_expression(f"{self.strategy}.scope()")))
+                cst.WithItem(cst.parse_expression(f"{self.strategy}.scope()")), made_first=self.made_first)
             return {anchor: new_anchor}
         except Refused:
             if not isinstance(block, cst.Module):

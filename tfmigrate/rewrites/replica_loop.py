@@ -226,6 +226,9 @@ def _plan(rule, tower, group: list) -> Edit:
     run_by = f"{tf('tensorflow.distribute.get_strategy')}()" if caller is not None else strategy
     steps = dict(zip([id(member.loop) for member in group], _step_names(module, len(group))))
     region_changes, originals = _module_changes(rule, group, scope_region, strategy, tf)
+    placed = _colocations_placed(rule, group, list(regions.values()), tf)
+    region_changes.update((key, new) for key, (_, new) in placed.items())
+    originals.update((key, node) for key, (node, _) in placed.items())
     region_changes.update(_loop_changes(rule, tower, region, update, tf, run_by, steps[id(loop)]))
     region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in first)
     for member in others:
@@ -354,6 +357,29 @@ def _module_changes(rule, members: list, scope_region: Region, strategy: str, tf
     originals = {**variables, **counters, **{key: node for pairs in (initial_values, renamed, op_names, averages)
                                              for key, (node, _) in pairs.items()}}
     return changes, originals
+
+
+def _colocations_placed(rule, members: list, regions: list[Region], tf: TfNames) -> dict:
+    """`with tf.colocate_with(v):` after the loops and in the functions that code calls (the
+    cifar10/inception `average_gradients` sums each variable's gradients next to it) ->
+    `with tf.device(v.device):`: run in the cross-replica context on a mirrored variable,
+    `colocate_with` failed ("DistributedVariable.handle is not available outside the replica
+    context"; a held-out Inception-style trainer), where the variable's device places the ops
+    as it did. id(call) -> (call, replacement)."""
+    after = [statement for region in regions for statement in region.following]
+    replicas = {id(node) for part in replica_code(rule, members) for node in walk(part)}
+    placed = {}
+    for part in [*after, *functions_called(rule, after)]:
+        for item in find(part, cst.WithItem):
+            call = item.item
+            if (id(call) in replicas or not isinstance(call, cst.Call) or len(call.args) != 1
+                    or call.args[0].keyword is not None or call.args[0].star
+                    or rule.imports.resolve(call.func) not in ("tensorflow.colocate_with",
+                                                               "tensorflow.compat.v1.colocate_with")):
+                continue
+            device = cst.parse_expression(f"{tf('tensorflow.device')}({code(call.args[0].value)}.device)")
+            placed[id(call)] = (call, device)
+    return placed
 
 
 def _moved_first(rule, tower, region: Region, others: list, regions: dict) -> list[cst.BaseStatement]:

@@ -34,7 +34,7 @@ from tfmigrate.cst.traversal import (
 from tfmigrate.rewrites.hand_written import kept_caller_update, kept_update, own_optimizer_steps
 from tfmigrate.rewrites.mirrored import ReplaceById, TfNames, averages, averaging_helper, comment_lines, is_docstring
 from tfmigrate.rewrites.refusal import Refused, StateRefused
-from tfmigrate.rewrites.global_steps import global_steps_outside
+from tfmigrate.rewrites.global_steps import count_once, global_steps_outside
 from tfmigrate.rewrites.tower_checks import check_only_computes
 from tfmigrate.rewrites.tower_code import (
     Collected, Region, Update, collected_appends, index_of, line_of, mentions, method_of, module_calls, outside_loop,
@@ -751,14 +751,14 @@ def _replica_steps(rule, strategy: str, tf: TfNames, region: Region, line, calls
             continue
         small = single_small(line)
         if isinstance(small, cst.Assign) and len(small.targets) == 1 and small.value is call:
-            after += _count_once(rule, code(small.targets[0].target), code(steps[0].value), tf)
+            after += count_once(rule, code(small.targets[0].target), code(steps[0].value), tf)
             continue
         # The update is part of a bigger value (`train_op = [opt.apply_gradients(...)]`): its op
         # gets a name of its own, counted after, and the value takes that name.
         applied = fresh_name(rule.context.module, "update_op", taken)
         named = cst.parse_statement(f"{applied} = {code(runs[id(call)])}\n")
         before += [named.with_changes(leading_lines=[cst.EmptyLine(indent=False)]),
-                   *_count_once(rule, applied, code(steps[0].value), tf)]
+                   *count_once(rule, applied, code(steps[0].value), tf)]
         runs[id(call)] = cst.Name(applied)
     blank = [cst.EmptyLine(indent=False)]
     block = region.parents[id(line)]
@@ -927,7 +927,7 @@ def increment_global_step_once(rule, region: Region, update: Update, tf: TfNames
         call = next(c for c in find(statement, cst.Call) if any(a is arg for a in c.args))
         update.statements[update.statements.index(statement)] = statement.visit(
             ReplaceById({id(call): _without_argument(call, arg)}))
-        update.after_run += _count_once(rule, code(small.targets[0].target), code(arg.value), tf)
+        update.after_run += count_once(rule, code(small.targets[0].target), code(arg.value), tf)
         update.counted.add(id(arg))
 
 
@@ -938,37 +938,6 @@ def _without_argument(call: cst.Call, argument: cst.Arg) -> cst.Call:
                            "as `global_step=`")
     args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return call.with_changes(args=args)
-
-
-def _count_once(rule, update: str, step: str, tf: TfNames) -> list[cst.BaseStatement]:
-    """`step += 1` once the replicas' ``update`` ran, where the update's op was; and, where the
-    program reads TF1's `train_op` collection back, the counted update in place of the replicas'
-    (TF1's optimizer put its update, which counted the step, there first)."""
-    increment = cst.parse_statement(
-        f"with {tf('tensorflow.control_dependencies')}([{update}]):\n    {update} = {step}.assign_add(1).op\n")
-    counted = [increment.with_changes(leading_lines=[
-        cst.EmptyLine(indent=False),
-        cst.EmptyLine(comment=cst.Comment(f"# The replicas apply without `{step}`, which counts the step once, after")),
-        cst.EmptyLine(comment=cst.Comment("# their update (made outside the strategy's scope, a step is not mirrored).")),
-    ])]
-    if rule.context.memo("replica_update.train_op_collection", lambda: _reads_train_op_collection(rule)):
-        collection = cst.parse_statement(
-            f"{tf('tensorflow.get_collection_ref')}({tf('tensorflow.GraphKeys.TRAIN_OP')})[:] = [{update}]\n")
-        counted.append(collection.with_changes(leading_lines=[
-            cst.EmptyLine(comment=cst.Comment("# The program reads the `train_op` collection, where TF1's optimizer put its")),
-            cst.EmptyLine(comment=cst.Comment("# counting update first: the counted update takes the replicas' place there.")),
-        ]))
-    return counted
-
-
-def _reads_train_op_collection(rule) -> bool:
-    """`tf.get_collection('train_op')`, `tf.get_collection(tf.GraphKeys.TRAIN_OP)`."""
-    for call in find(rule.context.module, cst.Call):
-        name = (rule.imports.resolve(call.func) or "").rsplit(".", 1)[-1]
-        if name in ("get_collection", "get_collection_ref") and call.args and code(
-                call.args[0].value).strip("'\"").endswith(("train_op", "TRAIN_OP")):
-            return True
-    return False
 
 
 def _find_reduction(rule, region: Region, tower_list: str):
