@@ -1301,10 +1301,9 @@ class MultiGpuModel(Rule):
         `BatchesInOrder` (a resumed training's second wrap read ahead of the generator, renamed
         `fit` by the first call's fix: 20% apart from its first step)."""
         wrapped = set()
-        for call in find(self.context.module, cst.Call):
-            if self._is_multi_gpu_model(call):
-                template = argument(call, PARAMS, "model")
-                wrapped |= {dotted_name(template) if template is not None else None, self._assigned.get(id(call))}
+        for call, target in self._calls:
+            template = argument(call, PARAMS, "model")
+            wrapped |= {dotted_name(template) if template is not None else None, target}
         return wrapped - models - {None}
 
     def _generator_calls(self, models: set) -> list[cst.Call]:

@@ -68,9 +68,10 @@ the strategy is created before it, so that variables made before the call are mi
 global step given to ``minimize`` and made by a statement that can run first is made just before
 the scope instead (TF1's variable: fetched with the update it reads the count after it, where a
 mirrored one read the count before) and counted once after the replicas' update, which goes
-without it (:mod:`tfmigrate.rewrites.global_steps`). At module level, with no ``tf.Graph().as_default()`` to put under the scope, the
-strategy is created just before it is first needed (``strategy.run`` enters the scope for the
-replicas) unless ``minimize`` is given a global step. The helper is deleted; the inline form's
+without it (:mod:`tfmigrate.rewrites.global_steps`). At module level, with no
+``tf.Graph().as_default()`` to put under the scope, the strategy is created just before it is
+first needed (``strategy.run`` enters the scope for the replicas) unless ``minimize`` is given a
+global step. The helper is deleted; the inline form's
 output list and tower loop go. Anything else is refused with the reason.
 """
 
