@@ -37,7 +37,10 @@ def reason_key(reason: str) -> str:
 
 
 def refusal(finding) -> str:
-    return finding.refusal or finding.message.partition("no automatic fix: ")[2] or "no reason given"
+    """Why ``finding`` has no fix: its refusal, else the reason its message gives (`no automatic
+    fix: ...`, or `no automatic fix here: ...` where the fix is another rule's)."""
+    reason = re.search(r"no automatic fix(?: here)?: (.*)", finding.message, re.S)
+    return finding.refusal or (reason.group(1).rstrip(")") if reason else "") or "no reason given"
 
 
 def survey(paths: list[Path], config: Config, code: str) -> dict:
