@@ -8,7 +8,8 @@ from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel
 from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
 from tfmigrate.analysis.keras_losses import (
-    batch_coupled, batch_value_returned, compiled_loss, compiled_losses, loss_label, masked_steps, per_example_mean,
+    batch_coupled, batch_value_returned, compiled_loss, compiled_losses, loss_label, masked_steps, model_tensors_in_losses,
+    per_example_mean,
 )
 from tfmigrate.analysis.passed_models import passed_models, returned_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is, method_call
@@ -26,7 +27,7 @@ from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generat
 from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, backend_functions, boolean_inputs,
     callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines, frozen_after_compile,
-    generator_methods, integer_sizes, made_within, metric_label_casts, model_keywords, module_paths,
+    function_aliases, generator_methods, integer_sizes, made_within, metric_label_casts, model_keywords, module_paths,
     output_metrics, period_checkpoint_class, tf2_spellings, uses_period_checkpoint, weight_file_renames,
     weighted_named_targets,
 )
@@ -1050,6 +1051,7 @@ class MultiGpuModel(Rule):
         changes.update(session_setup(self).changes)
         changes.update(model_keywords(self))
         changes.update(module_paths(module))
+        changes.update(function_aliases(module))
         predicted = predictions(self, models)
         changes.update(predicted)
         fits = self._generator_calls(models)  # and evaluate_generator, predict_generator
@@ -1214,7 +1216,8 @@ class MultiGpuModel(Rule):
                 "module to TF2 APIs first (`tf.random.set_seed`, no Session), or build and compile the model under "
                 "`strategy.scope()` by hand and keep the data a multiple of the batch")
         return (self._batch_coupled_loss(models) or self._activity_regularized()
-                or frozen_batch_norm(self) or masked_steps(self))
+                or frozen_batch_norm(self) or masked_steps(self)
+                or model_tensors_in_losses(self, self._compile_calls(self.context.module, models)))
 
     def _activity_regularized(self) -> str | None:
         """A layer with an activity regularizer (`Dense(..., activity_regularizer=l1(1e-4))`, an

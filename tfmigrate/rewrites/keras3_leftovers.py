@@ -74,7 +74,7 @@ __all__ = [
     "BACKEND_WRITTEN", "GENERATOR_METHODS", "PERIOD_CHECKPOINT", "TF2_SPELLINGS", "accuracy_log_names",
     "backend_calls", "backend_functions", "boolean_inputs", "callback_models_set", "categorical_dtypes",
     "checkpoint_periods", "continuation_lines", "frozen_after_compile", "generator_methods", "integer_sizes",
-    "made_within", "metric_label_casts", "model_keywords", "module_paths", "output_metrics",
+    "function_aliases", "made_within", "metric_label_casts", "model_keywords", "module_paths", "output_metrics",
     "period_checkpoint_class", "tf2_spellings", "uses_period_checkpoint", "weight_file_renames",
     "weighted_named_targets",
 ]
@@ -589,6 +589,32 @@ def module_paths(module: cst.Module) -> dict:
     return changes
 
 
+#: Keras 2's short names of its loss and metric functions, which Keras 3 has only in full.
+FUNCTION_ALIASES = {"mse": "mean_squared_error", "mae": "mean_absolute_error", "mape": "mean_absolute_percentage_error",
+                    "msle": "mean_squared_logarithmic_error", "kld": "kl_divergence", "logcosh": "log_cosh"}
+
+
+def function_aliases(module: cst.Module) -> dict:
+    """`from keras.losses import mse` -> `from keras.losses import mean_squared_error as mse`, and
+    `keras.losses.mse(...)` -> `keras.losses.mean_squared_error(...)` (`keras.metrics` alike):
+    Keras 3 dropped the short names (a held-out VAE failed to import `mse`)."""
+    changes = {}
+    for node in find(module, cst.ImportFrom):
+        if node.relative or dotted_name(node.module) not in ("keras.losses", "keras.metrics") or isinstance(
+                node.names, cst.ImportStar):
+            continue
+        names = [alias.with_changes(name=cst.Name(FUNCTION_ALIASES[alias.name.value]),
+                                    asname=alias.asname or cst.AsName(name=cst.Name(alias.name.value)))
+                 if isinstance(alias.name, cst.Name) and alias.name.value in FUNCTION_ALIASES else alias
+                 for alias in node.names]
+        if names != list(node.names):
+            changes[node] = node.with_changes(names=names)
+    for node in find(module, cst.Attribute):
+        if dotted_name(node.value) in ("keras.losses", "keras.metrics") and node.attr.value in FUNCTION_ALIASES:
+            changes[node] = node.with_changes(attr=cst.Name(FUNCTION_ALIASES[node.attr.value]))
+    return changes
+
+
 def _submodules_apart(line: cst.SimpleStatementLine, node: cst.ImportFrom, package: str, submodules: list):
     """`from keras.utils import multi_gpu_model, np_utils` -> that line without `np_utils`, then
     `from keras import utils as np_utils`."""
@@ -727,7 +753,8 @@ GONE_NAMES = {
 def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str] | None]:
     """`K.sum(...)` -> `ops.sum(...)` (`from keras import ops`): Keras 3's backend keeps only its
     settings (`K.epsilon()` stays), its math is in `keras.ops`; `K.flatten(x)` is
-    `ops.reshape(x, (-1,))`, `K.get_value(v)` `ops.convert_to_numpy(v)` and `K.set_value(v, x)`
+    `ops.reshape(x, (-1,))` (`K.batch_flatten(x)` `ops.reshape(x, (ops.shape(x)[0], -1))`),
+    `K.get_value(v)` `ops.convert_to_numpy(v)` and `K.set_value(v, x)`
     `v.assign(x)`. ``names`` are the module's names: where `ops` is one, `keras_ops`. A module or
     class Keras 3 dropped (:data:`GONE_MODULES`, :data:`GONE_NAMES`) blocks the fix. Returns
     (changes, imports, blocker) as :func:`optimizer_arguments` does."""
@@ -881,6 +908,8 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
         return call.with_changes(func=cst.parse_expression(f"{ops}.reshape"),
                                  args=[args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
                                        cst.Arg(cst.parse_expression("(-1,)"))])
+    if name == "batch_flatten" and len(args) == 1 and args[0].keyword is None:  # each example's values in a row
+        return cst.parse_expression(f"{ops}.reshape({code(args[0].value)}, ({ops}.shape({code(args[0].value)})[0], -1))")
     if name == "get_value" and len(args) == 1:
         return call.with_changes(func=cst.parse_expression(f"{ops}.convert_to_numpy"))
     if name == "set_value" and len(args) == 2 and not any(a.keyword or a.star for a in args):
