@@ -85,6 +85,23 @@ def test_a_step_made_in_a_function_body_is_made_between_the_strategy_and_its_sco
     assert "train_op = global_step.assign_add(1).op\n" in out
 
 
+def test_a_step_made_at_module_level_is_made_between_the_strategy_and_its_scope():
+    """A script at module level (the make_parallel gist's, a held-out copy stepping its data and
+    its rate by the fetched step): the step was made under the scope, mirrored, and read one
+    behind, so the script fed the first batch twice (MISMATCH from step 1); now made before the
+    scope and counted once (the copy matched over 20 steps)."""
+    body = WITH_GRAPH.split("with tf.Graph().as_default():\n", 1)[1]
+    source = ("import tensorflow as tf\nnum_gpus = 2\ndata = None\n"
+              + textwrap.dedent(body).replace("for _ in range(10):", "for _ in range(3):"))
+    out = unsafe_fix(source)
+    assert ("strategy = tf.distribute.MirroredStrategy(devices=['/gpu:%d' % i for i in range(num_gpus)])\n"
+            "# Made before the strategy's scope, the step stays TF1's variable: fetched with the update,\n"
+            "# it reads the count after it, as it did (a mirrored step would read the count before).\n"
+            "global_step = tf.Variable(0, name='global_step', trainable=False)\n"
+            "with strategy.scope():\n") in out, out
+    assert "    with tf.control_dependencies([train_op]):\n        train_op = global_step.assign_add(1).op\n" in out
+
+
 def test_a_step_in_a_block_that_only_pinned_the_cpu_is_made_before_the_scope_that_replaces_it():
     source = WITH_GRAPH.replace("with tf.Graph().as_default():", "with tf.device('/cpu:0'):")
     out = fixed(source)

@@ -175,6 +175,22 @@ def test_harness_helpers():
     assert rewrite_device_string("/cpu:0", 2) == "/cpu:0"
 
 
+def test_the_rows_keras_3_trains_on_with_a_validation_split_are_counted_as_it_splits():
+    """`fit(x, y, validation_split=0.1)` on 512 rows trains on 460 (Keras 3.15 rounds down); the
+    count was rounded up, and the last batch's loss, recovered from the running mean by its size,
+    read 12% off on a held-out forecaster (a batch of 13 taken for 12)."""
+    pytest.importorskip("keras")
+    import numpy
+
+    from keras.src.trainers.data_adapters.array_slicing import train_validation_split
+    from tfmigrate.verify.harness import _trained_rows
+
+    for total, split in ((512, 0.1), (100, 0.25), (97, 0.3)):
+        (trained,), _ = train_validation_split((numpy.zeros((total, 1)),), validation_split=split)
+        assert _trained_rows(total, split) == len(trained)
+    assert _trained_rows(512, 0.1) == 460
+
+
 def test_a_batch_loss_is_recovered_from_keras_3s_running_mean_by_examples():
     """Keras 3 reports the epoch's running mean of the loss, each batch weighed by its examples:
     a partial last batch (16 of 432 after `validation_split=0.1` of 480, in batches of 32) counts

@@ -32,7 +32,7 @@ def global_steps_outside(rule, region: Region, statements) -> list[tuple[cst.Bas
     plain variable, not a mirrored one."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     in_loop = {id(s) for s in simple_statements(region.loop)}
-    made_before = {id(s) for s in steps_made_before_scope(rule, owner)}
+    made_before = {id(s) for s in steps_made_before_scope(rule, owner, region)}
     made_inside: set[str] = set()
     for line in simple_statements(owner):
         small = single_small(line)
@@ -57,21 +57,28 @@ def global_step_args(statement: cst.CSTNode) -> list[cst.Arg]:
     return found
 
 
-def steps_made_before_scope(rule, owner: cst.CSTNode | None) -> list[cst.SimpleStatementLine]:
+def steps_made_before_scope(rule, owner: cst.CSTNode | None, region: Region | None = None) -> list[cst.SimpleStatementLine]:
     """The statements of ``owner``'s block (the `with` or function the strategy scope would
-    cover) that make a global step the rewrite makes just before the scope:
-    `step = tf.Variable(0, trainable=False)`, `self.global_step = tf.train.get_or_create_global_step()`, reading
-    nothing bound above them in the block (they run first), naming a step that only updates
-    bound to a name count (the single count goes after them)."""
+    cover; at module level, the run of statements around ``region``'s loop that it covers) that
+    make a global step the rewrite makes just before the scope: `step = tf.Variable(0,
+    trainable=False)`, `self.global_step = tf.train.get_or_create_global_step()`, reading nothing
+    bound above them in the block (they run first), naming a step that only updates bound to a
+    name count (the single count goes after them)."""
+    if isinstance(owner, cst.Module) and region is not None:
+        from tfmigrate.rewrites.tower_scope import module_run  # (tower_scope reads this module's callers)
+
+        return rule.context.memo(("global_steps.before_scope", id(region.loop)),
+                                 lambda: _made_before_scope(rule, owner, module_run(rule, region)))
     if not isinstance(owner, (cst.With, cst.FunctionDef)):
         return []
-    return rule.context.memo(("global_steps.before_scope", id(owner)), lambda: _made_before_scope(rule, owner))
+    return rule.context.memo(("global_steps.before_scope", id(owner)),
+                             lambda: _made_before_scope(rule, owner, owner.body.body))
 
 
-def _made_before_scope(rule, owner: cst.With | cst.FunctionDef) -> list[cst.SimpleStatementLine]:
+def _made_before_scope(rule, owner: cst.CSTNode, statements) -> list[cst.SimpleStatementLine]:
     found = []
     bound: set[str] = set()
-    for statement in owner.body.body:
+    for statement in statements:
         small = single_small(statement)
         if (isinstance(small, cst.Assign) and len(small.targets) == 1
                 and isinstance(small.targets[0].target, (cst.Name, cst.Attribute)) and isinstance(small.value, cst.Call)

@@ -863,7 +863,7 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=(),
         _, cpu = _graph_items(node, imports)
         items = _comma_separated([item for i, item in enumerate(node.items) if i not in cpu])
         rewritten = node.visit(ReplaceById(region))
-        block = [*_made_before_scope(made_first), cst.With(items=[scope_item], body=rewritten.body)]
+        block = [*made_before_scope(made_first), cst.With(items=[scope_item], body=rewritten.body)]
         creates[0] = creates[0].with_changes(leading_lines=node.leading_lines)
         if not items:  # the `with` only pinned the graph to the CPU
             return node, cst.FlattenSentinel([*creates, *block])
@@ -888,7 +888,7 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=(),
             before, rest = [*before, rest[0]], rest[1:]
         scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
         return node, node.with_changes(body=node.body.with_changes(
-            body=[*before, *creates, *_made_before_scope(made_first), scoped]))
+            body=[*before, *creates, *made_before_scope(made_first), scoped]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
 
@@ -897,7 +897,7 @@ def _comma_separated(items: list[cst.WithItem]) -> list[cst.WithItem]:
     return [item.with_changes(comma=cst.MaybeSentinel.DEFAULT) for item in items]
 
 
-def _made_before_scope(statements) -> list[cst.BaseStatement]:
+def made_before_scope(statements) -> list[cst.BaseStatement]:
     """``statements`` (global steps) moved to just before the strategy's scope, said why."""
     if not statements:
         return []

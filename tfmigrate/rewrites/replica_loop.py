@@ -184,7 +184,8 @@ def _scoped(rule, home: Region, region_changes: dict, creates: list, scope_item:
     the module's run, or the `with`/function that builds the graph, a global step made first."""
     if module_run(rule, home):
         _check_in_run(rule, home, others)
-        return module_scope(rule, home, region_changes, creates, scope_item)
+        made_first = steps_made_before_scope(rule, rule.context.module, home)
+        return module_scope(rule, home, region_changes, creates, scope_item, made_first)
     made_first = steps_made_before_scope(rule, strategy_scope_owner(home.loop, home.parents, rule.imports))
     anchor, new_anchor = place_scope(home.loop, home.parents, rule.imports, region_changes, creates[-1], scope_item,
                                      creates[:-1], made_first)

@@ -26,7 +26,8 @@ from tfmigrate.cst.traversal import (
     scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    ReplaceById, device_helpers, devices_argument, references, resets_graph, runs_before_strategy, strategy_scope_owner,
+    ReplaceById, device_helpers, devices_argument, made_before_scope, references, resets_graph, runs_before_strategy,
+    strategy_scope_owner,
 )
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rewrites.tower_body import ReplicaBody, indexable, is_enumerate_index, is_range_index
@@ -301,13 +302,16 @@ def _plain_module_statement(statement: cst.BaseStatement, definitions: bool = Fa
                 or (isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))))
 
 
-def module_scope(rule, region: Region, region_changes: dict, creates: list, scope_item: cst.WithItem) -> dict:
-    """The module run around the loop under `with strategy.scope():`, the strategy made before it."""
+def module_scope(rule, region: Region, region_changes: dict, creates: list, scope_item: cst.WithItem,
+                 made_first: list = ()) -> dict:
+    """The module run around the loop under `with strategy.scope():`, the strategy made before
+    it, and the ``made_first`` statements of the run (a global step kept TF1's variable) between."""
     run = module_run(rule, region)
     statements: list[cst.BaseStatement] = []
+    first = {id(statement) for statement in made_first}
     for statement in run:
         change = region_changes.get(id(statement))
-        if change is cst.RemovalSentinel.REMOVE:
+        if change is cst.RemovalSentinel.REMOVE or id(statement) in first:
             continue
         if isinstance(change, cst.FlattenSentinel):
             statements += list(change.nodes)
@@ -317,7 +321,8 @@ def module_scope(rule, region: Region, region_changes: dict, creates: list, scop
     statements[0] = statements[0].with_changes(leading_lines=[])
     creates[0] = creates[0].with_changes(leading_lines=run[0].leading_lines)
     scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=statements))
-    changes: dict = {run[0]: cst.FlattenSentinel([*creates, scoped])}
+    moved = [statement.with_changes(leading_lines=()) for statement in made_first]
+    changes: dict = {run[0]: cst.FlattenSentinel([*creates, *made_before_scope(moved), scoped])}
     changes.update((statement, cst.RemovalSentinel.REMOVE) for statement in run[1:])
     return changes
 
