@@ -1423,6 +1423,10 @@ def test_a_model_frozen_before_it_is_compiled_keeps_its_steps_and_one_fitted_aft
     ("def build_discriminator():\n    return keras.Sequential([keras.layers.Dense(1)])\n"
      "def build_generator():\n    return keras.Sequential([keras.layers.BatchNormalization()])\n"
      "discriminator = build_discriminator()\ndiscriminator.trainable = False\n", False),
+    # PyImageSearch's fine-tuning: every layer frozen but the batch normalization ones
+    ("base = keras.applications.MobileNet(weights=None, include_top=False)\n"
+     "for layer in base.layers:\n    if isinstance(layer, keras.layers.BatchNormalization):\n        continue\n"
+     "    layer.trainable = False\n", False),
 ])
 def test_freezing_batch_normalization_is_refused_where_it_surely_is(extra, refused):
     """Keras 3 runs a frozen `BatchNormalization` in inference mode (its moving statistics); Keras

@@ -95,6 +95,8 @@ def _holds_batch_norm(rule, frozen: str, makers: dict, loop: cst.For | None) -> 
     (``loop``: `for layer in base.layers`), a model, or a layer, as the module makes them."""
     module = rule.context.module
     if loop is not None:  # `for layer in <model>.layers` (or a slice of them)
+        if _skips_batch_norm(module, loop):
+            return False
         walked = loop.iter
         whole = isinstance(walked, cst.Attribute) and walked.attr.value == "layers"
         sliced = isinstance(walked, cst.Subscript) and isinstance(walked.value, cst.Attribute) \
@@ -104,6 +106,15 @@ def _holds_batch_norm(rule, frozen: str, makers: dict, loop: cst.For | None) -> 
         model = code_in(module, (walked if whole else walked.value).value)
         return _made_normalized(rule, makers.get(model), whole)
     return _made_normalized(rule, makers.get(frozen), True)
+
+
+def _skips_batch_norm(module: cst.Module, loop: cst.For) -> bool:
+    """Whether the loop tells batch normalization apart (`if isinstance(layer,
+    BatchNormalization): continue`, PyImageSearch's fine-tuning): it freezes the other layers."""
+    return any(short_name(call.func) == "isinstance" and len(call.args) == 2
+               and code_in(module, call.args[0].value) == code_in(module, loop.target)
+               and "BatchNormalization" in code_in(module, call.args[1].value)
+               for call in find(loop.body, cst.Call))
 
 
 def _made_normalized(rule, made: cst.Call | None, whole: bool) -> bool:
