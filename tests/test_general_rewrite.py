@@ -4255,9 +4255,9 @@ def test_a_loss_made_from_local_tower_lists_and_kept_on_self_is_trained_by_the_u
 
 
 def test_a_global_step_made_above_the_tower_function_and_a_picked_dependency_list():
-    """At module level the scope reaches up to the global step made above the tower function (a
-    held-out script's `apply_gradients(..., global_step=...)` failed on a plain variable in the
-    replicas); `[g for g in avg if g is not None]` under `tf.control_dependencies` picks tensors
+    """At module level a global step made above the tower function is made before the scope and
+    counted once (a held-out script's `apply_gradients(..., global_step=...)` had failed on a plain
+    variable in the replicas); `[g for g in avg if g is not None]` under `tf.control_dependencies` picks tensors
     and makes no op, so the update is entered again under it in each replica (a held-out
     CycleGAN and a tf_cnn_benchmarks-style trainer were refused as if it made ops)."""
     out = fixed("""
@@ -4278,7 +4278,11 @@ def test_a_global_step_made_above_the_tower_function_and_a_picked_dependency_lis
         with tf.control_dependencies([g for g in avg if g is not None]):
             train_op = optimizer.apply_gradients(zip(avg, tf.trainable_variables()), global_step=global_step)
     """)
-    assert "with strategy.scope():\n    global_step = tf.train.get_or_create_global_step()\n" in out
+    # The step, made first at module level, is made before the scope and counted once after the
+    # replicas' update (a plain step passed into the replicas had failed there).
+    assert ("global_step = tf.train.get_or_create_global_step()\n"
+            "with strategy.scope():\n    optimizer = tf.train.MomentumOptimizer(0.1, 0.9)\n") in out
+    assert "            train_op = global_step.assign_add(1).op\n" in out and "global_step=" not in out
     assert ("        def apply_share():\n"
             "            with tf.control_dependencies([g for g in avg if g is not None]):\n") in out
 
