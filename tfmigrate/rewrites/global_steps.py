@@ -24,6 +24,7 @@ from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import find, names_used, scope_bindings, single_small
 from tfmigrate.rewrites.mirrored import TfNames, strategy_scope_owner
 from tfmigrate.rewrites.tower_code import Region, simple_statements
+from tfmigrate.rewrites.tower_scope import module_run
 
 
 def global_steps_outside(rule, region: Region, statements) -> list[tuple[cst.BaseStatement, cst.Arg]]:
@@ -65,8 +66,6 @@ def steps_made_before_scope(rule, owner: cst.CSTNode | None, region: Region | No
     bound above them in the block (they run first), naming a step that only updates bound to a
     name count (the single count goes after them)."""
     if isinstance(owner, cst.Module) and region is not None:
-        from tfmigrate.rewrites.tower_scope import module_run  # (tower_scope reads this module's callers)
-
         return rule.context.memo(("global_steps.before_scope", id(region.loop)),
                                  lambda: _made_before_scope(rule, owner, module_run(rule, region)))
     if not isinstance(owner, (cst.With, cst.FunctionDef)):
