@@ -207,7 +207,8 @@ def model_tensors_in_losses(rule, compiles: list[cst.Call]) -> str | None:
                     "losses): add the term in a custom layer's `call` (`self.add_loss(...)`), or compute it in the loss")
     tensors = _model_tensors(rule)
     for compiled in compiles:
-        given = [arg.value for arg in compiled.args if arg.keyword is not None and arg.keyword.value in ("loss", "metrics")]
+        metrics = [arg.value for arg in compiled.args if keyword_is(arg, "metrics")]
+        given = [value for value in (compiled_loss(compiled), *metrics) if value is not None]
         for function in (f for value in given for f in compiled_losses(module, value)):
             read = sorted((names_used(function.body) - _bound_within(function)) & set(tensors))
             if read:
