@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -53,6 +57,31 @@ def run_verify(old: Path, new: Path, tmp_path: Path, steps: int = 20, rtol: floa
         *(["--warmup", "0", "--loss-regex", loss_regex] if loss_regex else [])])
     assert report.exists(), result.output
     return result.exit_code, json.loads(report.read_text())
+
+
+def run_program(path: Path, args: tuple = (), env: dict | None = None, timeout: float = 120,
+                cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`python PATH ARGS` in ``env``: forked from a preload server that has imported TensorFlow
+    (tfmigrate/verify/preload.py; an import is 3 to 4 s of CPU, more than most programs' run),
+    else a plain subprocess. Its output as ``subprocess.run(..., capture_output=True)`` gives it."""
+    from tfmigrate.verify import preload
+
+    env = dict(os.environ if env is None else env)
+    command = [sys.executable, str(path), *args]
+    if preload.enabled():
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            forked = preload.start(list(args), str(out), env, script=str(Path(cwd or ".", path).resolve()),
+                                   errors=str(err), cwd=str(cwd) if cwd else None)
+            if forked is not None:
+                try:
+                    status = forked.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    forked.kill()
+                    forked.wait()  # the server's answer for the killed run, before the next request
+                    raise
+                return subprocess.CompletedProcess(command, status, out.read_text(), err.read_text())
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 def replaced(text: str, *replacements: tuple[str, str]) -> str:

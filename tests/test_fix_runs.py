@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import FIXTURES, unsafe_fix
+from tests.conftest import FIXTURES, run_program, unsafe_fix
 
 pytestmark = pytest.mark.tensorflow
 pytest.importorskip("tensorflow")
@@ -35,9 +35,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _run(path, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(path), *args], capture_output=True, text=True, timeout=120, env=_env(**env),
-    )
+    return run_program(path, args, _env(**env))
 
 
 def _fixed_copy(name: str, tmp_path):

@@ -4,13 +4,11 @@ what Keras 3 refuses, or takes and trains otherwise, is rewritten or the fix is 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import FIXTURES, replaced, run_check, unsafe_fix
+from tests.conftest import FIXTURES, replaced, run_check, run_program, unsafe_fix
 
 KERAS2_SCRIPT = """
     import numpy as np
@@ -356,7 +354,7 @@ def test_every_spelling_the_fix_leaves_is_one_keras_3_takes(tmp_path):
     result = unsafe_fix(script(optimizer="SGD(lr=0.1, momentum=0.9, decay=1e-3, nesterov=True)"))
     program = tmp_path / "fixed.py"
     program.write_text(result.replace("parallel.fit(x, y, batch_size=16)", "print(type(parallel.optimizer).__name__)"))
-    run = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
+    run = run_program(program, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-1] == "SGD"
 
@@ -1555,7 +1553,7 @@ def test_the_written_batch_dot_is_keras_2s(tmp_path):
 
     program = tmp_path / "batch_dot.py"
     program.write_text(BATCH_DOT_CHECK.replace("WRITTEN", _BACKEND_FUNCTIONS["batch_dot"]))
-    run = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
+    run = run_program(program, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     for ours, theirs, apart in json.loads(run.stdout.strip().splitlines()[-1]):
         assert ours == theirs and apart < 1e-5, (ours, theirs, apart)

@@ -13,6 +13,9 @@ as it is (a test runner changes ``PYTEST_CURRENT_TEST`` for every test: a server
 113 servers and the machine's 23 GiB). At most :data:`MAX_SERVERS` stay up. A server that
 cannot start or dies is no error: the run starts as a plain subprocess instead.
 
+A server can also run a plain script (``python SCRIPT ARGV``, :func:`start` with ``script``): the
+test suite runs the fixture programs so, beside its verifies.
+
 Set ``TFMIGRATE_VERIFY_PRELOAD=0`` to start every run as a plain subprocess.
 """
 
@@ -29,8 +32,9 @@ from typing import Dict, Optional, Tuple
 ENABLE_VARIABLE = "TFMIGRATE_VERIFY_PRELOAD"
 #: Prefixes of the environment variables importing TensorFlow (and Python's start) may read.
 IMPORT_VARIABLES = ("TF_", "TENSORFLOW", "KERAS", "CUDA", "XLA", "OMP_", "MKL", "KMP_", "PYTHON", "LD_")
-#: Servers kept up at once (about 200 MB each): one per Keras flavour is what verify needs.
-MAX_SERVERS = 2
+#: Servers kept up at once (about 200 MB each): one per Keras flavour is what verify needs, and
+#: the test suite runs plain programs in another environment beside them.
+MAX_SERVERS = 4
 _SERVERS: Dict[Tuple[Tuple[str, str], ...], "Server"] = {}
 
 
@@ -58,9 +62,13 @@ class Server:
             pass
         self.process.wait()
 
-    def fork(self, argv: list, log: str, env: Dict[str, str]) -> Optional["ForkedRun"]:
-        """Start the harness with ``argv`` writing to ``log`` in ``env``; None when the server is gone."""
-        request = {"argv": argv, "log": log, "cwd": os.getcwd(), "env": env}
+    def fork(self, argv: list, log: str, env: Dict[str, str], script: Optional[str] = None,
+             errors: Optional[str] = None, cwd: Optional[str] = None) -> Optional["ForkedRun"]:
+        """Start the harness (or ``script``) with ``argv`` writing to ``log`` (its stderr to
+        ``errors`` where given) in ``env`` and ``cwd`` (this process's where None); None when the
+        server is gone."""
+        request = {"argv": argv, "log": log, "cwd": cwd or os.getcwd(), "env": env, "script": script,
+                   "errors": errors}
         try:
             self.process.stdin.write((json.dumps(request) + "\n").encode())
             self.process.stdin.flush()
@@ -104,9 +112,11 @@ class ForkedRun:
             pass
 
 
-def start(argv: list, log: str, env: Dict[str, str]) -> Optional[ForkedRun]:
-    """Fork ``python -m tfmigrate.verify.harness ARGV`` from the server for ``env`` (started on
-    first use); None when no server can run it."""
+def start(argv: list, log: str, env: Dict[str, str], script: Optional[str] = None,
+          errors: Optional[str] = None, cwd: Optional[str] = None) -> Optional[ForkedRun]:
+    """Fork ``python -m tfmigrate.verify.harness ARGV`` (``python SCRIPT ARGV`` where ``script`` is
+    given, its stderr to ``errors``) from the server for ``env`` (started on first use), in
+    ``cwd``; None when no server can run it."""
     key = tuple(sorted((name, value) for name, value in env.items() if name.startswith(IMPORT_VARIABLES)))
     server = _SERVERS.pop(key, None)
     if server is None or not server.alive():
@@ -114,7 +124,7 @@ def start(argv: list, log: str, env: Dict[str, str]) -> Optional[ForkedRun]:
             _SERVERS.pop(next(iter(_SERVERS))).close()  # the least recently used
         server = Server(env)
     _SERVERS[key] = server
-    return server.fork(argv, log, env)
+    return server.fork(argv, log, env, script, errors, cwd)
 
 
 def serve() -> None:
@@ -140,16 +150,41 @@ def _run_child(request: dict) -> None:
         os.setsid()
         log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(log, 1)
-        os.dup2(log, 2)
+        os.dup2(os.open(request["errors"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if request.get("errors")
+                else log, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        if request.get("script"):
+            _run_script(request["script"], request["argv"])
         from tfmigrate.verify import harness
 
         harness.main(request["argv"])  # ends the process
     finally:
         os._exit(1)
+
+
+def _run_script(script: str, argv: list) -> None:
+    """Run ``script`` as `python SCRIPT ARGV` would, and end the process with its exit status."""
+    import runpy
+    import traceback
+
+    sys.argv = [script, *argv]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    status = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if not isinstance(stop.code, (int, type(None))):
+            print(stop.code, file=sys.stderr)
+    except BaseException:  # noqa: B036 - reported as Python reports an uncaught exception
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
