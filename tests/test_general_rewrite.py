@@ -21,7 +21,7 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from tests.conftest import FIXTURES, ROOT, replaced, run_check, run_verify, unsafe_fix
+from tests.conftest import FIXTURES, ROOT, replaced, run_check, run_program, run_verify, unsafe_fix
 
 REWRITTEN = [
     "general_cifar_summaries", "general_multigpu_cnn", "general_loss_average_minimize",
@@ -42,7 +42,7 @@ REWRITTEN = [
     "general_tower_builder_local_devices", "general_script_calls_tower_function", "general_method_returns_towers",
     "general_variables_above_model_fn", "general_round_robin_devices", "general_summed_loss_gradients_after",
     "general_summed_loss_clipped", "general_step_fetched_schedule", "general_kernel_reset_colocated_average",
-    "general_towers_read_own_queues", "general_padded_embedding_towers",
+    "general_towers_read_own_queues", "general_padded_embedding_towers", "general_streaming_metrics_after_towers",
     # The textbook programs of issue 5: the general rewrite is the default for them too (with
     # `tower-input = "dataset"` they get the strategy.run rewrite: tests/test_tower_migration.py).
     "legacy_towers", "towers_cifar", "towers_feed_dict", "towers_assign_to_device", "towers_layers",
@@ -1464,8 +1464,7 @@ def _last_lines_on_two_cpus(tmp_path, legacy_program: str, fixed_text: str) -> l
     for name, text in (("legacy.py", legacy_program), ("migrated.py", fixed_text)):
         runnable = _TWO_CPUS + text.replace("import tensorflow as tf\n", "").replace("'/gpu:%d'", "'/cpu:%d'")
         (tmp_path / name).write_text(runnable)
-        result = subprocess.run([sys.executable, name], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+        result = run_program(Path(name), cwd=tmp_path, timeout=300, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
         assert result.returncode == 0, result.stderr[-2000:]
         outputs.append(result.stdout.strip().splitlines()[-1])
     return outputs
@@ -2953,19 +2952,67 @@ TOWERS_THEN = """
 @pytest.mark.parametrize("after, feed, refusal", [
     ("pass", "{model.lr: lr}", "line 16: the session feeds `model.lr`, a variable: under MirroredStrategy each replica "
                                "reads its own copy of it, which the feed does not reach"),
-    ("self.acc = tf.metrics.accuracy(labels, tf.concat(tower_preds, 0))", "None",
-     "line 14: `tf.metrics.accuracy` makes its counters under the strategy scope, outside the replicas"),
+    ("self.acc = tf.metrics.accuracy(labels, tf.concat(tower_preds, 0))\n"
+     "            self.ema = tf.train.ExponentialMovingAverage(0.99).apply(tf.trainable_variables())", "None",
+     "line 14: `tf.metrics.accuracy` must be made outside the strategy scope, and line 15 after it builds model "
+     "variables, which must be made under it"),
+    ("self.acc = tf.metrics.accuracy(labels, tf.concat(tower_preds, 0))", "None", None),
     ("pass", "None", None),
 ])
 def test_state_the_replicas_cannot_share_is_refused(after, feed, refusal):
     """Sketch-RNN feeds its learning-rate variable (`feed = {model.lr: lr}`): a mirrored variable is
     fed for replica 0 only, and a held-out trainer drifted from step 11. A TF1 metric made after
-    the towers under the scope failed at graph construction (its counters are sync-on-read)."""
+    the towers must be made outside the scope (under it, it fails at graph construction), which
+    cannot end before it where model variables are made after it."""
     (finding,) = tower_findings(TOWERS_THEN.replace("AFTER", after).replace("FEED", feed))
     if refusal is None:
         assert finding.fixable, finding.refusal
     else:
         assert finding.refusal is not None and finding.refusal.startswith(refusal), finding.refusal
+
+
+def test_the_scope_ends_before_a_metric_made_after_the_towers():
+    """A held-out text CNN made `tf.metrics.accuracy` over the towers' joined predictions after
+    the update: under the scope, outside the replicas, TF 2.21 fails making it (it asks for a
+    replica context), so the scope ends before it, with the code after, said why."""
+    out = fixed(TOWERS_THEN.replace("AFTER", "self.acc = tf.metrics.accuracy(labels, tf.concat(tower_preds, 0))\n"
+                                             "            self.reset = tf.local_variables_initializer()")
+                .replace("FEED", "None"))
+    body = out[out.index("with strategy.scope():"):]
+    scoped, after = body.split("# The strategy's scope ends here: under it, outside the replicas, a TF1 metric")
+    assert "self.train_op = tf.group(" in scoped and "tf.metrics" not in scoped
+    assert after.splitlines()[2] == "        self.acc = tf.metrics.accuracy(labels, tf.concat(tower_preds, 0))"
+    assert after.splitlines()[3] == "        self.reset = tf.local_variables_initializer()"
+
+
+@pytest.mark.parametrize("extra, refusal", [
+    ("", None),
+    ("            self.ema = tf.train.ExponentialMovingAverage(0.99).apply(tf.trainable_variables())\n",
+     "line 16: `tf.metrics.accuracy` must be made outside the strategy scope, and line 17 after it builds model "
+     "variables"),
+])
+def test_a_metric_made_in_a_method_called_after_the_towers(extra, refusal):
+    """The constructor calls `self.build_metrics(...)` after the update: the scope ends before the
+    call, unless what the call goes on to make is a model variable (which needs the scope)."""
+    source = TOWERS_THEN.replace("AFTER", "self.build_metrics(tower_preds)").replace("FEED", "None").replace(
+        "    def train(", "        def build_metrics(self, preds):\n"
+                         "            self.acc = tf.metrics.accuracy(labels, tf.concat(preds, 0))\n" + extra + "    def train(")
+    (finding,) = tower_findings(source)
+    if refusal:
+        assert finding.refusal is not None and finding.refusal.startswith(refusal), finding.refusal
+        return
+    out = fixed(source)
+    scoped, after = out.split("# The strategy's scope ends here")
+    assert "self.train_op = tf.group(" in scoped and "self.build_metrics" not in scoped
+    assert after.splitlines()[2] == "        self.build_metrics(tower_preds)"
+
+
+def test_a_metric_made_before_the_towers_stays_refused():
+    source = TOWERS_THEN.replace("AFTER", "pass").replace("FEED", "None").replace(
+        "tower_grads, tower_preds = [], []", "acc = tf.metrics.mean(self.lr)\n            tower_grads, tower_preds = [], []")
+    (finding,) = tower_findings(source)
+    assert finding.refusal.startswith("line 6: `tf.metrics.mean` makes its counters under the strategy scope, "
+                                      "outside the replicas, where a metric cannot be made"), finding.refusal
 
 
 JOINED_LOSS = """

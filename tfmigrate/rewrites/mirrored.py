@@ -845,7 +845,7 @@ class ReplaceById(cst.CSTTransformer):
         return self.changes.get(id(original), updated)
 
 
-def place_scope(outer, parents, imports, region, create, scope_item, prelude=(), made_first=()):
+def place_scope(outer, parents, imports, region, create, scope_item, prelude=(), made_first=(), ends_before=None):
     """Put the graph under ``strategy.scope()`` in place of the hand placement on the CPU.
 
     Prefers the `with` that opens the graph (`tf.Graph().as_default()`) or pins it to
@@ -853,17 +853,19 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=(),
     node to replace and its replacement (with the loop region rewritten inside). The
     ``prelude`` statements (what the strategy's device list reads) go just before ``create``;
     the ``made_first`` statements of the block (a global step kept TF1's variable) go just
-    before the scope opens, which then holds the rest of the block.
+    before the scope opens, which then holds the rest of the block, up to the ``ends_before``
+    statement of the block where one is given (see :func:`scope_ended`).
     """
     creates = [*prelude, create]
     node = strategy_scope_owner(outer, parents, imports)
     if made_first:
         region = {**region, **{id(statement): cst.RemovalSentinel.REMOVE for statement in made_first}}
-    if isinstance(node, cst.With) and made_first:
+    region, end = scope_ended(region, ends_before)
+    if isinstance(node, cst.With) and (made_first or ends_before is not None):
         _, cpu = _graph_items(node, imports)
         items = _comma_separated([item for i, item in enumerate(node.items) if i not in cpu])
         rewritten = node.visit(ReplaceById(region))
-        block = [*made_before_scope(made_first), cst.With(items=[scope_item], body=rewritten.body)]
+        block = [*made_before_scope(made_first), *scoped_until(list(rewritten.body.body), end, scope_item)]
         creates[0] = creates[0].with_changes(leading_lines=node.leading_lines)
         if not items:  # the `with` only pinned the graph to the CPU
             return node, cst.FlattenSentinel([*creates, *block])
@@ -886,11 +888,34 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=(),
         before, rest = [*before, *rest[:reset]], rest[reset:]
         while rest and runs_before_strategy(rest[0]):
             before, rest = [*before, rest[0]], rest[1:]
-        scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=rest))
         return node, node.with_changes(body=node.body.with_changes(
-            body=[*before, *creates, *made_before_scope(made_first), scoped]))
+            body=[*before, *creates, *made_before_scope(made_first), *scoped_until(rest, end, scope_item)]))
     raise Refused("the tower loop is at module level outside any `with` opening the graph: "
                   "move it into a function so the graph can be built under strategy.scope()")
+
+
+def scope_ended(region: dict, ends_before: cst.BaseStatement | None) -> tuple[dict, cst.BaseStatement | None]:
+    """``region`` with the ``ends_before`` statement (rewritten by it) marked by why the scope
+    ends there, and that new statement (found again in the rewritten block by identity); the
+    region as it is and None where the scope does not end early."""
+    if ends_before is None:
+        return region, None
+    why = [cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in (
+        "The strategy's scope ends here: under it, outside the replicas, a TF1 metric cannot be made;",
+        "made after it, the metric counts what it counted.")]
+    statement = ends_before.visit(ReplaceById(region))
+    lines = list(statement.leading_lines)
+    blank = next((i for i, line in enumerate(lines) if line.comment is not None), len(lines))
+    marked = statement.with_changes(leading_lines=[*lines[:blank], *why, *lines[blank:]])
+    return {**region, id(ends_before): marked}, marked
+
+
+def scoped_until(body: list[cst.BaseStatement], end: cst.BaseStatement | None,
+                 scope_item: cst.WithItem) -> list[cst.BaseStatement]:
+    """``body`` under `with <scope_item>:` up to the ``end`` statement, which follows the `with`
+    with the rest (the whole body where ``end`` is None)."""
+    at = next((i for i, statement in enumerate(body) if statement is end), len(body))
+    return [cst.With(items=[scope_item], body=cst.IndentedBlock(body=body[:at])), *body[at:]]
 
 
 def _comma_separated(items: list[cst.WithItem]) -> list[cst.WithItem]:

@@ -91,7 +91,7 @@ from tfmigrate.rewrites.tower_code import (
 from tfmigrate.rewrites.tower_regularization import counting_helper, helpers_regularization
 from tfmigrate.rewrites.tower_scope import (
     callee_settings_inlined, check_device_names, device_prelude, module_run, module_scope, remove_unused_helpers,
-    settings_inlined, strategy_devices, tower_functions,
+    scope_end, settings_inlined, strategy_devices, tower_functions,
 )
 from tfmigrate.rewrites.tower_variables import (
     check_variable_copies, tensors_made_outside, variable_calls, variable_op_names,
@@ -182,13 +182,14 @@ def _updating_member(rule, group: list):
 def _scoped(rule, home: Region, region_changes: dict, creates: list, scope_item: cst.WithItem, others: list) -> dict:
     """The changes that make the strategy (``creates``) and open its scope over ``home``: over
     the module's run, or the `with`/function that builds the graph, a global step made first."""
+    end, _ = scope_end(rule, home)
     if module_run(rule, home):
         _check_in_run(rule, home, others)
         made_first = steps_made_before_scope(rule, rule.context.module, home)
-        return module_scope(rule, home, region_changes, creates, scope_item, made_first)
+        return module_scope(rule, home, region_changes, creates, scope_item, made_first, end)
     made_first = steps_made_before_scope(rule, strategy_scope_owner(home.loop, home.parents, rule.imports))
     anchor, new_anchor = place_scope(home.loop, home.parents, rule.imports, region_changes, creates[-1], scope_item,
-                                     creates[:-1], made_first)
+                                     creates[:-1], made_first, end)
     return {anchor: new_anchor}
 
 

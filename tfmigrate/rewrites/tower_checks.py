@@ -37,6 +37,7 @@ from tfmigrate.rewrites.tower_code import (
     Region, Update, index_of, left_by_towers, line_of, module_calls, replica_code, simple_statements, statement_lines,
 )
 from tfmigrate.rewrites.tower_regularization import regularization_blocker
+from tfmigrate.rewrites.tower_scope import is_metric, scope_end
 
 
 def check_waits(rule, region: Region, shared: set[str], waiting: set[int]) -> None:
@@ -50,7 +51,7 @@ def check_waits(rule, region: Region, shared: set[str], waiting: set[int]) -> No
     own value before the next one resumes."""
     statements = simple_statements(region.loop.body)  # the simple statements, in the order they run
     for at, statement in enumerate(statements):
-        wait = next((c for c in find(statement, cst.Call) if id(c) in waiting or _waits(rule, c)), None)
+        wait = next((c for c in find(statement, cst.Call) if id(c) in waiting or is_metric(rule, c)), None)
         if wait is None:
             continue
         before = set().union(set(), *(scope_bindings(s) for s in statements[:at])) & shared
@@ -59,12 +60,6 @@ def check_waits(rule, region: Region, shared: set[str], waiting: set[int]) -> No
             raise Refused(f"line {line_of(rule, wait)}: `{code(wait.func)}` makes the replicas wait for each other, "
                           f"and `{sorted(after)[0]}`, shared with the code after the loop, is read after it: "
                           "another replica would have changed it by then (read it before, or collect it in a list)")
-
-
-def _waits(rule, call: cst.Call) -> bool:
-    """A cross-replica step inside the replica function: TF1's metrics aggregate across replicas."""
-    name = rule.imports.resolve(call.func) or ""
-    return name.startswith(("tensorflow.metrics.", "tensorflow.compat.v1.metrics."))
 
 
 def check_body(loop: cst.For) -> None:
@@ -524,16 +519,11 @@ def check_training_state(rule, region: Region, update: Update) -> None:
 
 def _check_metrics_outside(rule, region: Region) -> None:
     """A TF1 metric (`tf.metrics.accuracy` over the towers' concatenated predictions) made after
-    the towers, under the strategy scope: its counters become sync-on-read variables, which
-    cannot be added to outside the replicas (ValueError at graph construction: a held-out
-    cifar10_estimator-style trainer)."""
-    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
-    for node in [owner, *region.reaches]:
-        for call in find_own(node.body if isinstance(node, cst.FunctionDef) else node, cst.Call):
-            if _waits(rule, call) and not contains(region.loop, call):
-                raise StateRefused(f"line {line_of(rule, call)}: `{code(call.func)}` makes its counters under the strategy "
-                                   "scope, outside the replicas, where they become sync-on-read variables that cannot be "
-                                   "updated there; compute the metric in numpy from fetched values, or outside the scope")
+    the towers is made outside the strategy scope, which ends before it (:func:`scope_end`);
+    refused where the scope cannot end there."""
+    _, why = scope_end(rule, region)
+    if why:
+        raise StateRefused(why)
 
 
 def _fed_variable(rule) -> cst.BaseExpression | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tfmigrate.analysis.devices import DEVICE_SPECS, is_device_function, ops_device
-from tfmigrate.cst.callargs import callee_name, split_arguments
+from tfmigrate.cst.callargs import callee_name, method_call, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
     assigned_pairs, assignments, blank_lines_unindented, contains, find, free_names, name_reads, names_used,
@@ -27,7 +27,7 @@ from tfmigrate.cst.traversal import (
 )
 from tfmigrate.rewrites.mirrored import (
     ReplaceById, device_helpers, devices_argument, made_before_scope, references, resets_graph, runs_before_strategy,
-    strategy_scope_owner,
+    scope_ended, scoped_until, strategy_scope_owner,
 )
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rewrites.tower_body import ReplicaBody, indexable, is_enumerate_index, is_range_index
@@ -303,10 +303,12 @@ def _plain_module_statement(statement: cst.BaseStatement, definitions: bool = Fa
 
 
 def module_scope(rule, region: Region, region_changes: dict, creates: list, scope_item: cst.WithItem,
-                 made_first: list = ()) -> dict:
-    """The module run around the loop under `with strategy.scope():`, the strategy made before
-    it, and the ``made_first`` statements of the run (a global step kept TF1's variable) between."""
+                 made_first: list = (), ends_before: cst.BaseStatement | None = None) -> dict:
+    """The module run around the loop under `with strategy.scope():` (up to ``ends_before``, see
+    :func:`scope_end`), the strategy made before it, and the ``made_first`` statements of the
+    run (a global step kept TF1's variable) between."""
     run = module_run(rule, region)
+    region_changes, end = scope_ended(region_changes, ends_before)
     statements: list[cst.BaseStatement] = []
     first = {id(statement) for statement in made_first}
     for statement in run:
@@ -320,9 +322,9 @@ def module_scope(rule, region: Region, region_changes: dict, creates: list, scop
     statements = [blank_lines_unindented(s) for s in statements]
     statements[0] = statements[0].with_changes(leading_lines=[])
     creates[0] = creates[0].with_changes(leading_lines=run[0].leading_lines)
-    scoped = cst.With(items=[scope_item], body=cst.IndentedBlock(body=statements))
     moved = [statement.with_changes(leading_lines=()) for statement in made_first]
-    changes: dict = {run[0]: cst.FlattenSentinel([*creates, *made_before_scope(moved), scoped])}
+    scoped = scoped_until(statements, end, scope_item)
+    changes: dict = {run[0]: cst.FlattenSentinel([*creates, *made_before_scope(moved), *scoped])}
     changes.update((statement, cst.RemovalSentinel.REMOVE) for statement in run[1:])
     return changes
 
@@ -564,3 +566,86 @@ def remove_unused_helpers(changes: dict, tower, module: cst.Module, update: Upda
             inside += 1  # its one call went with the averaging statement
         if references(module, name) - 1 - inside == 0:
             changes[definition] = cst.RemovalSentinel.REMOVE
+
+
+def is_metric(rule, call: cst.Call) -> bool:
+    """A TF1 streaming metric (`tf.metrics.accuracy`): its counters aggregate across replicas."""
+    name = rule.imports.resolve(call.func) or ""
+    return name.startswith(("tensorflow.metrics.", "tensorflow.compat.v1.metrics."))
+
+
+def scope_end(rule, region: Region) -> tuple[cst.BaseStatement | None, str | None]:
+    """The statement of the scope's block where the strategy's scope ends, and None; or None and
+    why it cannot end there. It ends before the first statement after the loop that makes a TF1
+    metric, itself or in a function it calls (`tf.metrics.accuracy` over the towers' joined
+    predictions, a held-out text CNN): under the scope, outside the replicas, a metric fails
+    when it is made (it asks for the replica context; checked on TF 2.21), and outside the scope
+    it is TF1's metric again. The statements from there on run outside the scope, so none may
+    make a variable the replicas would use. (None, None) where the code makes no metric outside
+    the replicas."""
+    if not any(is_metric(rule, call) for call in module_calls(rule)):
+        return None, None
+    owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
+    block = module_run(rule, region) if isinstance(owner, cst.Module) else list(owner.body.body)
+    at = next((i for i, s in enumerate(block) if contains(s, region.loop)), len(block))
+    made = [(i, call) for i, s in enumerate(block) for call in _reached_calls(rule, s) if is_metric(rule, call)
+            and not contains(region.loop, call)]
+    made += [(None, call) for method in region.reaches for call in _reached_calls(rule, method) if is_metric(rule, call)]
+    if not made:
+        return None, None
+    first, call = made[0]
+    if any(i is None or i <= at for i, _ in made):
+        call = next(call for i, call in made if i is None or i <= at)
+        return None, (f"line {line_of(rule, call)}: `{code(call.func)}` makes its counters under the strategy scope, "
+                      "outside the replicas, where a metric cannot be made; compute the metric in numpy from fetched "
+                      "values, or make it after the code that builds the model")
+    builder = next((node for s in block[first:] for node in _reached_calls(rule, s) if _builds_variables(rule, node)),
+                   None)
+    if builder is not None:
+        return None, (f"line {line_of(rule, call)}: `{code(call.func)}` must be made outside the strategy scope, and "
+                      f"line {line_of(rule, builder)} after it builds model variables, which must be made under it: "
+                      "make the metric after them")
+    return block[first], None
+
+
+# What makes or updates model variables, by TF name prefix or method name.
+_BUILDERS = ("tensorflow.layers.", "tensorflow.keras.", "tensorflow.contrib.", "tensorflow.nn.rnn_cell.",
+             "tensorflow.compat.v1.layers.", "tensorflow.train.ExponentialMovingAverage", "tensorflow.make_template")
+_BUILDING_METHODS = ("minimize", "apply_gradients", "compute_gradients", "reuse_variables")
+
+
+def _builds_variables(rule, call: cst.Call) -> bool:
+    name = rule.imports.resolve(call.func) or ""
+    return (name in VARIABLE_MAKERS | GLOBAL_STEP_MAKERS or name.startswith(_BUILDERS)
+            or any(method_call(call, method) for method in _BUILDING_METHODS))
+
+
+def _reached_calls(rule, node: cst.CSTNode) -> list[cst.Call]:
+    """The calls in ``node`` and in the module's functions, classes and methods (`self.build()`)
+    it calls, followed once each."""
+    definitions = rule.context.memo("tower_scope.definitions", lambda: _definitions(rule.context.module))
+    calls, seen, todo = [], set(), [node]
+    while todo:
+        for call in find(todo.pop(), cst.Call):
+            calls.append(call)
+            func = call.func
+            name = func.value if isinstance(func, cst.Name) else (
+                func.attr.value if isinstance(func, cst.Attribute) and code(func.value) == "self" else None)
+            for definition in definitions.get(name, []):
+                if id(definition) not in seen:
+                    seen.add(id(definition))
+                    todo.append(definition)
+    return calls
+
+
+def _definitions(module: cst.Module) -> dict[str, list[cst.CSTNode]]:
+    """The module's functions and classes, and its classes' methods, by name."""
+    found: dict[str, list[cst.CSTNode]] = {}
+    for statement in module.body:
+        if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+            found.setdefault(statement.name.value, []).append(statement)
+        if isinstance(statement, cst.ClassDef):
+            for method in statement.body.body:
+                if isinstance(method, cst.FunctionDef):
+                    found.setdefault(method.name.value, []).append(method)
+    return found
