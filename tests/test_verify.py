@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -208,10 +209,10 @@ def test_a_batch_loss_is_recovered_from_keras_3s_running_mean_by_examples():
     assert _batch_loss(2.0, 1.0, 0, None, 1) == pytest.approx(3.0)  # sizes unknown: batches of one size
 
 
-def test_preload_servers_are_kept_per_import_setting_and_two_at_most(monkeypatch):
+def test_preload_servers_are_kept_per_import_setting_and_a_few_at_most(monkeypatch):
     """A variable no import reads (pytest's PYTEST_CURRENT_TEST, new for every test) reaches the
-    run but keeps its server; a third setting of the import's variables ends the least recently
-    used server (each holds ~200 MB: a server per test once filled a 23 GiB machine)."""
+    run but keeps its server; a setting of the import's variables past MAX_SERVERS ends the least
+    recently used server (each holds ~200 MB: a server per test once filled a 23 GiB machine)."""
     from tfmigrate.verify import preload
 
     made = []
@@ -227,10 +228,11 @@ def test_preload_servers_are_kept_per_import_setting_and_two_at_most(monkeypatch
         def close(self):
             self.closed = True
 
-        def fork(self, argv, log, env):
+        def fork(self, argv, log, env, *where):
             return self, env
 
     monkeypatch.setattr(preload, "Server", FakeServer)
+    monkeypatch.setattr(preload, "MAX_SERVERS", 2)
     monkeypatch.setattr(preload, "_SERVERS", {})
     base = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "2"}
     first, _ = preload.start([], "log", dict(base, PYTEST_CURRENT_TEST="a"))
@@ -241,6 +243,26 @@ def test_preload_servers_are_kept_per_import_setting_and_two_at_most(monkeypatch
     assert first_again is first  # used again: now the most recent
     third, _ = preload.start([], "log", dict(base, TF_ENABLE_ONEDNN_OPTS="0"))
     assert len(made) == 3 and legacy.closed and not first.closed and not third.closed
+
+
+@pytest.mark.tensorflow
+def test_a_plain_script_forked_from_a_preload_server_runs_as_python_would(tmp_path):
+    """The suite runs fixture programs forked from a server that imported TensorFlow: each sees
+    its arguments, folder and environment, its stdout and stderr apart, and its exit status (an
+    uncaught exception is status 1 with the traceback on stderr)."""
+    from tests.conftest import run_program
+
+    script = tmp_path / "probe.py"
+    script.write_text("import os, sys\n"
+                      "print(sys.argv[1:], os.getcwd() == os.environ['WANTED'], __name__)\n"
+                      "print('to stderr', file=sys.stderr)\n"
+                      "if sys.argv[1] == 'raise':\n    raise ValueError('bad')\n"
+                      "sys.exit(int(sys.argv[1]))\n")
+    env = dict(os.environ, WANTED=str(tmp_path))
+    done = run_program(script, ("3", "x"), env, cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "['3', 'x'] True __main__\n", "to stderr\n")
+    failed = run_program(script, ("raise",), env, cwd=tmp_path)
+    assert failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: bad")
 
 
 @pytest.mark.parametrize("given, used", [(None, "0"), ("1", "1")])
