@@ -512,6 +512,26 @@ def test_a_checkpoint_saving_every_few_epochs_saves_through_a_class_that_counts_
     assert "class TemplateCheckpoint(PeriodCheckpoint):" in result and "ModelCheckpoint\n" not in result
 
 
+@pytest.mark.parametrize("init", ["super(TemplateCheckpoint, self).__init__", "ModelCheckpoint.__init__(self, "])
+def test_a_checkpoint_subclass_forwarding_its_own_period_to_keras_derives_from_the_period_class(init):
+    """keras-team/keras#8463's template checkpoint takes `period=1` itself and hands it to
+    `ModelCheckpoint.__init__`: Keras 3 failed there ("unexpected keyword argument 'period'", a
+    held-out autoencoder); the subclass derives from `PeriodCheckpoint`, which takes it."""
+    call = f"{init}(filepath, period=period)" if init.endswith("__init__") else f"{init}filepath, period=period)"
+    extra = f"""
+        class TemplateCheckpoint(ModelCheckpoint):
+            def __init__(self, filepath, template, period=1):
+                {call}
+                self.template = template
+
+        mine = TemplateCheckpoint('w.h5', model)
+    """
+    source = script(extra=extra).replace("import keras\n", "import keras\nfrom keras.callbacks import ModelCheckpoint\n")
+    result = unsafe_fix(source)
+    assert "class TemplateCheckpoint(PeriodCheckpoint):" in result and "class PeriodCheckpoint(" in result
+    assert "ModelCheckpoint.__init__" not in result  # an explicit base call goes through the period class too
+
+
 def test_the_period_checkpoint_saves_every_nth_epoch():
     """The class written into the module saves on epochs 2 and 4 of 5 with `period=2`, as Keras 2
     did (Keras 3's `_save_model`, where `save_best_only` compares, runs on those epochs only)."""

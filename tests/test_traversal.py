@@ -72,3 +72,21 @@ def test_the_runner_indexes_each_file_it_checks():
     check_text(text, Config(root=Path(".")))
     index = traversal._INDEX[0]
     assert index is not None and index.parts  # the rules' finds were answered from it
+
+
+def test_statements_placed_after_imports_keep_the_changes_inside_the_import_and_the_statement_after():
+    """A class written after the last import, where another change of the same fix renames that
+    import's module (`keras.utils.np_utils`) and rewrites a method of the class just below it:
+    both changes stay (the import kept its Keras 2 path, and a held-out ResNet script failed)."""
+    from tfmigrate.engine.fixer import _ApplyChanges
+
+    module = cst.parse_module("import os\nfrom keras.utils.np_utils import to_categorical\nclass A:\n"
+                              "    def f(self):\n        return 1\n")
+    imported = module.body[1].body[0]
+    method = module.body[2].body.body[0]
+    changes = {imported: imported.with_changes(module=cst.parse_expression("keras.utils")),
+               method: method.with_changes(name=cst.Name("g"))}
+    changes.update(traversal.placed_after_imports(module, changes, [cst.parse_statement("X = 1\n")]))
+    new = module.visit(_ApplyChanges({id(node): new for node, new in changes.items()})).code
+    assert new == ("import os\nfrom keras.utils import to_categorical\n\n\nX = 1\n\n\nclass A:\n"
+                   "    def g(self):\n        return 1\n")

@@ -510,6 +510,17 @@ _BINDERS = frozenset({
 })
 
 
+class ReplaceById(cst.CSTTransformer):
+    """Replaces nodes by identity: ``changes`` maps `id(original node)` to its replacement."""
+
+    def __init__(self, changes: dict[int, object]):
+        super().__init__()
+        self.changes = changes
+
+    def on_leave(self, original, updated):
+        return self.changes.get(id(original), updated)
+
+
 def placed_after_imports(module: cst.Module, changes: dict, statements: list[cst.BaseStatement]) -> dict:
     """Changes that write ``statements`` (classes a fix needs) after the module's last top-level
     import, two blank lines around each (PEP 8). ``changes`` are the fix's other changes, whose
@@ -520,10 +531,15 @@ def placed_after_imports(module: cst.Module, changes: dict, statements: list[cst
         return {}
     spaced = [s.with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()]) for s in statements]
     anchor, after = body[imports_at[-1]], (body[imports_at[-1] + 1] if imports_at[-1] + 1 < len(body) else None)
-    kept = changes.get(anchor, anchor.deep_clone())  # the import as the other changes left it: one or more statements
+    # The import and the statement after it as the other changes leave them, with the changes
+    # inside them too (`from keras.utils.np_utils import ...` renamed; a class whose method a fix
+    # rewrites): these replace them whole.
+    inside = ReplaceById({id(node): new for node, new in changes.items()})
+    kept = changes.get(anchor, anchor.visit(inside))  # one or more statements
     kept = list(kept.nodes) if isinstance(kept, cst.FlattenSentinel) else [kept]
     placed = {anchor: cst.FlattenSentinel([*kept, *spaced])}
     blank = len(list(itertools.takewhile(lambda line: line.comment is None, after.leading_lines))) if after else 2
     if after is not None and after not in changes and blank < 2:
-        placed[after] = after.with_changes(leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
+        placed[after] = after.visit(inside).with_changes(
+            leading_lines=[cst.EmptyLine()] * (2 - blank) + list(after.leading_lines))
     return placed

@@ -122,7 +122,7 @@ def count_once(rule, update: str, step: str, tf: TfNames) -> list[cst.BaseStatem
     counted = [increment.with_changes(leading_lines=[
         cst.EmptyLine(indent=False),
         cst.EmptyLine(comment=cst.Comment(f"# The replicas apply without `{step}`, which counts the step once, after")),
-        cst.EmptyLine(comment=cst.Comment("# their update (made outside the strategy's scope, a step is not mirrored).")),
+        cst.EmptyLine(comment=cst.Comment("# their update: fetched with the update, it reads the count after it, as it did.")),
     ])]
     if rule.context.memo("global_steps.train_op_collection", lambda: _reads_train_op_collection(rule)):
         collection = cst.parse_statement(

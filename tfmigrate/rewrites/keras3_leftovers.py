@@ -178,6 +178,13 @@ def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str
     changes = {}
     for call in find(module, cst.Call):
         period = next((arg for arg in call.args if keyword_is(arg, "period")), None)
+        inherited = _checkpoint_initialized(module, call)
+        if inherited is not None:  # the subclass's `super().__init__(..., period=period)`
+            if period is not None:
+                changes.update(_periodic_bases(module, inherited))
+                if not isinstance(call.func.value, cst.Call):  # `ModelCheckpoint.__init__(self, ...)`
+                    changes[call.func.value] = cst.Name(PERIOD_CHECKPOINT)
+            continue
         if not _is_checkpoint(module, call):
             continue
         if period is None:
@@ -190,8 +197,24 @@ def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str
         elif short_name(call.func) == "ModelCheckpoint":
             changes[call] = call.with_changes(func=cst.Name(PERIOD_CHECKPOINT))
         else:
-            changes.update(_periodic_bases(module, call))
+            changes.update(_periodic_bases(module, short_name(call.func)))
     return changes, None
+
+
+def _checkpoint_initialized(module: cst.Module, call: cst.Call) -> str | None:
+    """The module's `ModelCheckpoint` subclass whose `__init__` ``call`` is the base's
+    (`super(Cls, self).__init__(...)`, `ModelCheckpoint.__init__(self, ...)`; a held-out
+    autoencoder's checkpoint forwarded its own `period` so); else None."""
+    if not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"):
+        return None
+    base = call.func.value
+    if not (isinstance(base, cst.Call) and short_name(base.func) == "super"
+            or (dotted_name(base) or "").rsplit(".", 1)[-1] == "ModelCheckpoint"):
+        return None
+    for cls in find(module, cst.ClassDef):
+        if _derives(cls, ("ModelCheckpoint",)) and any(c is call for c in find(cls, cst.Call)):
+            return cls.name.value
+    return None
 
 
 #: The `ModelCheckpoint` subclass that saves every `period` epochs.
@@ -228,11 +251,11 @@ def period_checkpoint_class(changes: dict) -> tuple[list[cst.BaseStatement], lis
     return [cst.parse_statement(_PERIOD_CHECKPOINT_CLASS)], [ImportItem("keras")]
 
 
-def _periodic_bases(module: cst.Module, call: cst.Call) -> dict:
-    """The module's checkpoint class ``call`` makes, and those between it and Keras's, derived
-    from :data:`PERIOD_CHECKPOINT` where they named `ModelCheckpoint`."""
+def _periodic_bases(module: cst.Module, name: str) -> dict:
+    """The module's checkpoint class ``name``, and those between it and Keras's, derived from
+    :data:`PERIOD_CHECKPOINT` where they named `ModelCheckpoint`."""
     classes = {c.name.value: c for c in find(module, cst.ClassDef)}
-    changes, pending = {}, [short_name(call.func)]
+    changes, pending = {}, [name]
     while pending:
         cls = classes.get(pending.pop())
         if cls is None:

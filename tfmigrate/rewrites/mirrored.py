@@ -55,7 +55,7 @@ from tfmigrate.analysis.project_imports import project_function
 from tfmigrate.analysis.training import optimizer_step, uses_estimators
 from tfmigrate.cst.callargs import argument, is_none, method_call
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import contains, find, module_parents, name_nodes, names_used, walk
+from tfmigrate.cst.traversal import ReplaceById, contains, find, module_parents, name_nodes, names_used, walk
 from tfmigrate.rewrites import tower_feeds, tower_input
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rule import Edit, FixSafety, ImportItem
@@ -834,15 +834,6 @@ def device_helpers(tower, module: cst.Module) -> list[tuple[str, cst.FunctionDef
     }
     defs = {s.name.value: s for s in module.body if isinstance(s, cst.FunctionDef)}
     return [(name, defs.get(name)) for name in sorted(called) if name in defs]
-
-
-class ReplaceById(cst.CSTTransformer):
-    def __init__(self, changes: dict[int, object]):
-        super().__init__()
-        self.changes = changes
-
-    def on_leave(self, original, updated):
-        return self.changes.get(id(original), updated)
 
 
 def place_scope(outer, parents, imports, region, create, scope_item, prelude=(), made_first=(), ends_before=None):

@@ -83,10 +83,10 @@ import libcst as cst
 
 from tfmigrate.analysis.devices import device_scope_arg, device_scopes, mentions_gpu, tower_group
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import children, find, first_free, module_parents, names_used, single_small, walk
+from tfmigrate.cst.traversal import ReplaceById, children, find, first_free, module_parents, names_used, single_small, walk
 from tfmigrate.rewrites.mirrored import (
     REPLICA_INDEX, assigned_name, comment_lines, device_helpers, devices_argument, loop_index,
-    method_call, TfNames, only_call, place_scope, ReplaceById, references, strategy_scope_owner, tf_root,
+    method_call, TfNames, only_call, place_scope, references, strategy_scope_owner, tf_root,
 )
 from tfmigrate.rewrites.global_steps import count_once, global_step_args, steps_made_before_scope
 from tfmigrate.rewrites.refusal import Refused

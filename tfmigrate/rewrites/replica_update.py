@@ -28,11 +28,11 @@ from tfmigrate.cst.callargs import argument, callee_name, is_false, is_true, met
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
-    assigned_pairs, blank_lines_unindented, contains, enclosing, find, first_free, fresh_name, module_parents,
+    ReplaceById, assigned_pairs, blank_lines_unindented, contains, enclosing, find, first_free, fresh_name, module_parents,
     names_used, scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.hand_written import kept_caller_update, kept_update, own_optimizer_steps
-from tfmigrate.rewrites.mirrored import ReplaceById, TfNames, averages, averaging_helper, comment_lines, is_docstring
+from tfmigrate.rewrites.mirrored import TfNames, averages, averaging_helper, comment_lines, is_docstring
 from tfmigrate.rewrites.refusal import Refused, StateRefused
 from tfmigrate.rewrites.global_steps import count_once, global_steps_outside
 from tfmigrate.rewrites.tower_checks import check_only_computes

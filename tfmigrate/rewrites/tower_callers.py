@@ -199,7 +199,12 @@ def passed_arguments(region: Region, caller: Region) -> dict[str, cst.BaseExpres
     """What the caller's call passes for each parameter of the function with the loop (or the
     parameter's default): the device list, made by the caller, reads these in their place
     (`range(n_gpus)` of `def __init__(self, n_gpus=N_GPUS)` is `range(N_GPUS)` for `siamese()`)."""
-    owner, call = region.owner, caller.call
+    return arguments_passed(region.owner, caller.call)
+
+
+def arguments_passed(owner: cst.CSTNode, call: cst.Call | None) -> dict[str, cst.BaseExpression]:
+    """What ``call`` passes for each parameter of ``owner`` (a function or constructor), or the
+    parameter's default."""
     if call is None or not isinstance(owner, cst.FunctionDef):
         return {}
     params = list(owner.params.params)

@@ -19,8 +19,8 @@ from tfmigrate.analysis.devices import module_tower_loops
 from tfmigrate.analysis.training import module_functions
 from tfmigrate.cst.callargs import argument, callee_name, method_call
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import contains, find
-from tfmigrate.rewrites.mirrored import REPLICA_INDEX, ReplaceById, TfNames, is_docstring, references, tf_root
+from tfmigrate.cst.traversal import ReplaceById, contains, find
+from tfmigrate.rewrites.mirrored import REPLICA_INDEX, TfNames, is_docstring, references, tf_root
 from tfmigrate.rewrites.tower_code import class_methods, line_of, loop_region, module_nodes, statement_lines
 
 __all__ = ["REGULARIZATION_SCALE", "counted_per_replica", "counting_helper", "every_towers_regularization",

@@ -22,17 +22,17 @@ from tfmigrate.analysis.devices import DEVICE_SPECS, is_device_function, ops_dev
 from tfmigrate.cst.callargs import callee_name, method_call, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    assigned_pairs, assignments, blank_lines_unindented, contains, find, free_names, name_reads, names_used,
-    scope_bindings, single_small, target_names, walk,
+    ReplaceById, assigned_pairs, assignments, blank_lines_unindented, contains, enclosing, find, free_names, name_reads, names_used,
+    placed_after_imports, scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.mirrored import (
-    ReplaceById, device_helpers, devices_argument, made_before_scope, references, resets_graph, runs_before_strategy,
+    device_helpers, devices_argument, made_before_scope, references, resets_graph, runs_before_strategy,
     scope_ended, scoped_until, strategy_scope_owner,
 )
 from tfmigrate.rewrites.refusal import Refused
 from tfmigrate.rewrites.tower_body import ReplicaBody, indexable, is_enumerate_index, is_range_index
 from tfmigrate.analysis.training import GLOBAL_STEP_MAKERS, VARIABLE_MAKERS
-from tfmigrate.rewrites.tower_callers import PassedArguments
+from tfmigrate.rewrites.tower_callers import PassedArguments, arguments_passed
 from tfmigrate.rewrites.tower_code import (
     Region, Update, index_of, line_of, module_calls, simple_statements, single_binding,
 )
@@ -649,3 +649,65 @@ def _definitions(module: cst.Module) -> dict[str, list[cst.CSTNode]]:
                 if isinstance(method, cst.FunctionDef):
                     found.setdefault(method.name.value, []).append(method)
     return found
+
+
+_GRAPH_STRATEGY = '''
+_MIRRORED_STRATEGIES = weakref.WeakKeyDictionary()
+
+
+def graph_mirrored_strategy(devices):
+    """The default graph's one MirroredStrategy, made by the first call: the towers are built
+    into the graph more than once (for training and for evaluation, sharing variables), and
+    every build must run on the strategy that mirrors those variables."""
+    graph = {get_default_graph}()
+    if graph not in _MIRRORED_STRATEGIES:
+        _MIRRORED_STRATEGIES[graph] = {mirrored_strategy}(devices=devices)
+    strategy = _MIRRORED_STRATEGIES[graph]
+    if len(devices) != strategy.num_replicas_in_sync:
+        raise ValueError("the towers are built on %d devices here and on %d before, in one graph"
+                         % (len(devices), strategy.num_replicas_in_sync))
+    return strategy
+'''
+
+
+def graph_strategy_call(rule, region: Region, tf, devices: str, builds: list[cst.Call]) -> str:
+    """`graph_mirrored_strategy(<devices>)`, the strategy of a function (or constructor) that
+    builds towers into one graph more than once (``builds``, see
+    :func:`tfmigrate.rewrites.replica_loop._builds_into_one_graph`). Refused where the builds pass
+    different values for what the device list reads."""
+    read = free_names(cst.parse_expression(devices), keywords=False)
+    passed = [{name: code(value) for name, value in arguments_passed(region.owner, call).items() if name in read}
+              for call in builds]
+    differing = sorted({name for each in passed for name in each if each.get(name) != passed[0].get(name)})
+    if differing:
+        lines = ", ".join(str(line_of(rule, call)) for call in builds)
+        raise Refused(f"`{_builder(region)}` builds its towers into one graph {len(builds)} times (lines {lines}) "
+                      f"with different `{differing[0]}`: one strategy cannot run them on different devices")
+    tf("tensorflow.get_default_graph"), tf("tensorflow.distribute.MirroredStrategy")
+    return f"graph_mirrored_strategy({devices})"
+
+
+def graph_strategy_why(rule, region: Region, builds: list[cst.Call]) -> list[str]:
+    """Why the strategy is the graph's (a comment's lines)."""
+    lines = ", ".join(str(line_of(rule, call)) for call in builds)
+    return [f"`{_builder(region)}` builds its towers into one graph {len(builds)} times (lines {lines}),",
+            "sharing their variables: every build runs them on the graph's one MirroredStrategy."]
+
+
+def _builder(region: Region) -> str:
+    """The name of what builds the towers: the function with the loop, or the class whose
+    constructor it is."""
+    owner = region.owner
+    holder = enclosing(owner, region.parents, cst.ClassDef) if owner.name.value == "__init__" else None
+    return (holder or owner).name.value
+
+
+def graph_strategy_definitions(rule, tf, changes: dict) -> dict:
+    """The changes that write `graph_mirrored_strategy` (and the dictionary it keeps) after the
+    module's imports, once."""
+    module = rule.context.module
+    if any(isinstance(s, cst.FunctionDef) and s.name.value == "graph_mirrored_strategy" for s in module.body):
+        return {}
+    text = _GRAPH_STRATEGY.format(get_default_graph=tf("tensorflow.get_default_graph"),
+                                  mirrored_strategy=tf("tensorflow.distribute.MirroredStrategy"))
+    return placed_after_imports(module, changes, list(cst.parse_module(text).body))
