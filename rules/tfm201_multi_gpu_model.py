@@ -7,10 +7,7 @@ import libcst as cst
 from tfmigrate.analysis.batch_splits import keras_parallel_class, keras_parallel_helper
 from tfmigrate.analysis.keras_batch_norm import frozen_batch_norm, whole_batch_steps
 from tfmigrate.analysis.keras_guards import StatementBlocks, fallback_guards, single_assign
-from tfmigrate.analysis.keras_losses import (
-    batch_coupled, batch_value_returned, compiled_loss, compiled_losses, loss_label, masked_steps, model_tensors_in_losses,
-    per_example_mean,
-)
+from tfmigrate.analysis.keras_losses import masked_steps, model_tensors_in_losses
 from tfmigrate.analysis.passed_models import passed_models, returned_models
 from tfmigrate.cst.callargs import argument, has_star_args, is_none, is_true, keyword_is, method_call
 from tfmigrate.cst.names import dotted_name
@@ -20,7 +17,7 @@ from tfmigrate.cst.traversal import (
 from tfmigrate.rewrites.mirrored import is_docstring
 from tfmigrate.rewrites.tower_code import functions_called
 from tfmigrate.rewrites.keras3_batch_steps import TRAIN_SPLIT, split_batch_steps
-from tfmigrate.rewrites.keras3_losses import per_example_losses
+from tfmigrate.rewrites.keras3_losses import on_whole_batch_function, per_example_losses, whole_batch_functions
 from tfmigrate.rewrites.keras3_predict import prediction_functions, predictions
 from tfmigrate.rewrites.keras3_session import session_setup
 from tfmigrate.rewrites.keras3_generators import batches_in_order_class, generator_argument, generator_fits
@@ -304,11 +301,9 @@ class MultiGpuModel(Rule):
         an optimizer's `decay`; Nadam (weights 1.7% apart after 20 steps; RMSprop, which Keras 3
         also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
         becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a backend function with
-        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that returns one
-        value for the whole batch (Keras 3 adds it over the replicas: twice the loss and the step)
-        made from a mean (an RMSE's root), or a bare mean (`return K.mean(...)`, which the fix
-        otherwise gives per example, `axis=-1`, the same mean) where the examples are weighted or
-        the function is read outside `compile`; an activity regularizer (the parallel model added
+        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss or metric that
+        computes one value for the whole batch (see below) where the examples are weighted, or
+        that is given through a call (a factory's); an activity regularizer (the parallel model added
         it once per device slice); time steps masked (`Embedding(mask_zero=True)`, `Masking`) in
         a model with a per-step output (the parallel model averaged the loss over the batch's
         unmasked steps, Keras 3 over each replica's, then the replicas); a model compiled away
@@ -319,9 +314,15 @@ class MultiGpuModel(Rule):
         hold batch normalization (all layers of an application built with it, a model whose
         builder makes it; Keras 3 runs a frozen `BatchNormalization` in inference mode, Keras 2
         normalized by the batch's statistics while training).
-        No fix where the loss divides sums over the whole batch (a Dice or IoU loss written with
-        `K.sum` and no `axis`): the parallel model computed it once on the merged outputs,
-        MirroredStrategy computes it per replica and averages, another loss.
+        A loss or metric that computes one value for the whole batch (a Dice or IoU loss dividing
+        `K.sum`s with no `axis`; an RMSE's root of the batch's mean) was computed once on the
+        parallel model's merged outputs, where MirroredStrategy computes it per replica, another
+        loss (and Keras 3 adds a loss of one value over the replicas: twice the loss and the
+        step). It is given through an `on_whole_batch` function written into the module: each
+        replica gathers the whole batch first (`all_gather`, whose gradient goes back to each
+        replica's part) and a loss returns its share; checked on TF 2.21, the losses, metric and
+        weights of one device on the whole batch, to float precision. A loss that is one bare
+        mean (`return K.mean(...)`) is given per example instead (`axis=-1`, the same mean).
         Check the result with `tfmigrate verify`.
     """
 
@@ -1035,6 +1036,10 @@ class MultiGpuModel(Rule):
         changes.update(output_metrics(compiles))
         changes.update(accuracy_log_names(module, compiles))
         changes.update(per_example_losses(module, compiles, changes))
+        whole, whole_blocked = whole_batch_functions(module, compiles, changes)
+        if whole_blocked is not None:
+            return {}, [], whole_blocked
+        changes.update(whole)
         imports += cast_imports
         changes.update(weight_file_renames(module, self._weight_files, self._checkpoints, models))
         changes.update(callback_models_set(module))
@@ -1057,24 +1062,29 @@ class MultiGpuModel(Rule):
         fits = self._generator_calls(models)  # and evaluate_generator, predict_generator
         changes.update(generator_fits(fits, changes))
         changes.update(continuation_lines(self, changes))
-        classes, class_imports = keras2_step_classes(self)
-        if fits:
-            in_order, in_order_imports = batches_in_order_class(self)
-            classes.append(in_order)
-            class_imports += in_order_imports
-        functions, function_imports = prediction_functions(self, predicted)
-        classes += functions
-        class_imports += function_imports
-        checkpoint, checkpoint_imports = period_checkpoint_class(changes)
-        written, written_imports = backend_functions(self, changes)
-        classes += checkpoint + written + trained_as_compiled
-        class_imports += checkpoint_imports + written_imports
-        # What another call's fix of the module wrote already (a resumed training wraps twice) stays one copy.
-        defined = {s.name.value for s in module.body if isinstance(s, (cst.ClassDef, cst.FunctionDef))}
-        classes = [c for c in classes if not (isinstance(c, (cst.ClassDef, cst.FunctionDef)) and c.name.value in defined)]
+        classes, class_imports = self._written_definitions(changes, bool(fits), predicted, bool(whole),
+                                                           trained_as_compiled)
         changes.update(placed_after_imports(module, changes, classes))
         imports += class_imports
         return {node: made_within(new, changes) for node, new in changes.items()}, imports, None
+
+    def _written_definitions(self, changes: dict, fits: bool, predicted: dict, whole: bool,
+                             trained_as_compiled: list) -> tuple[list[cst.BaseStatement], list[ImportItem]]:
+        """The classes and functions the Keras 3 changes need written into the module (Keras 2's
+        optimizer steps, `BatchesInOrder`, the prediction and backend functions, `PeriodCheckpoint`,
+        `on_whole_batch`), but those another call's fix of the module wrote already (a resumed
+        training wraps twice): (definitions, imports)."""
+        classes, imports = keras2_step_classes(self)
+        written = [batches_in_order_class(self)] if fits else []
+        written.append(prediction_functions(self, predicted))
+        written += [on_whole_batch_function(self)] if whole else []
+        written += [period_checkpoint_class(changes), backend_functions(self, changes), (trained_as_compiled, [])]
+        for made, made_imports in written:
+            classes += made if isinstance(made, list) else [made]
+            imports += made_imports
+        definitions = (cst.ClassDef, cst.FunctionDef)
+        defined = {s.name.value for s in self.context.module.body if isinstance(s, definitions)}
+        return [c for c in classes if not (isinstance(c, definitions) and c.name.value in defined)], imports
 
     def _compiles_elsewhere(self, blocks: StatementBlocks, moved, models: set, keras3: dict) -> tuple[dict, str | None]:
         """A `compile` of one of ``models`` away from the statements that move under the scope
@@ -1251,47 +1261,16 @@ class MultiGpuModel(Rule):
         return next((self._validated[m] for m in sorted(models - {None}) if m in self._validated), None)
 
     def _batch_coupled_loss(self, models: set) -> str | None:
-        """A loss of the module, compiled into one of ``models``, that divides whole-batch sums
-        (Dice): the parallel model computed it on the merged batch, MirroredStrategy per replica;
-        or that returns one mean for the batch, which Keras 3 adds over the replicas."""
-        for node in self._compile_calls(self.context.module, models):
-            loss = compiled_loss(node)
-            for name in find(loss, cst.Name) if loss is not None else ():
-                coupled = batch_coupled(self.context.module, name.value)
-                if coupled is not None:
-                    where, division = coupled
-                    return (f"the loss `{name.value}` divides sums over the whole batch (`{where}`, line "
-                            f"{self.position(division).start.line}): the parallel model computed it once on the merged "
-                            "outputs, MirroredStrategy computes it on each replica's part and averages the parts, another "
-                            "loss; reduce per example (`axis=`) first, or keep the model on one device")
-            for function in compiled_losses(self.context.module, loss) if loss is not None else ():
-                whole = self._whole_batch_value(function)
-                if whole is not None:
-                    return whole
-        return None
-
-    def _whole_batch_value(self, function: cst.FunctionDef | cst.Lambda) -> str | None:
-        """Why the loss ``function``, returning one value for the whole batch, cannot be given
-        per example (:mod:`tfmigrate.rewrites.keras3_losses` gives a bare mean so); else None."""
-        found = batch_value_returned(function)
-        if found is None:
-            return None
-        reduction, bare_mean = found
-        loss = loss_label(function)
-        added = ("Keras 3 under a distribution strategy adds such a loss over the replicas where Keras 2 took it once "
-                 "(2 replicas: twice the loss and twice the step; checked)")
-        what = f"`{self._code(reduction.func)}(...)`" if isinstance(reduction, cst.Call) else f"`{self._code(reduction)}`"
-        where = f"line {self.position(reduction).start.line}"
-        if not bare_mean:
-            return (f"the loss `{loss}` returns one value for the whole batch, made from {what} with no axis ({where}): "
-                    f"{added}, and given per example it could be another loss (a function of a mean, such as an RMSE's "
-                    "root, is not the mean of the examples' values); compute it per example by hand, or keep the model "
-                    "on one device")
-        why = per_example_mean(self.context.module, function)
+        """Why a loss or metric of the module, compiled into one of ``models``, that computes one
+        value for the whole batch (a Dice loss dividing whole-batch sums; an RMSE's root) cannot
+        be computed on the whole batch under the strategy as the parallel model did
+        (:func:`tfmigrate.rewrites.keras3_losses.whole_batch_functions`); else None."""
+        compiles = self._compile_calls(self.context.module, models)
+        _, why = whole_batch_functions(self.context.module, compiles, output_metrics(compiles))
         if why is None:
             return None
-        return (f"the loss `{loss}` returns one mean over the whole batch ({what} with no axis, {where}), and {added}; "
-                f"it is given per example (`axis=-1`) only where that keeps the loss, but {why}")
+        return (f"{why}: the parallel model computed such a value once on the merged outputs, MirroredStrategy "
+                "computes it on each replica's part; compute it per example by hand, or keep the model on one device")
 
     def _compile_calls(self, node: cst.CSTNode, models: set) -> list[cst.Call]:
         """The `compile(...)` calls under ``node`` of one of ``models`` (`parallel.compile`)."""

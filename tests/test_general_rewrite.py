@@ -3257,33 +3257,35 @@ def test_a_module_keeping_tf1_apis_is_refused_with_the_reason(seed, fit, refusal
         assert refusal in findings[0].message
 
 
-@pytest.mark.parametrize("loss, refused", [
+@pytest.mark.parametrize("loss, wrapped", [
     ("dice_coef_loss", True),
     ("'binary_crossentropy'", False),
     # One mean for the whole batch: Keras 3 under a strategy adds the replicas' values (checked on
     # 2 logical CPUs: twice the loss and the step); given per example it is the same mean.
     ("mean_loss", False),
     ("per_example_loss", False),
-    # The root of one mean: per example it would be another loss (a held-out-style RMSE kernel
-    # was fixed and trained on twice the loss before it was refused).
+    # The root of one mean: per example it would be another loss.
     ("rmse_loss", True),
     ("rmse_by_name_loss", True),
 ])
-def test_a_loss_coupling_the_whole_batch_is_refused_unless_it_is_one_mean(loss, refused):
-    """A U-Net's Dice loss divides sums over the whole batch: the parallel model computed it on
-    the merged outputs, MirroredStrategy per replica (a held-out U-Net trained differently)."""
-    source = keras_kernel(loss=loss) + WHOLE_BATCH_LOSSES
-    findings = [f for f in run_check(source) if f.code == "TFM201"]
-    assert findings and findings[0].fixable is not refused
-    lines = source.lstrip("\n").splitlines()
-    if loss.startswith("rmse"):
-        mean = "mse = K.mean(" if loss == "rmse_by_name_loss" else "return K.sqrt(K.mean("
-        line = next(n for n, text in enumerate(lines, 1) if mean in text)
-        assert (f"the loss `{loss}` returns one value for the whole batch, made from `K.mean(...)` with no axis "
-                f"(line {line})") in findings[0].message, findings[0].message
-    elif refused:
-        line = next(n for n, text in enumerate(lines, 1) if "return (2. * intersection" in text)
-        assert f"the loss `dice_coef_loss` divides sums over the whole batch (`dice_coef`, line {line})" in findings[0].message
+def test_a_loss_coupling_the_whole_batch_is_computed_on_the_whole_batch(loss, wrapped):
+    """A U-Net's Dice loss divides sums over the whole batch, an RMSE takes the root of its mean:
+    the parallel model computed them on the merged outputs, MirroredStrategy per replica (a
+    held-out U-Net trained differently; one with twice the loss). Each replica gathers the
+    whole batch first, and returns its share of the loss (tests/test_fix_runs.py runs it)."""
+    out = unsafe_fix(keras_kernel(loss=loss) + WHOLE_BATCH_LOSSES)
+    assert (f"loss=on_whole_batch({loss}, share=True)" in out) is wrapped
+    assert out.count("def on_whole_batch(function, share=False):") == int(wrapped)
+    if loss == "mean_loss":
+        assert "return ops.mean(ops.square(y_pred - y_true), axis=-1)" in out
+
+
+def test_a_metric_coupling_the_whole_batch_is_computed_on_the_whole_batch_and_not_shared():
+    """A Dice coefficient as a metric: its value, not a share, on the whole batch (the metric
+    averages it over the replicas, as the same value); a per-example metric stays."""
+    out = unsafe_fix(keras_kernel(loss="'binary_crossentropy'").replace(
+        "compile(", "compile(metrics=[dice_coef, per_example_loss], ") + WHOLE_BATCH_LOSSES)
+    assert "metrics=[on_whole_batch(dice_coef), per_example_loss]" in out
 
 
 WHOLE_BATCH_LOSSES = textwrap.dedent("""
@@ -3406,22 +3408,30 @@ def test_a_lambda_or_a_nested_function_returning_one_mean_is_found_too():
     """)
     (finding,) = [f for f in run_check(nested) if f.code == "TFM201"]
     assert not finding.fixable
-    assert "the loss `make_loss` returns one value for the whole batch, made from `K.mean(...)`" in finding.message
-    root = keras_kernel(loss="lambda t, p: K.sqrt(K.mean(K.square(p - t)))") + WHOLE_BATCH_LOSSES
-    (finding,) = [f for f in run_check(root) if f.code == "TFM201"]
-    assert not finding.fixable and "the loss `lambda` returns one value for the whole batch" in finding.message
+    assert ("the loss `make_loss` returns one value for the whole batch and is given through `make_loss(0.5)`"
+            in finding.message), finding.message
+    root = unsafe_fix(keras_kernel(loss="lambda t, p: K.sqrt(K.mean(K.square(p - t)))") + WHOLE_BATCH_LOSSES)
+    assert "loss=on_whole_batch(lambda t, p: ops.sqrt(ops.mean(ops.square(p - t))), share=True)" in root, root
 
 
-@pytest.mark.parametrize("change, reason", [
-    (("model.fit(x, y", "model.fit(x, y, sample_weight=np.ones(len(y))"), "the examples are weighted (`sample_weight=`)"),
-    (("def mean_loss(", "print(mean_loss)\ndef mean_loss("), "`mean_loss` is also read outside `compile`"),
-])
-def test_a_mean_loss_that_cannot_be_given_per_example_is_refused_with_the_reason(change, reason):
-    source = replaced(keras_kernel(loss="mean_loss", seed="np.random.seed(2)") + WHOLE_BATCH_LOSSES, change)
+def test_a_mean_loss_that_cannot_be_given_per_example_is_computed_on_the_whole_batch():
+    """Read outside `compile` too, its value must keep its shape: it is gathered instead."""
+    source = replaced(keras_kernel(loss="mean_loss", seed="np.random.seed(2)") + WHOLE_BATCH_LOSSES,
+                      ("def mean_loss(", "print(mean_loss)\ndef mean_loss("))
+    out = unsafe_fix(source)
+    assert "loss=on_whole_batch(mean_loss, share=True)" in out
+    assert "def mean_loss(y_true, y_pred):\n    return ops.mean(ops.square(y_pred - y_true))\n" in out
+
+
+@pytest.mark.parametrize("loss", ["mean_loss", "dice_coef_loss", "rmse_loss"])
+def test_a_whole_batch_loss_with_weighted_examples_is_refused_with_the_reason(loss):
+    """Keras 2 applied the weights to the one value of the batch, otherwise than Keras 3 does."""
+    source = replaced(keras_kernel(loss=loss, seed="np.random.seed(2)") + WHOLE_BATCH_LOSSES,
+                      ("model.fit(x, y", "model.fit(x, y, sample_weight=np.ones(len(y))"))
     findings = [f for f in run_check(source) if f.code == "TFM201"]
     assert findings and not findings[0].fixable
-    assert "the loss `mean_loss` returns one mean over the whole batch" in findings[0].message
-    assert reason in findings[0].message, findings[0].message
+    assert (f"`{loss}` computes one value for the whole batch, and the examples are weighted (`sample_weight=`)"
+            in findings[0].message), findings[0].message
 
 
 def test_an_averaging_helper_imported_relatively_is_read_from_the_package(tmp_path):

@@ -17,7 +17,8 @@ from tfmigrate.cst.callargs import is_false, keyword_is, short_name
 from tfmigrate.cst.traversal import assignments, find, names_used, scope_bindings
 
 __all__ = [
-    "batch_coupled", "batch_value_returned", "compiled_loss", "compiled_losses", "loss_label", "masked_steps",
+    "batch_coupled", "batch_value_returned", "compiled_loss", "compiled_losses", "examples_weighted", "loss_label",
+    "masked_steps",
     "model_tensors_in_losses", "per_example_mean",
 ]
 
@@ -134,6 +135,13 @@ def per_example_mean(module: cst.Module, loss: cst.FunctionDef | cst.Lambda) -> 
     for name in find(module, cst.Name) if isinstance(loss, cst.FunctionDef) else ():
         if name.value == loss.name.value and id(name) not in in_compile and name is not loss.name:
             return f"`{loss.name.value}` is also read outside `compile`, where its value would change shape"
+    return examples_weighted(module)
+
+
+def examples_weighted(module: cst.Module) -> str | None:
+    """How the module weights examples (`sample_weight=`, `class_weight=`, a generator yielding
+    weights), as a reason: Keras 2 applied the weights to a loss of one value for the batch
+    otherwise than Keras 3 does; else None."""
     for node in find(module, cst.Arg):
         if node.keyword is not None and node.keyword.value in _WEIGHTINGS:
             return f"the examples are weighted (`{node.keyword.value}=`), which Keras 2 applied to the one mean"

@@ -96,7 +96,7 @@ from tfmigrate.rewrites.tower_scope import (
 from tfmigrate.rewrites.tower_variables import (
     check_variable_copies, tensors_made_outside, variable_calls, variable_op_names,
 )
-from tfmigrate.rule import Edit, FixSafety, ImportItem
+from tfmigrate.rule import Edit, FixSafety
 
 __all__ = ["plan"]
 
@@ -245,20 +245,14 @@ def _plan(rule, tower, group: list) -> Edit:
         check_devices_visible(rule, region, devices, passed)
         devices = code(cst.parse_expression(devices).visit(PassedArguments(passed)))
     builds = _builds_into_one_graph(rule, home, group)
-    made = graph_strategy_call(rule, home, tf, devices, builds) if builds else (
-        f"{tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})")
-    create = cst.parse_statement(f"{strategy} = {made}\n")
-    if builds:
-        create = create.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in
-                                                    graph_strategy_why(rule, home, builds)])
+    create = _strategy_made(rule, home, tf, strategy, devices, builds)
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
     moving, prelude = device_prelude(rule, home, create)
     region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in moving)
     changes = _scoped(rule, home, region_changes, [*prelude, create], scope_item,
                       [regions[id(member.loop)] for member in others])
-    if builds:
+    if builds:  # the graph's strategy, written into the module
         changes.update(graph_strategy_definitions(rule, tf, changes))
-        tf.imports.append(ImportItem("weakref"))
     for method in scope_region.external:
         built_in = scope_region.owner.name.value
         why = _BUILT_IN.format(where="the constructor" if built_in == "__init__" else f"`{built_in}`")
@@ -279,6 +273,16 @@ def _plan(rule, tower, group: list) -> Edit:
                   "written only for a loop that averages and applies its gradients right after it)")
     return Edit(changes, title, add_imports=list(tf.imports), remove_imports=helper_import(context, update.helper),
                 safety=FixSafety.UNSAFE)
+
+
+def _strategy_made(rule, home: Region, tf: TfNames, strategy: str, devices: str, builds: list) -> cst.BaseStatement:
+    """`strategy = tf.distribute.MirroredStrategy(devices=...)`; the graph's one strategy, said
+    why, where the towers are built into one graph more than once (``builds``)."""
+    if not builds:
+        return cst.parse_statement(f"{strategy} = {tf('tensorflow.distribute.MirroredStrategy')}(devices={devices})\n")
+    create = cst.parse_statement(f"{strategy} = {graph_strategy_call(rule, home, tf, devices, builds)}\n")
+    why = graph_strategy_why(rule, home, builds)
+    return create.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(f"# {line}")) for line in why])
 
 
 def _check_loops(rule, towers: list, regions: list[Region]) -> None:

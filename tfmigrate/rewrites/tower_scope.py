@@ -37,6 +37,7 @@ from tfmigrate.rewrites.tower_code import (
     Region, Update, index_of, line_of, module_calls, simple_statements, single_binding,
 )
 from tfmigrate.rewrites.tower_variables import variable_calls
+from tfmigrate.rule import ImportItem
 
 
 def strategy_devices(rule, tower) -> str:
@@ -710,4 +711,8 @@ def graph_strategy_definitions(rule, tf, changes: dict) -> dict:
         return {}
     text = _GRAPH_STRATEGY.format(get_default_graph=tf("tensorflow.get_default_graph"),
                                   mirrored_strategy=tf("tensorflow.distribute.MirroredStrategy"))
-    return placed_after_imports(module, changes, list(cst.parse_module(text).body))
+    tf.imports.append(ImportItem("weakref"))
+    placed = placed_after_imports(module, changes, list(cst.parse_module(text).body))
+    if not placed:
+        raise Refused("the module imports nothing after which the graph's strategy can be written")
+    return placed
