@@ -108,6 +108,13 @@ class ManualTowerLoop(Rule):
         where they are: the strategy is made in the calling method. Where the sibling is a
         method the class's user calls later (carpedm20 DCGAN's `train()`), the strategy is kept
         on `self` (`self.strategy`) and that method's body runs under `self.strategy.scope()`.
+        A function or class that builds its towers into one graph more than once (ptb_word_lm's
+        training and validation models sharing variables; a GAN's critic and generator trainers
+        of one class) runs every build on the graph's one strategy (`graph_mirrored_strategy`,
+        written into the module); refused where the builds pass different devices. A TF1 metric
+        made after the towers (`tf.metrics.accuracy` over their joined predictions) cannot be
+        made under the scope outside the replicas: the scope ends before the statement that makes
+        it, with the code after (refused where that code still makes model variables).
         Towers built across several loops (in one function, reading each other's lists; in
         several methods of one class, reading each other's `self.tower_*` lists; or side by side
         over the same devices, as training and validation towers) are rewritten together by one
