@@ -1103,6 +1103,7 @@ def _make_callback(base, flavour, state: State, batch_size, x, validation_split:
         def on_epoch_begin(self, epoch, logs=None):
             self.previous_mean = 0.0
             self.seen = 0
+            self.tracked = (0.0, 0.0)
 
         def on_train_batch_begin(self, batch, logs=None):
             self.t_prev = time.perf_counter()
@@ -1121,9 +1122,17 @@ def _make_callback(base, flavour, state: State, batch_size, x, validation_split:
             loss = None
             if value is not None:
                 value = float(value)
+                tracked = _loss_tracked(self.model)
                 if "size" in logs:          # graph-mode loop: the batch's own loss
                     loss = value
                     state.note("Keras fit: loss per batch as reported by the graph-mode loop")
+                elif tracked is not None and tracked[1] > self.tracked[1]:
+                    # Keras 3's loss tracker: the batch's summed loss over its examples, exactly
+                    # (a dataset's partial batch in mid-run was read as a whole one otherwise).
+                    examples = tracked[1] - self.tracked[1]
+                    loss = (tracked[0] - self.tracked[0]) / examples
+                    self.tracked = tracked
+                    state.note("Keras fit: batch loss read from Keras's loss tracker (its total and count)")
                 else:                       # TF2 loops: running mean over the epoch, by examples
                     loss = _batch_loss(value, self.previous_mean, self.seen, examples, batch)
                     self.previous_mean = value
@@ -1132,6 +1141,21 @@ def _make_callback(base, flavour, state: State, batch_size, x, validation_split:
             state.record(loss, examples, self.t_prev, now, "keras")
 
     return Capture()
+
+
+def _loss_tracked(model) -> tuple[float, float] | None:
+    """Keras 3's running loss of the epoch as (total, count): the loss summed over the examples
+    so far, and their number; None where the model keeps no such tracker (tf_keras)."""
+    tracker = getattr(model, "_loss_tracker", None)
+    total, count = getattr(tracker, "total", None), getattr(tracker, "count", None)
+    if total is None or count is None:
+        return None
+    try:
+        import numpy as np
+
+        return float(np.asarray(total)), float(np.asarray(count))
+    except Exception:
+        return None
 
 
 def _batch_loss(mean: float, previous_mean: float, seen: int, examples: int | None, batch: int) -> float:
