@@ -4525,3 +4525,17 @@ def test_an_averaging_helper_colocating_with_each_variable_places_by_its_device(
     """)
     assert "        with tf.device(v.device):\n            grad = tf.reduce_mean(" in result
     assert "colocate_with" not in result
+
+
+def test_a_metric_the_towers_make_in_a_function_they_call_is_replica_code():
+    """`tf.metrics.accuracy` made in the tower function the loop calls runs in the replicas
+    (where it waits for the others, see check_waits), not under the scope outside them."""
+    source = textwrap.dedent(TOWERS_THEN.replace("AFTER", "pass").replace("FEED", "None").replace(
+        "logits = model(xs[i])", "logits = tower(xs[i])")) + textwrap.dedent("""
+        def tower(x):
+            logits = model(x)
+            tf.metrics.mean(logits)
+            return logits
+    """)
+    (finding,) = tower_findings(source)
+    assert finding.fixable, finding.refusal

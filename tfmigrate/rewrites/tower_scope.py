@@ -22,8 +22,8 @@ from tfmigrate.analysis.devices import DEVICE_SPECS, is_device_function, ops_dev
 from tfmigrate.cst.callargs import callee_name, method_call, split_arguments
 from tfmigrate.cst.codegen import code
 from tfmigrate.cst.traversal import (
-    ReplaceById, assigned_pairs, assignments, blank_lines_unindented, contains, enclosing, find, free_names, name_reads, names_used,
-    placed_after_imports, scope_bindings, single_small, target_names, walk,
+    ReplaceById, assigned_pairs, assignments, blank_lines_unindented, contains, enclosing, find, free_names, name_reads,
+    names_used, placed_after_imports, scope_bindings, single_small, target_names, walk,
 )
 from tfmigrate.rewrites.mirrored import (
     device_helpers, devices_argument, made_before_scope, references, resets_graph, runs_before_strategy,
@@ -589,8 +589,10 @@ def scope_end(rule, region: Region) -> tuple[cst.BaseStatement | None, str | Non
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     block = module_run(rule, region) if isinstance(owner, cst.Module) else list(owner.body.body)
     at = next((i for i, s in enumerate(block) if contains(s, region.loop)), len(block))
-    made = [(i, call) for i, s in enumerate(block) for call in _reached_calls(rule, s) if is_metric(rule, call)
-            and not contains(region.loop, call)]
+    # The loop's own statement: its calls outside the loop only (what the towers call is replica code).
+    reached = [[c for c in find(s, cst.Call) if not contains(region.loop, c)] if i == at else _reached_calls(rule, s)
+               for i, s in enumerate(block)]
+    made = [(i, call) for i, calls in enumerate(reached) for call in calls if is_metric(rule, call)]
     made += [(None, call) for method in region.reaches for call in _reached_calls(rule, method) if is_metric(rule, call)]
     if not made:
         return None, None
