@@ -56,9 +56,9 @@ ON_WHOLE_BATCH = "on_whole_batch"
 
 _ON_WHOLE_BATCH = '''
 def on_whole_batch(function, share=False):
-    """`function(y_true, y_pred)` on the whole batch, as Keras 2's `multi_gpu_model` computed it
-    on its merged outputs: under a distribution strategy each replica gathers every replica's
-    part first. A loss (`share=True`) of one value returns each replica's share of it, as Keras 3
+    """`function(y_true, y_pred)` on the whole batch, as Keras 2's parallel model computed it on
+    its merged outputs: under a distribution strategy each replica gathers every replica's part
+    first. A loss (`share=True`) of one value returns each replica's share of it, as Keras 3
     adds such a loss over the replicas (it averages a loss of per-example values)."""
 
     def on_batch(y_true, y_pred):
@@ -92,6 +92,7 @@ def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes:
     the bit. Returns (changes, why not) where the examples are weighted, a function is not named
     where it is given (a factory's call), or another change already gives it per output."""
     made: dict = {}
+    losses: list = []
     for compiled in compiles:
         loss = compiled_loss(compiled)
         metrics = next((arg.value for arg in compiled.args if keyword_is(arg, "metrics")), None)
@@ -109,9 +110,11 @@ def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes:
             # The function as the other changes leave it (a lambda's backend calls), in a copy: the
             # fix's last pass makes the changes inside each replacement, and would wrap it again.
             made.update((node, _wrapped(made_within(node, changes).deep_clone(), share)) for node in wanted)
-    why = examples_weighted(module) if made else None
+            losses += wanted if share else []
+    # Keras weighs a loss by the examples' weights (not a metric, unless compiled as weighted).
+    why = examples_weighted(module) if losses else None
     if why:
-        return {}, f"{_whole_batch_label(next(iter(made)))} computes one value for the whole batch, and {why}"
+        return {}, f"{_whole_batch_label(losses[0])} computes one value for the whole batch, and {why}"
     return made, None
 
 

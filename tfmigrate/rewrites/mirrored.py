@@ -856,7 +856,8 @@ def place_scope(outer, parents, imports, region, create, scope_item, prelude=(),
         _, cpu = _graph_items(node, imports)
         items = _comma_separated([item for i, item in enumerate(node.items) if i not in cpu])
         rewritten = node.visit(ReplaceById(region))
-        block = [*made_before_scope(made_first), *scoped_until(list(rewritten.body.body), end, scope_item)]
+        block = [*made_before_scope(made_first), *scoped_until(list(rewritten.body.body), end, scope_item,
+                                                               rewritten.body)]
         creates[0] = creates[0].with_changes(leading_lines=node.leading_lines)
         if not items:  # the `with` only pinned the graph to the CPU
             return node, cst.FlattenSentinel([*creates, *block])
@@ -901,12 +902,14 @@ def scope_ended(region: dict, ends_before: cst.BaseStatement | None) -> tuple[di
     return {**region, id(ends_before): marked}, marked
 
 
-def scoped_until(body: list[cst.BaseStatement], end: cst.BaseStatement | None,
-                 scope_item: cst.WithItem) -> list[cst.BaseStatement]:
+def scoped_until(body: list[cst.BaseStatement], end: cst.BaseStatement | None, scope_item: cst.WithItem,
+                 block: cst.IndentedBlock | None = None) -> list[cst.BaseStatement]:
     """``body`` under `with <scope_item>:` up to the ``end`` statement, which follows the `with`
-    with the rest (the whole body where ``end`` is None)."""
+    with the rest (the whole body where ``end`` is None); the `with`'s block indented as
+    ``block`` (the one the body came from) where given."""
     at = next((i for i, statement in enumerate(body) if statement is end), len(body))
-    return [cst.With(items=[scope_item], body=cst.IndentedBlock(body=body[:at])), *body[at:]]
+    scoped = block.with_changes(body=body[:at]) if block is not None else cst.IndentedBlock(body=body[:at])
+    return [cst.With(items=[scope_item], body=scoped), *body[at:]]
 
 
 def _comma_separated(items: list[cst.WithItem]) -> list[cst.WithItem]:
