@@ -25,8 +25,8 @@ from tfmigrate.rewrites.keras3_leftovers import (
     GENERATOR_METHODS, TF2_SPELLINGS, accuracy_log_names, backend_calls, backend_functions, boolean_inputs,
     callback_models_set, categorical_dtypes, checkpoint_periods, continuation_lines, frozen_after_compile,
     function_aliases, generator_methods, integer_sizes, made_within, metric_label_casts, model_keywords, module_paths,
-    output_metrics, period_checkpoint_class, tf2_spellings, uses_period_checkpoint, weight_file_renames,
-    weighted_named_targets,
+    output_metrics, period_checkpoint_class, single_output_targets, tf2_spellings, uses_period_checkpoint,
+    weight_file_renames, weighted_named_targets,
 )
 from tfmigrate.rewrites.keras3_optimizers import (
     OPTIMIZERS, compiled_optimizer, keras2_step_classes, learning_rate_reads, optimizer_arguments,
@@ -1034,6 +1034,7 @@ class MultiGpuModel(Rule):
         casts, cast_imports = metric_label_casts(self, self._names, compiles)
         changes.update(casts)
         changes.update(output_metrics(compiles))
+        changes.update(single_output_targets(module, compiles))
         changes.update(accuracy_log_names(module, compiles))
         changes.update(per_example_losses(module, compiles, changes))
         whole, whole_blocked = whole_batch_functions(module, compiles, changes)

@@ -1598,3 +1598,16 @@ def test_a_frozen_discriminator_with_batch_normalization_is_trained_as_compiled_
     result = unsafe_fix(source)
     assert "loss = train_as_compiled(parallel, x, y)\n" in result
     assert "        return train_split(model, *args, **kwargs)\n" in result and "\ndef train_split(" in result
+
+
+def test_one_output_s_targets_given_by_name_are_given_as_they_are():
+    """Keras 3.15 fails on a one-output model's targets given as a dict by output name ("Expected
+    float32, but got labels of type 'str'", a held-out two-input text classifier): the array."""
+    out = unsafe_fix(script(fit="parallel.fit(x, {'dense': y}, validation_data=(x, {'dense': y}), batch_size=16)"))
+    assert "parallel.fit(x, y, validation_data=(x, y), batch_size=16)" in out
+
+
+def test_targets_by_name_of_a_model_compiled_with_a_loss_per_output_stay():
+    source = script(fit="parallel.fit(x, {'a': y}, batch_size=16)").replace(
+        "loss='categorical_crossentropy'", "loss={'a': 'mse', 'b': 'mse'}")
+    assert "parallel.fit(x, {'a': y}, batch_size=16)" in unsafe_fix(source)

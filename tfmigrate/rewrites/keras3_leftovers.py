@@ -57,6 +57,7 @@ from collections.abc import Iterable
 import libcst as cst
 
 from tfmigrate.analysis.keras_batch_norm import frozen_assignments
+from tfmigrate.analysis.keras_losses import compiled_loss
 from tfmigrate.cst.callargs import (
     KEYWORD_EQUAL, argument, commas_mended, keyword_arg, keyword_is, keyword_renamed, receiver_passed, short_name,
     with_keyword,
@@ -75,7 +76,7 @@ __all__ = [
     "backend_calls", "backend_functions", "boolean_inputs", "callback_models_set", "categorical_dtypes",
     "checkpoint_periods", "continuation_lines", "frozen_after_compile", "generator_methods", "integer_sizes",
     "function_aliases", "made_within", "metric_label_casts", "model_keywords", "module_paths", "output_metrics",
-    "period_checkpoint_class", "tf2_spellings", "uses_period_checkpoint", "weight_file_renames",
+    "period_checkpoint_class", "single_output_targets", "tf2_spellings", "uses_period_checkpoint", "weight_file_renames",
     "weighted_named_targets",
 ]
 
@@ -167,6 +168,28 @@ def weighted_named_targets(module: cst.Module) -> tuple[cst.CSTNode, str] | None
             return call, ("Keras 3 fails on `sample_weight` when the targets are a dict by output name "
                           "(\"KeyError: 0\"): pass the targets and the weights as lists in the model's output order")
     return None
+
+
+def single_output_targets(module: cst.Module, compiles: list[cst.Call]) -> dict:
+    """`fit(x, {'labels': y})` -> `fit(x, y)` (and in `validation_data=(x, {...})`, `evaluate`,
+    the `*_on_batch` methods) where the models compile one loss each: Keras 3.15 fails on a
+    one-output model's targets given by output name ("Expected float32, but got labels of type
+    'str'", a held-out two-input text classifier)."""
+    if not compiles or any(len(_outputs_listed(compiled_loss(call)) or ()) > 1 for call in compiles):
+        return {}
+    changes = {}
+    for call in find(module, cst.Call):
+        if not (isinstance(call.func, cst.Attribute)
+                and call.func.attr.value in ("fit", "evaluate", "train_on_batch", "test_on_batch")):
+            continue
+        values = [argument(call, ("x", "y"), "y")]
+        data = next((arg.value for arg in call.args if keyword_is(arg, "validation_data")), None)
+        if isinstance(data, cst.Tuple) and len(data.elements) >= 2:
+            values.append(data.elements[1].value)
+        for value in values:
+            if isinstance(value, cst.Dict) and len(value.elements) == 1 and isinstance(value.elements[0], cst.DictElement):
+                changes[value] = value.elements[0].value
+    return changes
 
 
 def checkpoint_periods(module: cst.Module) -> tuple[dict, tuple[cst.CSTNode, str] | None]:
