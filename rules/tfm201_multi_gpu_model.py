@@ -1037,7 +1037,8 @@ class MultiGpuModel(Rule):
         changes.update(single_output_targets(module, compiles))
         changes.update(accuracy_log_names(module, compiles))
         changes.update(per_example_losses(module, compiles, changes))
-        whole, whole_blocked = whole_batch_functions(module, compiles, changes)
+        steps = self._whole_batch_steps(models, stepped)
+        whole, whole_blocked = whole_batch_functions(module, compiles, changes, steps)
         if whole_blocked is not None:
             return {}, [], whole_blocked
         changes.update(whole)
@@ -1261,13 +1262,22 @@ class MultiGpuModel(Rule):
         validated after each epoch (the fits were seen by visit_Call)."""
         return next((self._validated[m] for m in sorted(models - {None}) if m in self._validated), None)
 
+    def _whole_batch_steps(self, models: set, split: list[cst.Call]) -> cst.Call | None:
+        """A `train_on_batch` or `test_on_batch` call of one of ``models`` that stays one (not
+        among those ``split`` by `fit`): Keras 3 runs it on the whole batch on every replica."""
+        split_ids = {id(call) for call in split}
+        return next((call for call in find(self.context.module, cst.Call) if isinstance(call.func, cst.Attribute)
+                     and call.func.attr.value in ("train_on_batch", "test_on_batch") and id(call) not in split_ids
+                     and self._code(call.func.value) in models), None)
+
     def _batch_coupled_loss(self, models: set) -> str | None:
         """Why a loss or metric of the module, compiled into one of ``models``, that computes one
         value for the whole batch (a Dice loss dividing whole-batch sums; an RMSE's root) cannot
         be computed on the whole batch under the strategy as the parallel model did
         (:func:`tfmigrate.rewrites.keras3_losses.whole_batch_functions`); else None."""
         compiles = self._compile_calls(self.context.module, models)
-        _, why = whole_batch_functions(self.context.module, compiles, output_metrics(compiles))
+        steps = self._whole_batch_steps(models, whole_batch_steps(self, models))
+        _, why = whole_batch_functions(self.context.module, compiles, output_metrics(compiles), steps)
         if why is None:
             return None
         return (f"{why}: the parallel model computed such a value once on the merged outputs, MirroredStrategy "

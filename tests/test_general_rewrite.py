@@ -4539,3 +4539,17 @@ def test_a_metric_the_towers_make_in_a_function_they_call_is_replica_code():
     """)
     (finding,) = tower_findings(source)
     assert finding.fixable, finding.refusal
+
+
+def test_a_model_stepped_on_whole_batches_gathers_nothing_and_a_whole_batch_loss_is_refused():
+    """Keras 3 runs `train_on_batch` on the whole batch on every replica: a Dice metric is the
+    batch's already (gathered, it failed on twice the rows: a held-out U-Net); a Dice loss would
+    be added over the replicas, twice the loss."""
+    metric = unsafe_fix(keras_kernel(loss="'mse'", fit=")\nmodel.train_on_batch(x, y").replace(
+        "compile(", "compile(metrics=[dice_coef], ") + WHOLE_BATCH_LOSSES)
+    assert "metrics=[dice_coef]" in metric and "on_whole_batch" not in metric
+    source = keras_kernel(loss="dice_coef_loss", fit=")\nmodel.train_on_batch(x, y") + WHOLE_BATCH_LOSSES
+    (finding,) = [f for f in run_check(source) if f.code == "TFM201"]
+    assert not finding.fixable
+    assert ("`dice_coef_loss` computes one value for the whole batch, and `model.train_on_batch` runs the whole "
+            "batch on every replica") in finding.message, finding.message

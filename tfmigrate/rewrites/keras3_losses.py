@@ -84,13 +84,17 @@ def on_whole_batch_function(rule) -> tuple[cst.BaseStatement, list]:
     return function, tf.imports
 
 
-def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes: dict) -> tuple[dict, str | None]:
+def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes: dict,
+                          on_batch: cst.Call | None = None) -> tuple[dict, str | None]:
     """The losses and metrics ``compiles`` compile that compute one value for the whole batch
     (a Dice loss dividing whole-batch sums, an RMSE's root of the batch's mean), computed on the
     whole batch under the strategy as the parallel model did (:data:`ON_WHOLE_BATCH`): checked on
     TF 2.21, a Dice-trained model's losses and weights equal one device's on the whole batch to
     the bit. Returns (changes, why not) where the examples are weighted, a function is not named
-    where it is given (a factory's call), or another change already gives it per output."""
+    where it is given (a factory's call), or another change already gives it per output. Where
+    the models step by ``on_batch`` (a `train_on_batch` or `test_on_batch` call that Keras 3 runs
+    on the whole batch on every replica), nothing is gathered: a metric is the batch's as it is,
+    and a loss of one value is refused (Keras 3 adds it over the replicas)."""
     made: dict = {}
     losses: list = []
     for compiled in compiles:
@@ -109,8 +113,13 @@ def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes:
                             "for several outputs")
             # The function as the other changes leave it (a lambda's backend calls), in a copy: the
             # fix's last pass makes the changes inside each replacement, and would wrap it again.
-            made.update((node, _wrapped(made_within(node, changes).deep_clone(), share)) for node in wanted)
+            if on_batch is None:
+                made.update((node, _wrapped(made_within(node, changes).deep_clone(), share)) for node in wanted)
             losses += wanted if share else []
+    if losses and on_batch is not None:
+        return {}, (f"{_whole_batch_label(losses[0])} computes one value for the whole batch, and "
+                    f"`{code(on_batch.func)}` runs the whole batch on every replica, where Keras 3 adds such a loss "
+                    "over the replicas")
     # Keras weighs a loss by the examples' weights (not a metric, unless compiled as weighted).
     why = examples_weighted(module) if losses else None
     if why:
@@ -144,7 +153,8 @@ def _given(value: cst.BaseExpression) -> list[cst.CSTNode]:
     if isinstance(value, (cst.Name, cst.Lambda)):
         return [value]
     if isinstance(value, (cst.List, cst.Tuple)):
-        return [node for element in value.elements if isinstance(element, cst.Element) for node in _given(element.value)]
+        return [node for element in value.elements if isinstance(element, cst.Element)
+                for node in _given(element.value)]
     if isinstance(value, cst.Dict):
         return [node for element in value.elements if isinstance(element, cst.DictElement)
                 for node in _given(element.value)]
