@@ -90,7 +90,7 @@ def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes:
     (a Dice loss dividing whole-batch sums, an RMSE's root of the batch's mean), computed on the
     whole batch under the strategy as the parallel model did (:data:`ON_WHOLE_BATCH`): checked on
     TF 2.21, a Dice-trained model's losses and weights equal one device's on the whole batch to
-    the bit. Returns (changes, why not) where the examples are weighted, a function is not named
+    float precision. Returns (changes, why not) where the examples are weighted, a function is not named
     where it is given (a factory's call), or another change already gives it per output. Where
     the models step by ``on_batch`` (a `train_on_batch` or `test_on_batch` call that Keras 3 runs
     on the whole batch on every replica), nothing is gathered: a metric is the batch's as it is,
