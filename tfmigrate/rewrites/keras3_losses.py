@@ -20,7 +20,7 @@ from tfmigrate.analysis.keras_losses import (
 )
 from tfmigrate.cst.callargs import keyword_is, with_keyword
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import find
+from tfmigrate.cst.traversal import contains, find
 from tfmigrate.rewrites.keras3_leftovers import made_within
 from tfmigrate.rewrites.mirrored import TfNames
 
@@ -132,7 +132,7 @@ def _given_otherwise(module: cst.Module, value: cst.BaseExpression, given: list,
     (`compile(loss=bce_dice_loss(bce_weight=0.3))`, a factory's call), as the start of a reason."""
     for name in find(value, cst.Name):
         coupled = batch_coupled(module, name.value)
-        if coupled is not None and not any(node is name for node in given):
+        if coupled is not None and not any(contains(node, name) for node in given):
             return f"`{coupled[0]}` divides sums over the whole batch"
     handled = [function for node in given for function in compiled_losses(module, node)]
     for function in compiled_losses(module, value) if share else ():
@@ -144,13 +144,14 @@ def _given_otherwise(module: cst.Module, value: cst.BaseExpression, given: list,
 
 
 def _whole_batch_label(node: cst.CSTNode) -> str:
-    return f"`{code(node)}`" if isinstance(node, cst.Name) else "a lambda"
+    return "a lambda" if isinstance(node, cst.Lambda) else f"`{code(node)}`"
 
 
 def _given(value: cst.BaseExpression) -> list[cst.CSTNode]:
-    """The functions a `loss=` or `metrics=` value gives by name or as a lambda: itself, or the
-    elements (and dictionary values) of its lists, tuples and dictionaries."""
-    if isinstance(value, (cst.Name, cst.Lambda)):
+    """The functions a `loss=` or `metrics=` value gives by name, as a lambda or as a factory's
+    call (`tversky_loss(0.7, 0.3)`): itself, or the elements (and dictionary values) of its
+    lists, tuples and dictionaries."""
+    if isinstance(value, (cst.Name, cst.Lambda)) or (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
         return [value]
     if isinstance(value, (cst.List, cst.Tuple)):
         return [node for element in value.elements if isinstance(element, cst.Element)
@@ -167,7 +168,8 @@ def _on_whole_batch(module: cst.Module, node: cst.CSTNode, share: bool) -> bool:
     a value made from a whole-batch reduction; a loss's bare mean only where it cannot be given
     per example (:func:`per_example_losses`), a metric's never (the replicas' means average to
     the batch's)."""
-    if isinstance(node, cst.Name) and batch_coupled(module, node.value) is not None:
+    named = node.func if isinstance(node, cst.Call) else node  # a factory's call: what the factory makes
+    if isinstance(named, cst.Name) and batch_coupled(module, named.value) is not None:
         return True
     functions = compiled_losses(module, node)
     found = batch_value_returned(functions[0]) if functions else None
