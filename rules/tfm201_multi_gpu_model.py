@@ -301,9 +301,10 @@ class MultiGpuModel(Rule):
         an optimizer's `decay`; Nadam (weights 1.7% apart after 20 steps; RMSprop, which Keras 3
         also steps otherwise, by g / sqrt(v + eps) where Keras 2 stepped by g / (sqrt(v) + eps),
         becomes a `Keras2RMSprop` subclass that steps as Keras 2's did); a backend function with
-        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss or metric that
-        computes one value for the whole batch (see below) where the examples are weighted, or
-        that is given through a call (a factory's); an activity regularizer (the parallel model added
+        no `keras.ops` equivalent; `keras.preprocessing.text` (gone); a loss that computes one
+        value for the whole batch (see below) where the examples are weighted, or where the model
+        steps by `train_on_batch` (Keras 3 runs the whole batch on every replica and would add
+        it over them); an activity regularizer (the parallel model added
         it once per device slice); time steps masked (`Embedding(mask_zero=True)`, `Masking`) in
         a model with a per-step output (the parallel model averaged the loss over the batch's
         unmasked steps, Keras 3 over each replica's, then the replicas); a model compiled away
@@ -318,7 +319,8 @@ class MultiGpuModel(Rule):
         `K.sum`s with no `axis`; an RMSE's root of the batch's mean) was computed once on the
         parallel model's merged outputs, where MirroredStrategy computes it per replica, another
         loss (and Keras 3 adds a loss of one value over the replicas: twice the loss and the
-        step). It is given through an `on_whole_batch` function written into the module: each
+        step). It is given (by name, as a lambda or as a factory's call) through an
+        `on_whole_batch` function written into the module: each
         replica gathers the whole batch first (`all_gather`, whose gradient goes back to each
         replica's part) and a loss returns its share; checked on TF 2.21, the losses, metric and
         weights of one device on the whole batch, to float precision. A loss that is one bare
