@@ -4552,3 +4552,27 @@ def test_a_model_stepped_on_whole_batches_gathers_nothing_and_a_whole_batch_loss
     assert not finding.fixable
     assert ("`dice_coef_loss` computes one value for the whole batch, and `model.train_on_batch` runs the whole "
             "batch on every replica") in finding.message, finding.message
+
+
+def test_a_flat_script_s_scope_ends_before_its_metric_too():
+    """At module level with no graph `with` (a blog's flat MNIST script), the run of statements
+    the scope covers ends before the statement that makes the metric, and that statement and
+    the ones after stay at module level."""
+    out = fixed("""
+        import tensorflow as tf
+        x = tf.placeholder(tf.float32, [None, 4])
+        y = tf.placeholder(tf.int64, [None])
+        opt = tf.train.GradientDescentOptimizer(0.1)
+        parts, labels, grads, preds = tf.split(x, 2), tf.split(y, 2), [], []
+        for i in range(2):
+            with tf.device('/gpu:%d' % i):
+                logits = tf.layers.dense(parts[i], 3, name='out', reuse=tf.AUTO_REUSE)
+                preds.append(tf.argmax(logits, 1))
+                grads.append(opt.compute_gradients(tf.losses.sparse_softmax_cross_entropy(labels[i], logits)))
+        train_op = opt.apply_gradients([(tf.add_n([g for g, _ in gv]) / 2, gv[0][1]) for gv in zip(*grads)])
+        acc, acc_update = tf.metrics.accuracy(y, tf.concat(preds, 0))
+        sess = tf.Session()
+    """)
+    scoped, after = out.split("# The strategy's scope ends here: under it, outside the replicas, a TF1 metric")
+    assert "with strategy.scope():\n" in scoped and "    train_op = tf.group(" in scoped
+    assert "\nacc, acc_update = tf.metrics.accuracy(y, tf.concat(preds, 0))\nsess = tf.Session()\n" in after

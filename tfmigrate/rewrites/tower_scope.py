@@ -320,8 +320,10 @@ def module_scope(rule, region: Region, region_changes: dict, creates: list, scop
             statements += list(change.nodes)
         else:
             statements.append(change or statement.visit(ReplaceById(region_changes)))
+    ends_at = next((i for i, statement in enumerate(statements) if statement is end), None)
     statements = [blank_lines_unindented(s) for s in statements]
     statements[0] = statements[0].with_changes(leading_lines=[])
+    end = statements[ends_at] if ends_at is not None else None  # the same statement, unindented
     creates[0] = creates[0].with_changes(leading_lines=run[0].leading_lines)
     moved = [statement.with_changes(leading_lines=()) for statement in made_first]
     scoped = scoped_until(statements, end, scope_item)
