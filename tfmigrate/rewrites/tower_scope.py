@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ast
 
 import libcst as cst
 
@@ -681,15 +682,26 @@ def graph_strategy_call(rule, region: Region, tf, devices: str, builds: list[cst
     :func:`tfmigrate.rewrites.replica_loop._builds_into_one_graph`). Refused where the builds pass
     different values for what the device list reads."""
     read = free_names(cst.parse_expression(devices), keywords=False)
-    passed = [{name: code(value) for name, value in arguments_passed(region.owner, call).items() if name in read}
+    passed = [{name: value for name, value in arguments_passed(region.owner, call).items() if name in read}
               for call in builds]
-    differing = sorted({name for each in passed for name in each if each.get(name) != passed[0].get(name)})
+    # Constants that differ (`Model(..., 1)` and `Model(..., 2)`); other values (`config` and
+    # `eval_config`, alike in their device count) are checked when the graph is built.
+    differing = sorted({name for each in passed for name in each
+                        if _differ(each.get(name), passed[0].get(name))})
     if differing:
         lines = ", ".join(str(line_of(rule, call)) for call in builds)
         raise Refused(f"`{_builder(region)}` builds its towers into one graph {len(builds)} times (lines {lines}) "
                       f"with different `{differing[0]}`: one strategy cannot run them on different devices")
     tf("tensorflow.get_default_graph"), tf("tensorflow.distribute.MirroredStrategy")
     return f"graph_mirrored_strategy({devices})"
+
+
+def _differ(one: cst.BaseExpression | None, other: cst.BaseExpression | None) -> bool:
+    """Whether two passed values are constants of different values."""
+    try:
+        return ast.literal_eval(code(one)) != ast.literal_eval(code(other))
+    except (ValueError, SyntaxError, TypeError):
+        return False
 
 
 def graph_strategy_why(rule, region: Region, builds: list[cst.Call]) -> list[str]:
