@@ -4576,3 +4576,27 @@ def test_a_flat_script_s_scope_ends_before_its_metric_too():
     scoped, after = out.split("# The strategy's scope ends here: under it, outside the replicas, a TF1 metric")
     assert "with strategy.scope():\n" in scoped and "    train_op = tf.group(" in scoped
     assert "\nacc, acc_update = tf.metrics.accuracy(y, tf.concat(preds, 0))\nsess = tf.Session()\n" in after
+
+
+def test_builds_passing_different_names_for_the_devices_are_checked_when_the_graph_is_built():
+    """ptb_word_lm passes `config` and `eval_config` (alike in their device count): not refused;
+    `graph_mirrored_strategy` raises at graph construction where they differ after all."""
+    source = textwrap.dedent("""
+        import tensorflow as tf
+        class Model:
+            def __init__(self, opt, parts, config):
+                tower_grads = []
+                for i in range(config.num_gpus):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(opt.compute_gradients(model(parts[i])))
+                self.train_op = opt.apply_gradients(average_gradients(tower_grads))
+        def run(opt, parts, config, eval_config):
+            train_model = Model(opt, parts, config)
+            tf.get_variable_scope().reuse_variables()
+            eval_model = Model(opt, parts, eval_config)
+    """)
+    (finding,) = tower_findings(source)
+    assert finding.fixable, finding.refusal
+    out = unsafe_fix(source)
+    assert "strategy = graph_mirrored_strategy(['/gpu:%d' % i for i in range(config.num_gpus)])" in out
+    assert 'raise ValueError("the towers are built on %d devices here and on %d before, in one graph"' in out
