@@ -11,6 +11,7 @@ rewrite cannot keep must be refused, and say why.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -4600,3 +4601,41 @@ def test_builds_passing_different_names_for_the_devices_are_checked_when_the_gra
     out = unsafe_fix(source)
     assert "strategy = graph_mirrored_strategy(['/gpu:%d' % i for i in range(config.num_gpus)])" in out
     assert 'raise ValueError("the towers are built on %d devices here and on %d before, in one graph"' in out
+
+
+@pytest.mark.tensorflow
+def test_the_graph_s_one_strategy_is_one_per_graph_and_refuses_other_devices(tmp_path):
+    """The written `graph_mirrored_strategy`: one strategy for every build in a graph, a new one in
+    a new graph, and a clear error for a build on other devices."""
+    pytest.importorskip("tensorflow")
+    out = unsafe_fix(textwrap.dedent("""
+        import tensorflow as tf
+        class Model:
+            def __init__(self, opt, parts, n):
+                tower_grads = []
+                for i in range(n):
+                    with tf.device('/gpu:%d' % i):
+                        tower_grads.append(opt.compute_gradients(model(parts[i])))
+                self.train_op = opt.apply_gradients(average_gradients(tower_grads))
+        a, b = Model(opt, parts, n), Model(opt, parts, n)
+    """))
+    start = out.index("_MIRRORED_STRATEGIES = ")
+    helper = out[start:out.index("\n\n\nclass Model")]
+    program = tmp_path / "graph_strategy.py"
+    program.write_text("import json, weakref\nimport tensorflow.compat.v1 as tf\ntf.disable_v2_behavior()\n"
+                       "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+                       "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+                       + helper + "\n\n"
+                       "two = ['/cpu:0', '/cpu:1']\n"
+                       "with tf.Graph().as_default():\n"
+                       "    first = graph_mirrored_strategy(two)\n"
+                       "    same = graph_mirrored_strategy(two) is first\n"
+                       "    try:\n        graph_mirrored_strategy(['/cpu:0'])\n        error = ''\n"
+                       "    except ValueError as e:\n        error = str(e)\n"
+                       "with tf.Graph().as_default():\n"
+                       "    other = graph_mirrored_strategy(two) is not first\n"
+                       "print(json.dumps([same, other, error]))\n")
+    result = run_program(program)
+    assert result.returncode == 0, result.stderr[-2000:]
+    same, other, error = json.loads(result.stdout.strip().splitlines()[-1])
+    assert same and other and error == "the towers are built on 1 devices here and on 2 before, in one graph"
