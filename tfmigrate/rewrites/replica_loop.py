@@ -64,7 +64,9 @@ from tfmigrate.analysis.tower_forms import TowerForm, module_tower_forms
 from tfmigrate.analysis.training import module_functions, training_call
 from tfmigrate.cst.callargs import method_call, with_keyword
 from tfmigrate.cst.codegen import code
-from tfmigrate.cst.traversal import ReplaceById, contains, find, first_free, fresh_name, module_parents, name_reads, names_used, walk
+from tfmigrate.cst.traversal import (
+    ReplaceById, contains, find, first_free, fresh_name, module_parents, name_reads, names_used, walk,
+)
 from tfmigrate.rewrites.mirrored import (
     TfNames, check_tower, helper_import, is_reuse_statement, place_scope, strategy_scope_owner,
 )
@@ -91,7 +93,8 @@ from tfmigrate.rewrites.tower_code import (
 from tfmigrate.rewrites.tower_regularization import counting_helper, helpers_regularization
 from tfmigrate.rewrites.tower_scope import (
     callee_settings_inlined, check_device_names, device_prelude, module_run, module_scope, remove_unused_helpers,
-    graph_strategy_call, graph_strategy_definitions, graph_strategy_why, scope_end, settings_inlined, strategy_devices, tower_functions,
+    graph_strategy_call, graph_strategy_definitions, graph_strategy_why, scope_end, settings_inlined, strategy_devices,
+    tower_functions,
 )
 from tfmigrate.rewrites.tower_variables import (
     check_variable_copies, tensors_made_outside, variable_calls, variable_op_names,
@@ -244,15 +247,15 @@ def _plan(rule, tower, group: list) -> Edit:
         devices = callee_settings_inlined(region, devices)
         check_devices_visible(rule, region, devices, passed)
         devices = code(cst.parse_expression(devices).visit(PassedArguments(passed)))
-    builds = _builds_into_one_graph(rule, home, group)
+    _check_other_towers(rule, home, group)
+    builds = _builds_into_one_graph(rule, home)
     create = _strategy_made(rule, home, tf, strategy, devices, builds)
     scope_item = cst.WithItem(cst.parse_expression(f"{strategy}.scope()"))
     moving, prelude = device_prelude(rule, home, create)
     region_changes.update((id(statement), cst.RemovalSentinel.REMOVE) for statement in moving)
     changes = _scoped(rule, home, region_changes, [*prelude, create], scope_item,
                       [regions[id(member.loop)] for member in others])
-    if builds:  # the graph's strategy, written into the module
-        changes.update(graph_strategy_definitions(rule, tf, changes))
+    changes.update(graph_strategy_definitions(rule, tf, changes) if builds else {})  # the graph's strategy
     for method in scope_region.external:
         built_in = scope_region.owner.name.value
         why = _BUILT_IN.format(where="the constructor" if built_in == "__init__" else f"`{built_in}`")
@@ -571,17 +574,16 @@ def _merging(rule, tower) -> set[int]:
         id(node) in applies for function in functions_called(rule, [call], methods) for node in walk(function))}
 
 
-def _builds_into_one_graph(rule, region: Region, group: list) -> list[cst.Call]:
+def _builds_into_one_graph(rule, region: Region) -> list[cst.Call]:
     """The calls that build the towers, where more than one builds them into one graph.
 
     The strategy is made where the graph is built, and runs every tower loop built there
-    (``group``, rewritten together). A function that builds into its caller's graph and runs
+    (rewritten together, :func:`_check_other_towers`). A function that builds into its caller's graph and runs
     more than once (ptb_word_lm's model class made for training and for validation, sharing
     variables) must make one strategy per graph, not per call: a second strategy would find the
     first's variables mirrored by another. Those calls must pass the same devices. [] where the
     towers are built once."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
-    _check_other_towers(rule, region, group)
     if not isinstance(owner, cst.FunctionDef):
         return []  # a `with` that opens a graph of its own, or the module
     name, parent = owner.name.value, region.parents.get(id(owner))
