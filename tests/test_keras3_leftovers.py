@@ -1611,3 +1611,13 @@ def test_targets_by_name_of_a_model_compiled_with_a_loss_per_output_stay():
     source = script(fit="parallel.fit(x, {'a': y}, batch_size=16)").replace(
         "loss='categorical_crossentropy'", "loss={'a': 'mse', 'b': 'mse'}")
     assert "parallel.fit(x, {'a': y}, batch_size=16)" in unsafe_fix(source)
+
+
+def test_cast_to_floatx_is_keras_2_s_own_numpy_cast():
+    """`keras.backend.cast_to_floatx` is gone from Keras 3 (keras-retinanet's focal loss normalizer
+    used it): Keras 2's own `numpy.asarray(x, dtype=floatx())`, `floatx` kept by Keras 3."""
+    out = unsafe_fix(script(extra="""
+        from keras import backend as K
+        floor = K.maximum(K.cast_to_floatx(1.0), 0.5)
+    """))
+    assert "floor = ops.maximum(numpy.asarray(1.0, dtype=K.floatx()), 0.5)" in out and "import numpy\n" in out

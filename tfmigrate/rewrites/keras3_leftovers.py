@@ -800,8 +800,8 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
     """`K.sum(...)` -> `ops.sum(...)` (`from keras import ops`): Keras 3's backend keeps only its
     settings (`K.epsilon()` stays), its math is in `keras.ops`; `K.flatten(x)` is
     `ops.reshape(x, (-1,))` (`K.batch_flatten(x)` `ops.reshape(x, (ops.shape(x)[0], -1))`),
-    `K.get_value(v)` `ops.convert_to_numpy(v)` and `K.set_value(v, x)`
-    `v.assign(x)`. ``names`` are the module's names: where `ops` is one, `keras_ops`. A module or
+    `K.get_value(v)` `ops.convert_to_numpy(v)`, `K.set_value(v, x)` `v.assign(x)` and
+    `K.cast_to_floatx(x)` Keras 2's `numpy.asarray(x, dtype=K.floatx())`. ``names`` are the module's names: where `ops` is one, `keras_ops`. A module or
     class Keras 3 dropped (:data:`GONE_MODULES`, :data:`GONE_NAMES`) blocks the fix. Returns
     (changes, imports, blocker) as :func:`optimizer_arguments` does."""
     ops = "ops" if "ops" not in names else "keras_ops"
@@ -841,6 +841,8 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
         s.startswith(f"{ops}.") for s in spelled) else []
     if any(s.startswith(("keras.random.", "keras.Variable")) for s in spelled):
         imports.append(ImportItem("keras"))
+    if "numpy.asarray" in spelled:  # `K.cast_to_floatx(x)`
+        imports.append(ImportItem("numpy"))
     return changes, imports, None
 
 
@@ -958,6 +960,9 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
         return cst.parse_expression(f"{ops}.reshape({code(args[0].value)}, ({ops}.shape({code(args[0].value)})[0], -1))")
     if name == "get_value" and len(args) == 1:
         return call.with_changes(func=cst.parse_expression(f"{ops}.convert_to_numpy"))
+    if name == "cast_to_floatx" and len(args) == 1 and args[0].keyword is None:
+        # Keras 2's own: `numpy.asarray(x, dtype=floatx())` (Keras 3 keeps `floatx`).
+        return cst.parse_expression(f"numpy.asarray({code(args[0].value)}, dtype={code(call.func.value)}.floatx())")
     if name == "set_value" and len(args) == 2 and not any(a.keyword or a.star for a in args):
         return call.with_changes(func=cst.Attribute(args[0].value, cst.Name("assign")),
                                  args=[args[1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
