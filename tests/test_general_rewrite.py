@@ -1285,8 +1285,8 @@ def test_batch_norm_updates_of_the_first_tower_become_every_replicas_own(tmp_pat
     assert not np.allclose(second, 0.0) and not np.allclose(second, first)  # replica 1 updated its own
 
 
-def test_a_model_class_made_twice_into_one_graph_is_refused():
-    (finding,) = tower_findings(textwrap.dedent("""
+# A model class whose constructor builds the towers (ptb_word_lm's layout).
+TOWER_MODEL_CLASS = """
         import tensorflow as tf
         class Model:
             def __init__(self, opt, parts, n):
@@ -1295,13 +1295,18 @@ def test_a_model_class_made_twice_into_one_graph_is_refused():
                     with tf.device('/gpu:%d' % i):
                         tower_grads.append(opt.compute_gradients(model(parts[i])))
                 self.train_op = opt.apply_gradients(average_gradients(tower_grads))
+"""
+
+
+def test_a_model_class_made_twice_into_one_graph_is_refused():
+    (finding,) = tower_findings(textwrap.dedent(TOWER_MODEL_CLASS + """
         def run(opt, parts):
             init_model = Model(opt, parts, 1)
             tf.get_variable_scope().reuse_variables()
             train_model = Model(opt, parts, 2)
     """))
     assert not finding.fixable
-    assert finding.refusal == ("`Model` builds its towers into one graph 2 times (lines 10, 12) with different `n`: "
+    assert finding.refusal == ("`Model` builds its towers into one graph 2 times (lines 11, 13) with different `n`: "
                                "one strategy cannot run them on different devices"), finding.refusal
 
 
@@ -4608,15 +4613,7 @@ def test_the_graph_s_one_strategy_is_one_per_graph_and_refuses_other_devices(tmp
     """The written `graph_mirrored_strategy`: one strategy for every build in a graph, a new one in
     a new graph, and a clear error for a build on other devices."""
     pytest.importorskip("tensorflow")
-    out = unsafe_fix(textwrap.dedent("""
-        import tensorflow as tf
-        class Model:
-            def __init__(self, opt, parts, n):
-                tower_grads = []
-                for i in range(n):
-                    with tf.device('/gpu:%d' % i):
-                        tower_grads.append(opt.compute_gradients(model(parts[i])))
-                self.train_op = opt.apply_gradients(average_gradients(tower_grads))
+    out = unsafe_fix(textwrap.dedent(TOWER_MODEL_CLASS + """
         a, b = Model(opt, parts, n), Model(opt, parts, n)
     """))
     start = out.index("_MIRRORED_STRATEGIES = ")
