@@ -1621,3 +1621,15 @@ def test_cast_to_floatx_is_keras_2_s_own_numpy_cast():
         floor = K.maximum(K.cast_to_floatx(1.0), 0.5)
     """))
     assert "floor = ops.maximum(numpy.asarray(1.0, dtype=K.floatx()), 0.5)" in out and "import numpy\n" in out
+
+
+def test_a_backend_call_inside_a_rewritten_one_is_rewritten_too():
+    """`K.batch_flatten(K.square(x))`: the replacement held a copy of the argument's code, and
+    the inner `K.square` stayed Keras 2's (gone from Keras 3's backend)."""
+    out = unsafe_fix(script(extra="""
+        from keras import backend as K
+        flat = K.batch_flatten(K.square(inputs))
+        floor = K.cast_to_floatx(K.get_value(inputs))
+    """))
+    assert "flat = ops.reshape(ops.square(inputs), (ops.shape(ops.square(inputs))[0], -1))" in out
+    assert "floor = numpy.asarray(ops.convert_to_numpy(inputs), dtype=K.floatx())" in out

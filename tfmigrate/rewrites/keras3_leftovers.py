@@ -65,7 +65,7 @@ from tfmigrate.cst.callargs import (
 from tfmigrate.cst.codegen import code, code_in, realigned_continuations
 from tfmigrate.cst.names import dotted_name
 from tfmigrate.cst.traversal import (
-    assignments, block_indentation, find, init_of, module_parents, names_used, single_small,
+    ReplaceById, assignments, block_indentation, find, init_of, module_parents, names_used, single_small,
 )
 from tfmigrate.rewrites.keras3_session import SET_SESSION
 from tfmigrate.rewrites.mirrored import TfNames, is_docstring
@@ -801,8 +801,8 @@ def backend_calls(rule, names: set) -> tuple[dict, list, tuple[cst.CSTNode, str]
     settings (`K.epsilon()` stays), its math is in `keras.ops`; `K.flatten(x)` is
     `ops.reshape(x, (-1,))` (`K.batch_flatten(x)` `ops.reshape(x, (ops.shape(x)[0], -1))`),
     `K.get_value(v)` `ops.convert_to_numpy(v)`, `K.set_value(v, x)` `v.assign(x)` and
-    `K.cast_to_floatx(x)` Keras 2's `numpy.asarray(x, dtype=K.floatx())`. ``names`` are the module's names: where `ops` is one, `keras_ops`. A module or
-    class Keras 3 dropped (:data:`GONE_MODULES`, :data:`GONE_NAMES`) blocks the fix. Returns
+    `K.cast_to_floatx(x)` Keras 2's `numpy.asarray(x, dtype=K.floatx())`. ``names`` are the
+    module's names: where `ops` is one, `keras_ops`. A module or class Keras 3 dropped (:data:`GONE_MODULES`, :data:`GONE_NAMES`) blocks the fix. Returns
     (changes, imports, blocker) as :func:`optimizer_arguments` does."""
     ops = "ops" if "ops" not in names else "keras_ops"
     changes = {}
@@ -950,6 +950,14 @@ def _on_one_line(elements) -> list:
             for i, e in enumerate(elements)]
 
 
+def _around(template: str, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``template`` (an expression reading `_x_`) around ``value`` itself, not a copy of its code:
+    the changes inside ``value`` (a backend call in it, `K.batch_flatten(K.square(x))`) still
+    apply there."""
+    expression = cst.parse_expression(template)
+    return expression.visit(ReplaceById({id(name): value for name in find(expression, cst.Name) if name.value == "_x_"}))
+
+
 def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None:
     args = list(call.args)
     if name == "flatten" and len(args) == 1:
@@ -957,12 +965,12 @@ def _backend_replacement(call: cst.Call, name: str, ops: str) -> cst.Call | None
                                  args=[args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
                                        cst.Arg(cst.parse_expression("(-1,)"))])
     if name == "batch_flatten" and len(args) == 1 and args[0].keyword is None:  # each example's values in a row
-        return cst.parse_expression(f"{ops}.reshape({code(args[0].value)}, ({ops}.shape({code(args[0].value)})[0], -1))")
+        return _around(f"{ops}.reshape(_x_, ({ops}.shape(_x_)[0], -1))", args[0].value)
     if name == "get_value" and len(args) == 1:
         return call.with_changes(func=cst.parse_expression(f"{ops}.convert_to_numpy"))
     if name == "cast_to_floatx" and len(args) == 1 and args[0].keyword is None:
         # Keras 2's own: `numpy.asarray(x, dtype=floatx())` (Keras 3 keeps `floatx`).
-        return cst.parse_expression(f"numpy.asarray({code(args[0].value)}, dtype={code(call.func.value)}.floatx())")
+        return _around(f"numpy.asarray(_x_, dtype={code(call.func.value)}.floatx())", args[0].value)
     if name == "set_value" and len(args) == 2 and not any(a.keyword or a.star for a in args):
         return call.with_changes(func=cst.Attribute(args[0].value, cst.Name("assign")),
                                  args=[args[1].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
