@@ -1279,11 +1279,7 @@ class MultiGpuModel(Rule):
         (:func:`tfmigrate.rewrites.keras3_losses.whole_batch_functions`); else None."""
         compiles = self._compile_calls(self.context.module, models)
         steps = self._whole_batch_steps(models, whole_batch_steps(self, models))
-        _, why = whole_batch_functions(self.context.module, compiles, output_metrics(compiles), steps)
-        if why is None:
-            return None
-        return (f"{why}: the parallel model computed such a value once on the merged outputs, MirroredStrategy "
-                "computes it on each replica's part; compute it per example by hand, or keep the model on one device")
+        return whole_batch_functions(self.context.module, compiles, output_metrics(compiles), steps)[1]
 
     def _compile_calls(self, node: cst.CSTNode, models: set) -> list[cst.Call]:
         """The `compile(...)` calls under ``node`` of one of ``models`` (`parallel.compile`)."""

@@ -18,8 +18,7 @@ from tfmigrate.cst.traversal import assignments, find, names_used, scope_binding
 
 __all__ = [
     "batch_coupled", "batch_value_returned", "compiled_loss", "compiled_losses", "examples_weighted", "loss_label",
-    "masked_steps",
-    "model_tensors_in_losses", "per_example_mean",
+    "masked_steps", "model_tensors_in_losses", "per_example_mean",
 ]
 
 #: Layers that mask time steps out of the loss (`Embedding(mask_zero=True)`, `Masking()`).

@@ -90,8 +90,9 @@ def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes:
     (a Dice loss dividing whole-batch sums, an RMSE's root of the batch's mean), computed on the
     whole batch under the strategy as the parallel model did (:data:`ON_WHOLE_BATCH`): checked on
     TF 2.21, a Dice-trained model's losses and weights equal one device's on the whole batch to
-    float precision. Returns (changes, why not) where the examples are weighted, a function is not named
-    where it is given (a factory's call), or another change already gives it per output. Where
+    float precision. Returns (changes, why not) where the examples are weighted, a function is given
+    otherwise than by name, as a lambda or as a factory's call, or another change already gives
+    it per output. Where
     the models step by ``on_batch`` (a `train_on_batch` or `test_on_batch` call that Keras 3 runs
     on the whole batch on every replica), nothing is gathered: a metric is the batch's as it is,
     and a loss of one value is refused (Keras 3 adds it over the replicas)."""
@@ -107,24 +108,30 @@ def whole_batch_functions(module: cst.Module, compiles: list[cst.Call], changes:
             wanted = [node for node in given if _on_whole_batch(module, node, share)]
             hidden = _given_otherwise(module, value, given, share)
             if hidden is not None:
-                return {}, f"{hidden} and is given through `{code(value)}`: give the function itself to `compile`"
+                return {}, _refused(f"{hidden} and is given through `{code(value)}`: give the function itself to "
+                                    "`compile`")
             if wanted and value in changes:
-                return {}, (f"{_whole_batch_label(wanted[0])} computes one value for the whole batch and is given once "
-                            "for several outputs")
+                return {}, _refused(f"{_whole_batch_label(wanted[0])} computes one value for the whole batch and is "
+                                    "given once for several outputs")
             # The function as the other changes leave it (a lambda's backend calls), in a copy: the
             # fix's last pass makes the changes inside each replacement, and would wrap it again.
             if on_batch is None:
                 made.update((node, _wrapped(made_within(node, changes).deep_clone(), share)) for node in wanted)
             losses += wanted if share else []
     if losses and on_batch is not None:
-        return {}, (f"{_whole_batch_label(losses[0])} computes one value for the whole batch, and "
-                    f"`{code(on_batch.func)}` runs the whole batch on every replica, where Keras 3 adds such a loss "
-                    "over the replicas")
+        return {}, _refused(f"{_whole_batch_label(losses[0])} computes one value for the whole batch, and "
+                            f"`{code(on_batch.func)}` runs the whole batch on every replica, where Keras 3 adds such a "
+                            "loss over the replicas")
     # Keras weighs a loss by the examples' weights (not a metric, unless compiled as weighted).
     why = examples_weighted(module) if losses else None
     if why:
-        return {}, f"{_whole_batch_label(losses[0])} computes one value for the whole batch, and {why}"
+        return {}, _refused(f"{_whole_batch_label(losses[0])} computes one value for the whole batch, and {why}")
     return made, None
+
+
+def _refused(reason: str) -> str:
+    return (f"{reason}: the parallel model computed such a value once on the merged outputs, MirroredStrategy "
+            "computes it on each replica's part; compute it per example by hand, or keep the model on one device")
 
 
 def _given_otherwise(module: cst.Module, value: cst.BaseExpression, given: list, share: bool) -> str | None:

@@ -79,7 +79,7 @@ from tfmigrate.rewrites.replica_update import (
 from tfmigrate.rewrites.tower_averages import applied_per_replica, averages_applied
 from tfmigrate.rewrites.tower_body import made_trainable, replica_body, replica_function, shared_names
 from tfmigrate.rewrites.tower_callers import (
-    PassedArguments, check_devices_visible, constructor_caller, function_caller, method_caller, passed_arguments,
+    PassedArguments, check_devices_visible, arguments_passed, constructor_caller, function_caller, method_caller,
     user_called_update,
 )
 from tfmigrate.rewrites.tower_checks import (
@@ -243,7 +243,7 @@ def _plan(rule, tower, group: list) -> Edit:
     devices = settings_inlined(rule, home, strategy_devices(rule, group[0] if across_methods else tower))
     check_device_names(rule, devices)
     if caller is not None and caller.owner is not region.owner:
-        passed = passed_arguments(region, caller)
+        passed = arguments_passed(region.owner, caller.call)
         devices = callee_settings_inlined(region, devices)
         check_devices_visible(rule, region, devices, passed)
         devices = code(cst.parse_expression(devices).visit(PassedArguments(passed)))
@@ -578,11 +578,12 @@ def _builds_into_one_graph(rule, region: Region) -> list[cst.Call]:
     """The calls that build the towers, where more than one builds them into one graph.
 
     The strategy is made where the graph is built, and runs every tower loop built there
-    (rewritten together, :func:`_check_other_towers`). A function that builds into its caller's graph and runs
-    more than once (ptb_word_lm's model class made for training and for validation, sharing
-    variables) must make one strategy per graph, not per call: a second strategy would find the
-    first's variables mirrored by another. Those calls must pass the same devices. [] where the
-    towers are built once."""
+    (rewritten together, :func:`_check_other_towers`). A function that builds into its caller's
+    graph and runs more than once (ptb_word_lm's model class made for training and for
+    validation, sharing variables) must make one strategy per graph, not per call: a second
+    strategy would find the first's variables mirrored by another
+    (:func:`~tfmigrate.rewrites.tower_scope.graph_strategy_call`). [] where the towers are built
+    once."""
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     if not isinstance(owner, cst.FunctionDef):
         return []  # a `with` that opens a graph of its own, or the module

@@ -22,8 +22,8 @@ from tfmigrate.rewrites.tower_code import (
     Region, collected_appends, left_by_towers, loop_region, module_calls, self_method, statement_lines,
 )
 
-__all__ = ["PassedArguments", "check_devices_visible", "constructor_caller", "function_caller", "method_caller",
-           "passed_arguments", "user_called_update"]
+__all__ = ["PassedArguments", "arguments_passed", "check_devices_visible", "constructor_caller", "function_caller",
+           "method_caller", "user_called_update"]
 
 
 def function_caller(rule, region: Region) -> Region | None:
@@ -195,16 +195,11 @@ def _first_parameter(function: cst.FunctionDef) -> str | None:
     return params[0].name.value if params else None
 
 
-def passed_arguments(region: Region, caller: Region) -> dict[str, cst.BaseExpression]:
-    """What the caller's call passes for each parameter of the function with the loop (or the
-    parameter's default): the device list, made by the caller, reads these in their place
-    (`range(n_gpus)` of `def __init__(self, n_gpus=N_GPUS)` is `range(N_GPUS)` for `siamese()`)."""
-    return arguments_passed(region.owner, caller.call)
-
-
 def arguments_passed(owner: cst.CSTNode, call: cst.Call | None) -> dict[str, cst.BaseExpression]:
     """What ``call`` passes for each parameter of ``owner`` (a function or constructor), or the
-    parameter's default."""
+    parameter's default: a device list made by the caller of the function with the loop reads
+    these in its parameters' place (`range(n_gpus)` of `def __init__(self, n_gpus=N_GPUS)` is
+    `range(N_GPUS)` for `siamese()`)."""
     if call is None or not isinstance(owner, cst.FunctionDef):
         return {}
     params = list(owner.params.params)

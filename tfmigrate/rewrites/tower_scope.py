@@ -586,9 +586,14 @@ def scope_end(rule, region: Region) -> tuple[cst.BaseStatement | None, str | Non
     when it is made (it asks for the replica context; checked on TF 2.21), and outside the scope
     it is TF1's metric again. The statements from there on run outside the scope, so none may
     make a variable the replicas would use. (None, None) where the code makes no metric outside
-    the replicas."""
+    the replicas. Found once per region (the checks ask, then the rewrite)."""
     if not any(is_metric(rule, call) for call in module_calls(rule)):
         return None, None
+    return rule.context.memo(("tower_scope.scope_end", id(region.loop), id(region.owner)),
+                             lambda: _scope_end(rule, region))
+
+
+def _scope_end(rule, region: Region) -> tuple[cst.BaseStatement | None, str | None]:
     owner = strategy_scope_owner(region.loop, region.parents, rule.imports)
     block = module_run(rule, region) if isinstance(owner, cst.Module) else list(owner.body.body)
     at = next((i for i, s in enumerate(block) if contains(s, region.loop)), len(block))
@@ -680,7 +685,7 @@ def graph_strategy_call(rule, region: Region, tf, devices: str, builds: list[cst
     """`graph_mirrored_strategy(<devices>)`, the strategy of a function (or constructor) that
     builds towers into one graph more than once (``builds``, see
     :func:`tfmigrate.rewrites.replica_loop._builds_into_one_graph`). Refused where the builds pass
-    different values for what the device list reads."""
+    different constants for what the device list reads."""
     read = free_names(cst.parse_expression(devices), keywords=False)
     passed = [{name: value for name, value in arguments_passed(region.owner, call).items() if name in read}
               for call in builds]
@@ -692,7 +697,6 @@ def graph_strategy_call(rule, region: Region, tf, devices: str, builds: list[cst
         lines = ", ".join(str(line_of(rule, call)) for call in builds)
         raise Refused(f"`{_builder(region)}` builds its towers into one graph {len(builds)} times (lines {lines}) "
                       f"with different `{differing[0]}`: one strategy cannot run them on different devices")
-    tf("tensorflow.get_default_graph"), tf("tensorflow.distribute.MirroredStrategy")
     return f"graph_mirrored_strategy({devices})"
 
 

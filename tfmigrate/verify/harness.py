@@ -1087,7 +1087,7 @@ def _make_callback(base, flavour, state: State, batch_size, x, validation_split:
         total = int(x.shape[0]) if hasattr(x, "shape") else None
     except Exception:
         total = None
-    if total and validation_split:  # the examples fit trains on (only Keras 3's loop reads this)
+    if total and validation_split:  # the examples fit trains on (read by the running mean's recovery below)
         total = _trained_rows(total, validation_split)
 
     class Capture(base):
